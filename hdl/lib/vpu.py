@@ -1,0 +1,92 @@
+"""VPU: ``lanes`` multipliers running DOT, SQDIST (accumulated over beats) and AXPY.
+
+Implements golden/vpu.py bit for bit (see its docstring for the three operations).
+Two pipeline stages that stall together when the output is not taken:
+stage 1 registers one product per lane (the multiplier is shared: ``a*b`` for DOT,
+``(a-b)**2`` for SQDIST, ``scalar*a`` for AXPY); stage 2 adds the beat's products into
+the saturating accumulator (DOT/SQDIST, emitted on the ``last`` beat) or forms the
+rounded, saturated AXPY lanes (emitted every beat).
+"""
+from __future__ import annotations
+
+from amaranth import Module, Signal, signed, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from golden.vpu import OP_AXPY, OP_DOT, OP_SQDIST, VpuConfig
+
+from .arith import round_shift, saturate, stall_all_enable
+
+
+def vpu_in_layout(cfg: VpuConfig) -> data.StructLayout:
+    return data.StructLayout({
+        "op": unsigned(2),
+        "last": unsigned(1),
+        "scalar": signed(cfg.in_width),
+        "a": data.ArrayLayout(signed(cfg.in_width), cfg.lanes),
+        "b": data.ArrayLayout(signed(cfg.in_width), cfg.lanes),
+        "acc": data.ArrayLayout(signed(cfg.acc_width), cfg.lanes),
+    })
+
+
+def vpu_out_layout(cfg: VpuConfig) -> data.StructLayout:
+    return data.StructLayout({
+        "dot": signed(cfg.acc_width),
+        "vec": data.ArrayLayout(signed(cfg.acc_width), cfg.lanes),
+    })
+
+
+class Vpu(wiring.Component):
+    """Vector unit. ``i``: one beat per transfer; ``o``: a reduction result on the
+    last beat of DOT/SQDIST, one lane vector per AXPY beat."""
+
+    def __init__(self, cfg: VpuConfig):
+        self.cfg = cfg
+        super().__init__({
+            "i": In(stream.Signature(vpu_in_layout(cfg))),
+            "o": Out(stream.Signature(vpu_out_layout(cfg))),
+        })
+
+    def elaborate(self, platform):
+        cfg, m = self.cfg, Module()
+        w = cfg.in_width
+        ce = stall_all_enable(self.o)
+        m.d.comb += self.i.ready.eq(ce)
+
+        # Stage 1: one multiplier per lane.
+        s1_valid = Signal()
+        s1_op = Signal(2)
+        s1_last = Signal()
+        s1_prod = [Signal(signed(2 * w + 2), name=f"s1_prod{l}") for l in range(cfg.lanes)]
+        s1_acc = [Signal(signed(cfg.acc_width), name=f"s1_acc{l}") for l in range(cfg.lanes)]
+        p = self.i.payload
+        with m.If(ce):
+            m.d.sync += [s1_valid.eq(self.i.valid), s1_op.eq(p.op), s1_last.eq(p.last)]
+            for l in range(cfg.lanes):
+                diff = Signal(signed(w + 1), name=f"diff{l}")
+                m.d.comb += diff.eq(p.a[l] - p.b[l])
+                with m.Switch(p.op):
+                    with m.Case(OP_DOT):
+                        m.d.sync += s1_prod[l].eq(p.a[l] * p.b[l])
+                    with m.Case(OP_SQDIST):
+                        m.d.sync += s1_prod[l].eq(diff * diff)
+                    with m.Default():
+                        m.d.sync += s1_prod[l].eq(p.scalar * p.a[l])
+                m.d.sync += s1_acc[l].eq(p.acc[l])
+
+        # Stage 2: reduce into the accumulator, or finish the AXPY lanes.
+        acc = Signal(signed(cfg.acc_width))
+        beat_sum = Signal(signed(2 * w + 2 + cfg.lanes.bit_length()))
+        m.d.comb += beat_sum.eq(sum(s1_prod))
+        acc_next = Signal(signed(cfg.acc_width))
+        m.d.comb += acc_next.eq(saturate(acc + beat_sum, signed(cfg.acc_width)))
+        with m.If(ce):
+            m.d.sync += self.o.valid.eq(s1_valid & ((s1_op == OP_AXPY) | s1_last))
+            with m.If(s1_valid & (s1_op != OP_AXPY)):
+                m.d.sync += [self.o.payload.dot.eq(acc_next), acc.eq(acc_next)]
+                with m.If(s1_last):
+                    m.d.sync += acc.eq(0)
+            for l in range(cfg.lanes):
+                lane = round_shift(s1_prod[l], cfg.axpy_shift) + s1_acc[l]
+                m.d.sync += self.o.payload.vec[l].eq(saturate(lane, signed(cfg.acc_width)))
+        return m

@@ -1,0 +1,1 @@
+"""pytest entry points and cocotb testbenches (run under Verilator through cocotb's runner)."""

@@ -1,0 +1,1 @@
+"""cocotb test modules (run inside the simulator; not collected by pytest)."""
