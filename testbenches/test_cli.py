@@ -1,0 +1,63 @@
+"""The ladmac CLI: listing, Verilog emission (lint clean under Verilator) and bad input."""
+import subprocess
+import sys
+
+import pytest
+
+from hdl.registry import BLOCKS
+from ladmac_cli import main
+
+
+def test_blocks_lists_every_block_and_parameter(capsys):
+    assert main(["blocks"]) == 0
+    out = capsys.readouterr().out
+    for name, block in BLOCKS.items():
+        assert f"{name}:" in out
+        for param, _, _ in block.config_class.describe():
+            assert param in out
+
+
+@pytest.mark.parametrize("block", list(BLOCKS))
+def test_verilog_is_lint_clean(block, tmp_path, capsys):
+    out = tmp_path / f"{block}.v"
+    assert main(["verilog", block, "-o", str(out)]) == 0  # runs verilator --lint-only
+    text = out.read_text()
+    assert "module top(" in text and "clk" in text
+    assert "lint clean" in capsys.readouterr().err
+
+
+def test_verilog_with_overrides_changes_the_design(tmp_path):
+    a, b = tmp_path / "a.v", tmp_path / "b.v"
+    assert main(["verilog", "vpu", "-o", str(a)]) == 0
+    assert main(["verilog", "vpu", "--set", "lanes=2", "--set", "in_width=8", "--set", "acc_width=24",
+                 "--set", "axpy_shift=7", "-o", str(b)]) == 0
+    assert len(b.read_text()) < len(a.read_text())
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["verilog", "nope"], "unknown block 'nope'"),
+    (["verilog", "vpu", "--set", "bogus=1"], "unknown parameter 'bogus'"),
+    (["verilog", "vpu", "--set", "lanes=0"], "lanes must be 1..64"),
+    (["verilog", "vpu", "--set", "lanes=many"], "expects int"),
+    (["verilog", "vpu", "--set", "lanes"], "NAME=VALUE"),
+    (["verilog", "sfm", "--set", "cutoff=-100"], "cutoff"),
+    (["verilog", "sram", "--preset", "huge"], "unknown preset 'huge'"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_bad_input_exits_2_with_one_line(argv, fragment, capsys):
+    try:
+        code = main(argv)
+    except SystemExit as stop:
+        code = stop.code
+    err = capsys.readouterr().err
+    assert code == 2
+    assert fragment in err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_console_script_exit_code():
+    done = subprocess.run([sys.executable, "-m", "ladmac_cli", "verilog", "vpu", "--set", "lanes=-3"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == ["ladmac: error: VpuConfig: lanes must be 1..64, got -3"]
+    assert "Traceback" not in done.stderr
