@@ -25,7 +25,7 @@ test: $(STAMP)
 	$(VENV)/bin/python -m pytest -n $(JOBS) testbenches
 
 synth: $(STAMP)
-	$(VENV)/bin/ladmac synth-all --doc docs/synthesis.md
+	$(VENV)/bin/ladmac synth --all --doc docs/synthesis.md
 
 clean:
 	rm -rf build .pytest_cache

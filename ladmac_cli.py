@@ -113,6 +113,11 @@ def cmd_eval(args, rest: list[str]) -> int:
     return main(args.method, rest)
 
 
+def cmd_synth(rest: list[str]) -> int:
+    from synth.cli import main
+    return main(rest)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from hdl.registry import BLOCKS
     parser = _Parser(prog="ladmac", description=__doc__)
@@ -136,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="run LAD / MAC / AttnCache inside real LLMs (see `ladmac eval METHOD -h`)",
                        add_help=False)
     p.add_argument("method", choices=["lad", "mac", "attncache"])
+    sub.add_parser("synth", help="synthesise a block for ECP5 / generic cells (see `ladmac synth -h`)",
+                   add_help=False)
     return parser
 
 
@@ -147,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         if argv[:1] == ["eval"]:
             args, rest = parser.parse_known_args(argv)
             return cmd_eval(args, rest)
+        if argv[:1] == ["synth"]:
+            return cmd_synth(argv[1:])
         args = parser.parse_args(argv)
         if getattr(args, "block", None) is not None:
             from hdl.registry import get_block

@@ -5,6 +5,7 @@
 EXP: vs true exp over [cutoff, 0] (relative, and relative where exp(x) >= 1/64 so the
 output LSB does not dominate), and vs the float PWL (absolute, the bit-accurate bound).
 RECIP: relative error over all inputs up to 2^20 plus 10^6 random wider ones.
+EXP2: relative error vs exp for every representable x in [-30, 0].
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import argparse
 
 import torch
 
-from golden.sfm import PRESETS, exp_pwl, exp_pwl_float, recip, recip_relative_bound, recip_value
+from golden.sfm import PRESETS, exp2, exp_pwl, exp_pwl_float, mantissa_value, recip, recip_relative_bound
 
 
 def measure(cfg) -> dict:
@@ -28,7 +29,11 @@ def measure(cfg) -> dict:
     z = torch.cat([torch.arange(1, min(2 ** 20, 2 ** cfg.recip_in_width)),
                    torch.randint(1, 2 ** cfg.recip_in_width, (1_000_000,), generator=gen)])
     m, k = recip(z, cfg)
-    rrel = (recip_value(m, k, cfg) * z.double() - 1).abs()
+    rrel = (mantissa_value(m, k, cfg) * z.double() - 1).abs()
+    x2 = torch.arange(max(cfg.x_format.min_raw, -(30 << cfg.x_frac)), 1)
+    m2, k2 = exp2(x2, cfg)
+    x2f = cfg.x_format.to_float(x2)
+    erel = (mantissa_value(m2, k2, cfg) / torch.exp(x2f) - 1).abs()
     return {
         "exp_pwl_float_max_rel": float(pwl_rel[inside].max()),
         "exp_max_rel_in_range": float(rel[inside].max()),
@@ -38,6 +43,8 @@ def measure(cfg) -> dict:
         "recip_max_rel": float(rrel.max()),
         "recip_mean_rel": float(rrel.mean()),
         "recip_stated_bound": recip_relative_bound(cfg),
+        "exp2_max_rel_x_in_[-30,0]": float(erel.max()),
+        "exp2_mean_rel_x_in_[-30,0]": float(erel.mean()),
     }
 
 

@@ -18,8 +18,13 @@ import torch
 from .errors import ConfigError
 
 
-def round_shift(x, shift: int):
-    """Divide by ``2**shift`` rounding half up (shift <= 0 multiplies exactly)."""
+def round_shift(x, shift):
+    """Divide by ``2**shift`` rounding half up: ``(x + (2**shift >> 1)) >> shift``.
+
+    ``shift`` is an int (``<= 0`` multiplies exactly) or a tensor of shifts ``>= 0``
+    (a barrel shifter in the RTL)."""
+    if isinstance(shift, torch.Tensor):
+        return (x + ((torch.ones_like(shift) << shift) >> 1)) >> shift
     if shift <= 0:
         return x * (1 << -shift)
     return (x + (1 << (shift - 1))) >> shift

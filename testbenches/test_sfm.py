@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from golden.errors import ConfigError
-from golden.sfm import PRESETS, SfmConfig, exp_bound, exp_pwl, exp_pwl_float, recip, recip_relative_bound, recip_value
+from golden.sfm import (PRESETS, SfmConfig, exp2, exp2_relative_bound, exp_bound, exp_pwl, exp_pwl_float,
+                        mantissa_value, recip, recip_relative_bound)
 from testbenches.runner import simulate
 
 SEED = 7
@@ -46,12 +47,23 @@ def test_recip_within_stated_relative_bound(preset):
     z = torch.cat([torch.arange(1, 4097), torch.randint(1, 2 ** cfg.recip_in_width, (100000,), generator=gen),
                    torch.tensor([2 ** cfg.recip_in_width - 1])])
     m, k = recip(z, cfg)
-    rel = (recip_value(m, k, cfg) * z.double() - 1).abs()
+    rel = (mantissa_value(m, k, cfg) * z.double() - 1).abs()
     assert rel.max() <= recip_relative_bound(cfg)
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_exp2_within_stated_relative_bound(preset):
+    cfg = PRESETS[preset]
+    x = torch.arange(max(cfg.x_format.min_raw, -(40 << cfg.x_frac)), 1)  # down to exp(-40)
+    m, k = exp2(x, cfg)
+    xf = cfg.x_format.to_float(x)
+    rel = (mantissa_value(m, k, cfg) / torch.exp(xf) - 1).abs()
+    assert (rel <= exp2_relative_bound(xf, cfg)).all(), float((rel - exp2_relative_bound(xf, cfg)).max())
+    assert int(m[-1]) > 0 and int(k[-1]) == 0  # exp(0) ~ 1
 
 
 def test_sfm_config_rejects_bad_values():
     with pytest.raises(ConfigError, match="cutoff"):
         SfmConfig(cutoff=-40.0)
-    with pytest.raises(ConfigError, match="recip_index_bits"):
-        SfmConfig(recip_index_bits=0)
+    with pytest.raises(ConfigError, match="table_index_bits"):
+        SfmConfig(table_index_bits=0)

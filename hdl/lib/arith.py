@@ -5,11 +5,14 @@ bit-accurate model agree by construction of one definition each.
 """
 from __future__ import annotations
 
-from amaranth import Mux, Shape, Value
+from amaranth import Const, Mux, Shape, Value
 
 
-def round_shift(value: Value, shift: int) -> Value:
-    """``floor(value / 2**shift + 1/2)`` (round half up); ``shift <= 0`` multiplies."""
+def round_shift(value: Value, shift) -> Value:
+    """``floor(value / 2**shift + 1/2)`` (round half up); ``shift <= 0`` multiplies.
+    ``shift`` may be an unsigned Value (a barrel shifter): ``(v + (2**s >> 1)) >> s``."""
+    if isinstance(shift, Value):
+        return (value + ((Const(1, 1) << shift) >> 1)) >> shift
     if shift <= 0:
         return value << -shift
     return (value + (1 << (shift - 1))) >> shift

@@ -6,7 +6,7 @@ import cocotb
 import torch
 from cocotb.triggers import ClockCycles
 
-from golden.sfm import OP_EXP, OP_RECIP, SfmConfig, exp_pwl, recip
+from golden.sfm import OP_EXP, OP_EXP2, OP_RECIP, SfmConfig, exp2, exp_pwl, recip
 from hdl.lib.sfm import sfm_in_layout, sfm_out_layout
 from testbenches.streams import Context, StreamSink, StreamSource, start
 
@@ -19,7 +19,8 @@ def corner_inputs(cfg: SfmConfig) -> list[tuple[int, int]]:
     zmax = (1 << cfg.recip_in_width) - 1
     zs = [0, 1, 2, 3, zmax, zmax - 1] + [1 << k for k in range(cfg.recip_in_width)] \
         + [(1 << k) - 1 for k in range(2, cfg.recip_in_width + 1)]
-    return [(OP_EXP, x) for x in xs] + [(OP_RECIP, z) for z in zs]
+    x2 = [0, -1, 1, xf.min_raw, xf.max_raw, -(1 << xf.frac), -(64 << xf.frac) if -(64 << xf.frac) >= xf.min_raw else -1]
+    return [(OP_EXP, x) for x in xs] + [(OP_RECIP, z) for z in zs] + [(OP_EXP2, x) for x in x2]
 
 
 def random_inputs(cfg: SfmConfig, rng, n: int) -> list[tuple[int, int]]:
@@ -27,7 +28,11 @@ def random_inputs(cfg: SfmConfig, rng, n: int) -> list[tuple[int, int]]:
     cutoff_raw = cfg.exp_boundaries_raw[-1]
     out = []
     for _ in range(n):
-        if rng.random() < 0.5:
+        kind = rng.random()
+        if kind < 0.25:
+            lo = max(xf.min_raw, rng.choice((xf.min_raw, -(20 << xf.frac), -(2 << xf.frac))))
+            out.append((OP_EXP2, rng.randint(lo, 0)))
+        elif kind < 0.6:
             lo = rng.choice((xf.min_raw, cutoff_raw - 16, cutoff_raw))
             hi = rng.choice((0, xf.max_raw))
             out.append((OP_EXP, rng.randint(min(lo, hi), hi)))
@@ -41,7 +46,7 @@ def expected(cfg: SfmConfig, op: int, v: int) -> dict:
     if op == OP_EXP:
         y, r = exp_pwl(torch.tensor([v]), cfg)
         return {"value": int(y), "interval": int(r), "exponent": 0}
-    mant, k = recip(torch.tensor([v]), cfg)
+    mant, k = (exp2 if op == OP_EXP2 else recip)(torch.tensor([v]), cfg)
     return {"value": int(mant), "interval": 0, "exponent": int(k)}
 
 
@@ -56,7 +61,7 @@ async def sfm_matches_golden(dut):
     inputs = corners + random_inputs(cfg, rng, p.get("vectors", 1000))
     want = []
     for op, v in inputs:
-        src.put({"op": op, "x": v if op == OP_EXP else 0, "z": v if op == OP_RECIP else 0})
+        src.put({"op": op, "x": v if op != OP_RECIP else rng.randint(-5, 5), "z": v if op == OP_RECIP else rng.randint(0, 9)})
         want.append(expected(cfg, op, v))
     await sink.wait_for(len(want), timeout_cycles=20 * len(want) + 1000)
     await ClockCycles(dut.clk, 10)
