@@ -6,7 +6,7 @@ from typing import Callable
 
 from amaranth.back import verilog
 
-from golden import sfm as golden_sfm, sram as golden_sram, vpu as golden_vpu
+from golden import mac_unit as golden_mac, sfm as golden_sfm, sram as golden_sram, vpu as golden_vpu
 from golden.errors import ConfigError
 
 
@@ -39,6 +39,21 @@ def _sram(cfg):
     return SramBank(cfg)
 
 
+def _mac_unit(cfg):
+    from .mac.unit import MacUnit
+    return MacUnit(cfg)
+
+
+def _mac_match(cfg):
+    from .mac.match import MatchUnit
+    return MatchUnit(cfg)
+
+
+def _mac_merge(cfg):
+    from .mac.merge import MergeUnit
+    return MergeUnit(cfg)
+
+
 BLOCKS: dict[str, Block] = {
     "vpu": Block("vpu", "vector unit: DOT / SQDIST over beats, AXPY lanes", golden_vpu.VpuConfig,
                  golden_vpu.PRESETS, _vpu),
@@ -46,6 +61,12 @@ BLOCKS: dict[str, Block] = {
                  golden_sfm.PRESETS, _sfm),
     "sram": Block("sram", "SRAM bank: memory behind write / read request / read response streams",
                   golden_sram.SramConfig, golden_sram.PRESETS, _sram),
+    "mac-match": Block("mac-match", "MAC match: ring windows of pre-RoPE queries, best L2 match",
+                       golden_mac.MacUnitConfig, golden_mac.PRESETS, _mac_match),
+    "mac-merge": Block("mac-merge", "MAC merge: online-softmax merge and removal of attention states",
+                       golden_mac.MacUnitConfig, golden_mac.PRESETS, _mac_merge),
+    "mac-unit": Block("mac-unit", "MAC unit: match + merge behind stream ports", golden_mac.MacUnitConfig,
+                      golden_mac.PRESETS, _mac_unit),
 }
 
 

@@ -22,6 +22,8 @@ TB_MODULES = {
     "vpu": "testbenches.tb.tb_vpu",
     "sfm": "testbenches.tb.tb_sfm",
     "sram": "testbenches.tb.tb_sram",
+    "mac-match": "testbenches.tb.tb_mac_match",
+    "mac-merge": "testbenches.tb.tb_mac_merge",
 }
 
 

@@ -1,0 +1,157 @@
+"""Match unit: ring windows of pre-RoPE queries, best earlier query by squared L2 distance.
+
+Implements golden.mac_unit.MatchModel bit for bit (ALGORITHMS.md §2, "Match"). A query
+arrives as ``head_dim/lanes`` beats on ``query``; the unit streams every valid slot of
+that head's ring from an SRAM bank (oldest position first) through the VPU's SQDIST,
+keeps the strict minimum (so ties go to the lower position), emits
+``(hit, slot, position, distance)`` on ``result`` and then writes the query into the
+ring at slot ``position mod window``. Cycles per match ~ ``valid_slots * d/lanes``
+plus a few for load, result and write-back.
+"""
+from __future__ import annotations
+
+from amaranth import Array, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from golden.mac_unit import MacUnitConfig
+from golden.sram import SramConfig
+from golden.vpu import OP_SQDIST
+
+from ..lib.sram import SramBank
+from ..lib.vpu import Vpu
+
+
+def _bits(n: int) -> int:
+    return max(1, (n - 1).bit_length())
+
+
+def match_query_layout(cfg: MacUnitConfig) -> data.StructLayout:
+    return data.StructLayout({
+        "head": unsigned(_bits(cfg.heads)),
+        "q": data.ArrayLayout(signed(cfg.q_width), cfg.lanes),
+    })
+
+
+def match_result_layout(cfg: MacUnitConfig) -> data.StructLayout:
+    return data.StructLayout({
+        "hit": unsigned(1),
+        "slot": unsigned(_bits(cfg.window)),
+        "position": unsigned(cfg.position_width),
+        "distance": unsigned(cfg.vpu.acc_width),
+    })
+
+
+class MatchUnit(wiring.Component):
+    """``query``: beats of (head, q lanes); ``result``: one per query."""
+
+    def __init__(self, cfg: MacUnitConfig):
+        self.cfg = cfg
+        super().__init__({
+            "query": In(stream.Signature(match_query_layout(cfg))),
+            "result": Out(stream.Signature(match_result_layout(cfg))),
+        })
+
+    def elaborate(self, platform):
+        cfg, m = self.cfg, Module()
+        nb, window = cfg.beats, cfg.window
+        word = cfg.lanes * cfg.q_width
+        m.submodules.ring = ring = SramBank(SramConfig(depth=cfg.ring_words, width=word, read_ports=1,
+                                                       read_latency=1))
+        m.submodules.vpu = vpu = Vpu(cfg.vpu)
+        req, resp = ring.read_port(0)
+
+        query_buf = Array(Signal(word, name=f"query_beat{b}") for b in range(nb))
+        head = Signal(_bits(cfg.heads))
+        # Per-head ring state: next position, next slot (position mod window), filled slots.
+        positions = Array(Signal(cfg.position_width, name=f"position{h}") for h in range(cfg.heads))
+        write_slots = Array(Signal(range(window), name=f"write_slot{h}") for h in range(cfg.heads))
+        filled_slots = Array(Signal(range(window + 1), name=f"filled{h}") for h in range(cfg.heads))
+        filled = Signal(range(window + 1))
+        oldest = Signal(range(window))
+
+        load_beat = Signal(range(nb))
+        issue_count, issue_slot, issue_beat = Signal(range(window + 1)), Signal(range(window)), Signal(range(nb))
+        read_beat = Signal(range(nb))
+        result_count, result_slot = Signal(range(window + 1)), Signal(range(window))
+        best_distance = Signal(cfg.vpu.acc_width)
+        best_slot, best_index = Signal(range(window)), Signal(range(window))
+        write_beat = Signal(range(nb))
+
+        def ring_address(slot, beat):
+            return (head * window + slot) * nb + beat
+
+        # Read responses feed the VPU (SQDIST against the buffered query beat).
+        m.d.comb += [
+            vpu.i.valid.eq(resp.valid), resp.ready.eq(vpu.i.ready),
+            vpu.i.payload.op.eq(OP_SQDIST), vpu.i.payload.last.eq(read_beat == nb - 1),
+            vpu.i.payload.a.eq(resp.payload), vpu.i.payload.b.eq(query_buf[read_beat]),
+            vpu.o.ready.eq(1),
+        ]
+        with m.If(vpu.i.valid & vpu.i.ready):
+            m.d.sync += read_beat.eq(Mux(read_beat == nb - 1, 0, read_beat + 1))
+
+        max_distance = (1 << (cfg.vpu.acc_width - 1)) - 1
+        with m.FSM():
+            with m.State("LOAD"):
+                m.d.comb += self.query.ready.eq(1)
+                with m.If(self.query.valid):
+                    m.d.sync += [query_buf[load_beat].eq(self.query.payload.q),
+                                 load_beat.eq(Mux(load_beat == nb - 1, 0, load_beat + 1))]
+                    with m.If(load_beat == 0):
+                        m.d.sync += head.eq(self.query.payload.head)
+                    with m.If(load_beat == nb - 1):
+                        m.next = "PREPARE"
+            with m.State("PREPARE"):
+                count = filled_slots[head]
+                m.d.sync += [
+                    filled.eq(count), oldest.eq(Mux(count == window, write_slots[head], 0)),
+                    issue_count.eq(0), issue_slot.eq(Mux(count == window, write_slots[head], 0)), issue_beat.eq(0),
+                    result_count.eq(0), result_slot.eq(Mux(count == window, write_slots[head], 0)),
+                    best_distance.eq(max_distance), best_slot.eq(0), best_index.eq(0),
+                ]
+                with m.If(count == 0):
+                    m.next = "RESULT"
+                with m.Else():
+                    m.next = "SCAN"
+            with m.State("SCAN"):
+                m.d.comb += [req.valid.eq(issue_count < filled),
+                             req.payload.addr.eq(ring_address(issue_slot, issue_beat))]
+                with m.If(req.valid & req.ready):
+                    m.d.sync += issue_beat.eq(Mux(issue_beat == nb - 1, 0, issue_beat + 1))
+                    with m.If(issue_beat == nb - 1):
+                        m.d.sync += [issue_count.eq(issue_count + 1),
+                                     issue_slot.eq(Mux(issue_slot == window - 1, 0, issue_slot + 1))]
+                with m.If(vpu.o.valid):
+                    m.d.sync += [result_count.eq(result_count + 1),
+                                 result_slot.eq(Mux(result_slot == window - 1, 0, result_slot + 1))]
+                    with m.If(vpu.o.payload.dot.as_unsigned() < best_distance):
+                        m.d.sync += [best_distance.eq(vpu.o.payload.dot), best_slot.eq(result_slot),
+                                     best_index.eq(result_count)]
+                    with m.If(result_count == filled - 1):
+                        m.next = "RESULT"
+            with m.State("RESULT"):
+                m.d.comb += [
+                    self.result.valid.eq(1),
+                    self.result.payload.hit.eq((filled != 0) & (best_distance < cfg.threshold_raw)),
+                    self.result.payload.slot.eq(best_slot),
+                    self.result.payload.position.eq(
+                        Mux(filled == 0, 0, positions[head] - filled + best_index)),
+                    self.result.payload.distance.eq(best_distance),
+                ]
+                with m.If(self.result.ready):
+                    m.d.sync += write_beat.eq(0)
+                    m.next = "WRITE"
+            with m.State("WRITE"):
+                m.d.comb += [ring.write.valid.eq(1),
+                             ring.write.payload.addr.eq(ring_address(write_slots[head], write_beat)),
+                             ring.write.payload.data.eq(query_buf[write_beat])]
+                m.d.sync += write_beat.eq(write_beat + 1)
+                with m.If(write_beat == nb - 1):
+                    slot = write_slots[head]
+                    m.d.sync += [positions[head].eq(positions[head] + 1),
+                                 write_slots[head].eq(Mux(slot == window - 1, 0, slot + 1)),
+                                 filled_slots[head].eq(Mux(filled_slots[head] == window, window,
+                                                           filled_slots[head] + 1))]
+                    m.next = "LOAD"
+        return m

@@ -1,0 +1,132 @@
+"""Merge unit: online-softmax merge (⊕) and removal (⊖) of two attention states.
+
+Implements golden.mac_unit.merge_bits bit for bit (ALGORITHMS.md §2: the "⊕" that joins
+prefix, band and tail, and the "⊖" downdate that stores cache entries without the last
+S keys). A transaction is ``head_dim/lanes`` beats on ``i``; the scalars (op, m1, s1, m2,
+s2) are read from its first beat while it waits. Scalar phase, one SFM shared in turn:
+EXP2 of ``-|m1 - m2|`` scales the smaller-max state's sum, giving ``a``, ``b`` and
+``s = a ± b``; the cancellation flag is set when ``s <= 0`` or (⊖) ``s * 2^cancel_bits < a``;
+RECIP of ``s`` gives ``w1 = a/s`` and ``w2 = ±b/s``. Vector phase: one beat per cycle,
+``o = sat(round_shift(w1 o1 + w2 o2, mantissa_frac))`` (zeros when flagged).
+"""
+from __future__ import annotations
+
+from amaranth import Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from golden.mac_unit import OP_DOWNDATE, MacUnitConfig
+from golden.sfm import OP_EXP2, OP_RECIP
+
+from ..lib.arith import round_shift, saturate, stall_all_enable
+from ..lib.sfm import Sfm
+
+
+def merge_in_layout(cfg: MacUnitConfig) -> data.StructLayout:
+    lanes = data.ArrayLayout(signed(cfg.out_width), cfg.lanes)
+    return data.StructLayout({
+        "op": unsigned(1),
+        "m1": signed(cfg.score_width), "s1": unsigned(cfg.sum_width),
+        "m2": signed(cfg.score_width), "s2": unsigned(cfg.sum_width),
+        "o1": lanes, "o2": lanes,
+    })
+
+
+def merge_out_layout(cfg: MacUnitConfig) -> data.StructLayout:
+    return data.StructLayout({
+        "m": signed(cfg.score_width), "s": unsigned(cfg.sum_width), "flagged": unsigned(1),
+        "o": data.ArrayLayout(signed(cfg.out_width), cfg.lanes),
+    })
+
+
+class MergeUnit(wiring.Component):
+    """``i``: beats of (op, m1, s1, m2, s2, o1 lanes, o2 lanes); ``o``: beats of (m, s, flagged, o lanes)."""
+
+    def __init__(self, cfg: MacUnitConfig):
+        self.cfg = cfg
+        super().__init__({
+            "i": In(stream.Signature(merge_in_layout(cfg))),
+            "o": Out(stream.Signature(merge_out_layout(cfg))),
+        })
+
+    def elaborate(self, platform):
+        cfg, m = self.cfg, Module()
+        m.submodules.sfm = sfm = Sfm(cfg.sfm)
+        frac, nb = cfg.mantissa_frac, cfg.beats
+        p = self.i.payload
+
+        op = Signal()
+        first_is_max = Signal()
+        m_out = Signal(signed(cfg.score_width))
+        x = Signal(signed(cfg.score_width))
+        s1, s2 = Signal(cfg.sum_width), Signal(cfg.sum_width)
+        a, b = Signal(cfg.sum_width + 1), Signal(cfg.sum_width + 1)
+        s_full = Signal(signed(cfg.sum_width + 3))
+        s_out = Signal(cfg.sum_width)
+        flagged = Signal()
+        w1, w2 = Signal(signed(cfg.weight_width)), Signal(signed(cfg.weight_width))
+        beat = Signal(range(nb))
+
+        diff = Signal(signed(cfg.score_width + 1))
+        m.d.comb += diff.eq(p.m1 - p.m2)
+        x_min = cfg.sfm.x_format.min_raw
+        neg_abs = Mux(diff >= 0, -diff, diff)
+
+        streaming = Signal()
+        ce = stall_all_enable(self.o)
+        m.d.comb += self.i.ready.eq(streaming & ce)
+        with m.If(ce):
+            m.d.sync += self.o.valid.eq(streaming & self.i.valid)
+            lanes = [saturate(round_shift(w1 * p.o1[l] + w2 * p.o2[l], frac), signed(cfg.out_width))
+                     for l in range(cfg.lanes)]
+            m.d.sync += [self.o.payload.m.eq(m_out), self.o.payload.s.eq(s_out), self.o.payload.flagged.eq(flagged)]
+            m.d.sync += [self.o.payload.o[l].eq(lanes[l]) for l in range(cfg.lanes)]
+
+        with m.FSM():
+            with m.State("IDLE"):
+                with m.If(self.i.valid):  # peek at the first beat's scalars
+                    m.d.sync += [op.eq(p.op), first_is_max.eq(diff >= 0), m_out.eq(Mux(diff >= 0, p.m1, p.m2)),
+                                 x.eq(Mux(neg_abs < x_min, x_min, neg_abs)), s1.eq(p.s1), s2.eq(p.s2)]
+                    m.next = "EXP_REQUEST"
+            with m.State("EXP_REQUEST"):
+                m.d.comb += [sfm.i.valid.eq(1), sfm.i.payload.op.eq(OP_EXP2), sfm.i.payload.x.eq(x)]
+                with m.If(sfm.i.ready):
+                    m.next = "EXP_WAIT"
+            with m.State("EXP_WAIT"):
+                m.d.comb += sfm.o.ready.eq(1)
+                with m.If(sfm.o.valid):
+                    small = Mux(first_is_max, s2, s1)
+                    scaled = Mux(x == 0, small,  # exp(0) = 1 exactly
+                                 round_shift(small * sfm.o.payload.value, frac + sfm.o.payload.exponent))
+                    a_next = Mux(first_is_max, s1, scaled)
+                    b_next = Mux(first_is_max, scaled, s2)
+                    m.d.sync += [a.eq(a_next), b.eq(b_next),
+                                 s_full.eq(Mux(op == OP_DOWNDATE, a_next - b_next, a_next + b_next))]
+                    m.next = "CHECK"
+            with m.State("CHECK"):
+                cancel = (s_full <= 0) | ((op == OP_DOWNDATE) & ((s_full << cfg.cancel_bits) < a))
+                m.d.sync += [flagged.eq(cancel), s_out.eq(saturate(s_full, unsigned(cfg.sum_width)))]
+                with m.If(cancel):
+                    m.d.sync += [w1.eq(0), w2.eq(0), s_out.eq(0), beat.eq(0)]
+                    m.next = "STREAM"
+                with m.Else():
+                    m.next = "RECIP_REQUEST"
+            with m.State("RECIP_REQUEST"):
+                m.d.comb += [sfm.i.valid.eq(1), sfm.i.payload.op.eq(OP_RECIP), sfm.i.payload.z.eq(s_out)]
+                with m.If(sfm.i.ready):
+                    m.next = "RECIP_WAIT"
+            with m.State("RECIP_WAIT"):
+                m.d.comb += sfm.o.ready.eq(1)
+                with m.If(sfm.o.valid):
+                    r, k = sfm.o.payload.value, sfm.o.payload.exponent
+                    weight2 = round_shift(b * r, k)
+                    m.d.sync += [w1.eq(round_shift(a * r, k)), w2.eq(Mux(op == OP_DOWNDATE, -weight2, weight2)),
+                                 beat.eq(0)]
+                    m.next = "STREAM"
+            with m.State("STREAM"):
+                m.d.comb += streaming.eq(1)
+                with m.If(self.i.valid & self.i.ready):
+                    m.d.sync += beat.eq(beat + 1)
+                    with m.If(beat == nb - 1):
+                        m.next = "IDLE"
+        return m
