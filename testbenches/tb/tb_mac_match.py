@@ -25,13 +25,13 @@ def vector_with_squared_norm(target: int, d: int, rng) -> list[int]:
     return out if target == 0 else None
 
 
-def synthetic_queries(cfg: MacUnitConfig, rng, n: int) -> list[tuple[int, list[int]]]:
+def synthetic_queries(cfg: MacUnitConfig, rng, n: int, heads: int | None = None) -> list[tuple[int, list[int]]]:
     lo, hi = cfg.q_format.min_raw, cfg.q_format.max_raw
     span = hi // 2
     history = {h: [] for h in range(cfg.heads)}
     out = []
     for _ in range(n):
-        head = rng.randrange(cfg.heads)
+        head = rng.randrange(heads or cfg.heads)
         past = history[head][-cfg.window:]
         kind = rng.random()
         if past and kind < 0.3:  # near repeat: a hit
@@ -69,7 +69,7 @@ async def match_matches_golden(dut):
     if p.get("trace"):
         queries = trace_queries(cfg, p["trace"], p.get("vectors", 100))
     else:
-        queries = synthetic_queries(cfg, rng, p.get("vectors", 1000))
+        queries = synthetic_queries(cfg, rng, p.get("vectors", 1000), p.get("heads_used"))
     model = MatchModel(cfg)
     want = []
     for head, q in queries:
@@ -87,6 +87,7 @@ async def match_matches_golden(dut):
     at_threshold = sum(1 for w in want if w["distance"] == cfg.threshold_raw)
     ctx.report.update(vectors=len(want), mismatches=len(mismatches), hits=hits, at_threshold=at_threshold,
                       cycles=cycles.now - start_cycle,
-                      distances=[w["distance"] for w in want], hits_list=[w["hit"] for w in want])
+                      distances=[w["distance"] for w in want], hits_list=[w["hit"] for w in want],
+                      result_cycles=[c for c, _ in sink.received])
     ctx.write_report()
     assert not mismatches, f"seed {ctx.seed}: {len(mismatches)} mismatches, first: {mismatches[:3]}"

@@ -57,6 +57,9 @@ async def merge_matches_golden(dut):
         cases = [tuple(c) for c in torch.load(p["trace"])["merge_cases"]][:p.get("vectors", 1000)]
     else:
         cases = synthetic_cases(cfg, rng, p.get("vectors", 1000))
+        if p.get("only_op"):
+            op = OP_MERGE if p["only_op"] == "merge" else OP_DOWNDATE
+            cases = [(op,) + tuple(c[1:]) for c in cases]
     want, flagged = [], 0
     lanes = cfg.lanes
     for op, m1, s1, o1, m2, s2, o2 in cases:
@@ -75,6 +78,7 @@ async def merge_matches_golden(dut):
                   if got != w]
     ctx.report.update(vectors=len(cases), beats=len(want), mismatches=len(mismatches), flagged=flagged,
                       cycles=cycles.now - start_cycle,
-                      nonzero_outputs=sum(1 for w in want if any(w["o"])))
+                      nonzero_outputs=sum(1 for w in want if any(w["o"])),
+                      output_cycles=[c for c, _ in sink.received])
     ctx.write_report()
     assert not mismatches, f"seed {ctx.seed}: {len(mismatches)} mismatches, first: {mismatches[:3]}"
