@@ -53,3 +53,59 @@ def test_mac_config_rejects_bad_values():
         MacUnitConfig(head_dim=60, lanes=8)
     with pytest.raises(ConfigError, match="tau"):
         MacUnitConfig(tau=1.5)
+
+
+# -- real SmolLM2 data (testbenches/data/smollm2_mac_trace.pt, from benchmarks/record_mac_trace.py) --------
+TRACE = __import__("pathlib").Path(__file__).parent / "data" / "smollm2_mac_trace.pt"
+TRACE_MATCH_CONFIG = MacUnitConfig(window=64, head_dim=64, heads=3, lanes=16)
+
+
+def _trace():
+    return torch.load(TRACE)
+
+
+def test_match_rtl_equals_golden_on_real_queries():
+    report = simulate("mac-match", TRACE_MATCH_CONFIG, "testbenches.tb.tb_mac_match", seed=SEED, name="trace",
+                      params={"trace": str(TRACE), "vectors": 120})
+    assert report["mismatches"] == 0
+    assert report["vectors"] == 360
+    assert len(set(report["distances"])) > 300  # real, varied distances
+
+
+def test_merge_rtl_equals_golden_on_real_states():
+    report = simulate("mac-merge", PRESETS["default"], "testbenches.tb.tb_mac_merge", seed=SEED, name="trace",
+                      params={"trace": str(TRACE), "vectors": 1000})
+    assert report["mismatches"] == 0
+    assert report["vectors"] == len(_trace()["merge_cases"]) >= 150
+    assert report["nonzero_outputs"] > report["beats"] // 2
+
+
+def merge_error_bound(w1: float, w2: float, o1: torch.Tensor, o2: torch.Tensor, cfg) -> float:
+    """Stated bound (docs/mac-unit.md) on |o_bit-accurate - o_float| per element: the weights'
+    relative error (EXP2 + RECIP + sum rounding, 2e-4) on |w1 o1| + |w2 o2|, the inputs'
+    quantisation and the output rounding."""
+    lsb = 2.0 ** -cfg.out_frac
+    return float((abs(w1) * o1.abs().max() + abs(w2) * o2.abs().max()) * 2e-4 + (abs(w1) + abs(w2) + 1) * lsb)
+
+
+def test_merge_bit_accurate_within_bound_of_float_on_real_states():
+    from golden.mac_unit import OP_DOWNDATE, merge_bits, raw_to_lse
+    cfg = PRESETS["default"]
+    trace = _trace()
+    worst, flagged, checked = 0.0, 0, 0
+    for (op, m1, s1, o1, m2, s2, o2), want_o, want_lse in zip(trace["merge_cases"], trace["expect_o"],
+                                                           trace["expect_lse"]):
+        o1f, o2f = cfg.out_format.to_float(torch.tensor(o1)), cfg.out_format.to_float(torch.tensor(o2))
+        r = merge_bits(op, m1, s1, torch.tensor(o1), m2, s2, torch.tensor(o2), cfg)
+        lse1, lse2 = raw_to_lse(m1, s1, cfg), raw_to_lse(m2, s2, cfg)
+        t = __import__("math").exp(lse2 - lse1)
+        if r.flagged:
+            flagged += 1
+            assert op == OP_DOWNDATE and 1 - t < 2.0 ** -cfg.cancel_bits * 1.01
+            continue
+        w1, w2 = (1 / (1 - t), -t / (1 - t)) if op == OP_DOWNDATE else (1 / (1 + t), t / (1 + t))
+        err = float((cfg.out_format.to_float(torch.tensor(r.o)) - want_o.double()).abs().max())
+        assert err <= merge_error_bound(w1, w2, o1f, o2f, cfg), (op, err, w1, w2)
+        assert abs(raw_to_lse(r.m, r.s, cfg) - float(want_lse)) < 1e-3 * max(1.0, abs(w1))
+        worst, checked = max(worst, err), checked + 1
+    assert checked > 100 and worst > 0
