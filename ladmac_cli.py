@@ -73,7 +73,7 @@ def cmd_sim(args) -> int:
     cfg = _config(args)
     t0 = time.time()
     report = simulate(args.block, cfg, TB_MODULES[args.block], seed=args.seed, name="cli",
-                      params={"vectors": args.vectors})
+                      params={"vectors": args.vectors, "steps": args.vectors})
     print(f"{args.block}: {report['vectors']} vectors, {report['mismatches']} mismatches vs the golden "
           f"model under Verilator (seed {args.seed}, {time.time() - t0:.1f} s); log {report['log']}")
     return 0 if report["mismatches"] == 0 else 1

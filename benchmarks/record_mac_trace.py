@@ -7,6 +7,9 @@ Runs SmolLM2 once over the first ``tokens`` tokens of ../shared/data/wikitext2/t
 with a recording attention function (transformers' AttentionInterface) and a forward
 hook on ``q_proj`` of one layer, and stores:
 
+and, in a second file, one head's post-RoPE ``q`` and its KV head's ``k``, ``v``
+(tokens, 64) each, for the dense-attention baseline and the LAD tile;
+
 - ``q_pre``: pre-RoPE queries of the first KV group's query heads, (tokens, 3, 64);
 - ``merge_cases``: raw (MacUnitConfig default formats) merge/removal transactions built
   from that layer's real partial softmax states (prefix, band and tail key ranges of
@@ -25,6 +28,7 @@ from golden.mac_unit import OP_DOWNDATE, OP_MERGE, MacUnitConfig, state_to_raw
 from golden.paths import DATA_ROOT, PROJECT_ROOT
 
 DEFAULT_OUT = PROJECT_ROOT / "testbenches" / "data" / "smollm2_mac_trace.pt"
+DEFAULT_HEAD_OUT = PROJECT_ROOT / "testbenches" / "data" / "smollm2_head_trace.pt"
 
 
 def range_state(scores: torch.Tensor, values: torch.Tensor, lo: int, hi: int):
@@ -90,9 +94,11 @@ def record(tokens: int, layer: int, band: int = 256, cases_per_kind: int = 60, s
             cases.append((op, r1[0], r1[1], r1[2].tolist(), r2[0], r2[1], r2[2].tolist()))
             expect_o.append(want[2].float())
             expect_lse.append(want[3])
+    head = {"q": q[0].half(), "k": k[0].half(), "v": v[0].half(), "layer": layer, "query_head": 0,
+            "command": "python -m benchmarks.record_mac_trace"}
     return {"q_pre": q_pre.half(), "layer": layer, "tokens": n_tokens, "merge_cases": cases,
             "expect_o": torch.stack(expect_o), "expect_lse": torch.tensor(expect_lse),
-            "command": "python -m benchmarks.record_mac_trace"}
+            "command": "python -m benchmarks.record_mac_trace"}, head
 
 
 def main() -> None:
@@ -100,13 +106,17 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=640)
     parser.add_argument("--layer", type=int, default=12)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--head-out", type=Path, default=DEFAULT_HEAD_OUT)
     args = parser.parse_args()
-    trace = record(args.tokens, args.layer)
+    trace, head = record(args.tokens, args.layer)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(trace, args.out)
+    torch.save(head, args.head_out)
     q = trace["q_pre"].float()
     print(f"wrote {args.out}: q_pre {tuple(q.shape)} (|q| max {q.abs().max():.2f}, rms {q.pow(2).mean().sqrt():.2f}), "
-          f"{len(trace['merge_cases'])} merge/removal cases from layer {args.layer}")
+          f"{len(trace['merge_cases'])} merge/removal cases from layer {args.layer}; {args.head_out}: "
+          f"q/k/v {tuple(head['q'].shape)}, |k| max {head['k'].float().abs().max():.2f}, "
+          f"|v| max {head['v'].float().abs().max():.2f}")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,15 @@
 """Every block the generator can emit: its config class, presets and component."""
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from amaranth.back import verilog
 
-from golden import mac_unit as golden_mac, sfm as golden_sfm, sram as golden_sram, vpu as golden_vpu
+from golden import dense as golden_dense, mac_unit as golden_mac, sfm as golden_sfm, sram as golden_sram, vpu as golden_vpu
 from golden.errors import ConfigError
 
 
@@ -54,6 +57,11 @@ def _mac_merge(cfg):
     return MergeUnit(cfg)
 
 
+def _dense(cfg):
+    from .lad.dense import DenseAttention
+    return DenseAttention(cfg)
+
+
 BLOCKS: dict[str, Block] = {
     "vpu": Block("vpu", "vector unit: DOT / SQDIST over beats, AXPY lanes", golden_vpu.VpuConfig,
                  golden_vpu.PRESETS, _vpu),
@@ -67,6 +75,8 @@ BLOCKS: dict[str, Block] = {
                        golden_mac.MacUnitConfig, golden_mac.PRESETS, _mac_merge),
     "mac-unit": Block("mac-unit", "MAC unit: match + merge behind stream ports", golden_mac.MacUnitConfig,
                       golden_mac.PRESETS, _mac_unit),
+    "dense": Block("dense", "dense PWL attention baseline: reads every key and value (LAD's reference point)",
+                   golden_dense.DenseConfig, golden_dense.PRESETS, _dense),
 }
 
 
@@ -88,8 +98,29 @@ def make_config(name: str, overrides: dict[str, str] | None = None, preset: str 
     return block.config_class.from_overrides(values)
 
 
-def generate_verilog(name: str, cfg) -> str:
-    """Verilog text of block ``name`` at ``cfg``; the top module is called ``top``."""
+def _source_digest() -> str:
+    """Hash of the generator's own sources (hdl/ and golden/): a changed file invalidates caches."""
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha1()
+    for path in sorted([*root.glob("hdl/**/*.py"), *root.glob("golden/*.py")]):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def generate_verilog(name: str, cfg, cache: bool = True) -> str:
+    """Verilog text of block ``name`` at ``cfg``; the top module is called ``top``.
+
+    Conversion runs Yosys (WebAssembly) and takes seconds for the larger blocks, so the
+    text is cached under build/verilog-cache by (block, config, generator sources)."""
+    from golden.paths import BUILD_ROOT
     block = get_block(name)
-    component = block.build(cfg)
-    return verilog.convert(component, name="top", emit_src=False)
+    path = BUILD_ROOT / "verilog-cache" / f"{name}-{cfg.key()}-{_source_digest()}.v"
+    if cache and path.exists():
+        return path.read_text()
+    text = verilog.convert(block.build(cfg), name="top", emit_src=False)
+    if cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    return text

@@ -24,6 +24,7 @@ TB_MODULES = {
     "sram": "testbenches.tb.tb_sram",
     "mac-match": "testbenches.tb.tb_mac_match",
     "mac-merge": "testbenches.tb.tb_mac_merge",
+    "dense": "testbenches.tb.tb_dense",
 }
 
 

@@ -149,3 +149,29 @@ async def start(dut, period_ns: int = 10) -> Cycles:
         await RisingEdge(dut.clk)
     dut.rst.value = 0
     return Cycles(dut.clk)
+
+
+class StreamMemory:
+    """A main-memory model behind a request/response stream pair: random back-pressure on
+    requests, in-order responses after a random latency, random gaps on responses.
+    ``lookup(request) -> response item`` gives the data."""
+
+    def __init__(self, dut, req_prefix, req_shape, resp_prefix, resp_shape, cycles: Cycles, rng, lookup,
+                 latency=(1, 8), stall: float = 0.2, gap: float = 0.2):
+        self.requests = StreamSink(dut, req_prefix, req_shape, cycles, rng, stall=stall)
+        self.responses = StreamSource(dut, resp_prefix, resp_shape, cycles, rng, gap=gap)
+        self.cycles, self.rng, self.lookup, self.latency = cycles, rng, lookup, latency
+        self._pending: deque = deque()
+        cocotb.start_soon(self._run())
+
+    async def _run(self):
+        taken, ready_at = 0, 0
+        while True:
+            await RisingEdge(self.cycles.clk)
+            while taken < len(self.requests.received):
+                cycle, request = self.requests.received[taken]
+                ready_at = max(ready_at, cycle + self.rng.randint(*self.latency))
+                self._pending.append((ready_at, request))
+                taken += 1
+            while self._pending and self._pending[0][0] <= self.cycles.now:
+                self.responses.put(self.lookup(self._pending.popleft()[1]))

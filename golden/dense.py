@@ -1,0 +1,120 @@
+"""Dense PWL attention baseline (the LAD tile's reference point, ALGORITHMS.md §1.1):
+config, bit-accurate model and float twin.
+
+One head, one decode step over positions ``0..n-1`` of the KV cache, with LAD's
+piecewise-linear exp but no reuse: every key and value is read.
+
+- exact scores ``s_i = round_shift(q·k_i * scale, ...)`` in the SFM's x format, with
+  ``scale = round(2^16 / sqrt(d))`` (exact 2^13 for d = 64);
+- ``m = max_i s_i``; ``x_i = sat(s_i - m)``; ``p_i`` = SFM EXP (PWL) of ``x_i``;
+- ``Z = sum p_i``, ``N_l = sum p_i v_il`` (exact integers);
+- ``o_l = sat(round_shift(N_l * r, mantissa_frac + k))`` with ``(r, k)`` = SFM RECIP of ``Z``.
+q, k, v and o share one format (``kv_width``, ``kv_frac``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+from .config import BlockConfig, param
+from .fixedpoint import FixedFormat, round_shift, saturate
+from .sfm import SfmConfig, exp_pwl, recip
+from .vpu import VpuConfig
+
+SCALE_FRAC = 16
+
+
+@dataclass(frozen=True)
+class DenseConfig(BlockConfig):
+    head_dim: int = param(64, "d: head dimension")
+    lanes: int = param(8, "VPU lanes (head_dim/lanes must be at least 4)")
+    kv_width: int = param(16, "bits of a signed q, k, v or o element")
+    kv_frac: int = param(8, "fraction bits of q, k, v and o")
+    max_positions: int = param(4096, "largest context (score buffer depth)")
+    intervals: int = param(8, "PWL intervals (SFM)")
+    cutoff: float = param(-8.0, "PWL cutoff (SFM)")
+
+    def validate(self):
+        self.require(1 <= self.lanes <= 64, f"lanes must be 1..64, got {self.lanes}")
+        self.require(self.head_dim % self.lanes == 0 and self.head_dim // self.lanes >= 4,
+                     f"head_dim ({self.head_dim}) must be a multiple of lanes ({self.lanes}) with at least "
+                     "4 beats per vector")
+        self.require(4 <= self.kv_width <= 20, f"kv_width must be 4..20, got {self.kv_width}")
+        self.require(0 <= self.kv_frac < self.kv_width, f"kv_frac must be 0..kv_width-1, got {self.kv_frac}")
+        self.require(2 <= self.max_positions <= 1 << 16, f"max_positions must be 2..65536, got {self.max_positions}")
+        self.sfm  # validates the PWL parameters
+
+    @property
+    def beats(self) -> int:
+        return self.head_dim // self.lanes
+
+    @property
+    def kv_format(self) -> FixedFormat:
+        return FixedFormat(self.kv_width, self.kv_frac)
+
+    @property
+    def position_width(self) -> int:
+        return max(1, self.max_positions.bit_length())
+
+    @cached_property
+    def sfm(self) -> SfmConfig:
+        return SfmConfig(intervals=self.intervals, cutoff=self.cutoff,
+                         recip_in_width=self.sfm_out_width_sum)
+
+    @property
+    def sfm_out_width_sum(self) -> int:
+        """Bits of Z = sum of up to max_positions PWL values."""
+        return 16 + self.position_width
+
+    @cached_property
+    def vpu(self) -> VpuConfig:
+        """One VPU does both the score DOT (q, k) and the AXPY N += p v (scalar p up to 17 bits)."""
+        width = max(self.kv_width, 17)
+        acc = max(2 * width + 2 + max(1, (self.head_dim - 1).bit_length()), 17 + self.kv_width + self.position_width + 1)
+        return VpuConfig(lanes=self.lanes, in_width=width, acc_width=acc, axpy_shift=0)
+
+    @property
+    def scale_raw(self) -> int:
+        return round(2 ** SCALE_FRAC / math.sqrt(self.head_dim))
+
+    @property
+    def score_shift(self) -> int:
+        """Right shift from dot * scale (frac 2*kv_frac + 16) to the SFM's x format."""
+        return 2 * self.kv_frac + SCALE_FRAC - self.sfm.x_frac
+
+
+PRESETS = {
+    "default": DenseConfig(),
+    "small": DenseConfig(head_dim=32, lanes=8, max_positions=256),
+}
+
+
+def score_raw(q: torch.Tensor, k: torch.Tensor, cfg: DenseConfig) -> torch.Tensor:
+    """Exact scaled scores of raw q (d,) against raw keys (n, d), in the SFM's x format."""
+    dots = (k * q).sum(-1)  # the VPU's DOT, exact: its accumulator is sized not to saturate
+    return saturate(round_shift(dots * cfg.scale_raw, cfg.score_shift), cfg.sfm.x_format)
+
+
+def dense_attention_bits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: DenseConfig):
+    """Bit-accurate dense PWL attention: raw o (d,) and (m, Z) for one step."""
+    s = score_raw(q, k, cfg)
+    m = int(s.max())
+    x = saturate(s - m, cfg.sfm.x_format)
+    p, _ = exp_pwl(x, cfg.sfm)
+    z = int(p.sum())
+    n = (p[:, None] * v).sum(0)
+    r, kk = (int(t) for t in recip(torch.tensor([z]), cfg.sfm))
+    o = saturate(round_shift(n * r, cfg.sfm.mantissa_frac + kk), cfg.kv_format)
+    return o, m, z
+
+
+def dense_attention_float(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: DenseConfig,
+                          exact_exp: bool = False) -> torch.Tensor:
+    """Float twin (PWL exp, or exact exp = ordinary softmax attention) on real-valued q, k, v."""
+    s = (k.double() @ q.double()) / math.sqrt(cfg.head_dim)
+    x = s - s.max()
+    p = torch.exp(x) if exact_exp else cfg.sfm.pwl.exp(x)
+    return (p[:, None] * v.double()).sum(0) / p.sum()

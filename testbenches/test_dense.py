@@ -1,0 +1,69 @@
+"""Dense PWL attention baseline under Verilator vs golden.dense (bit-exact), on random
+steps and on a real SmolLM2 head; and the bit-accurate model vs its float twin."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from golden.dense import PRESETS, DenseConfig, dense_attention_bits, dense_attention_float
+from golden.errors import ConfigError
+from golden.sfm import exp_bound, recip_relative_bound
+from testbenches.runner import simulate
+
+SEED = 4096
+TRACE = Path(__file__).parent / "data" / "smollm2_head_trace.pt"
+
+
+@pytest.mark.parametrize("preset, max_len, steps", [("small", 40, 25), ("default", 24, 12)])
+def test_dense_rtl_equals_golden_random(preset, max_len, steps):
+    report = simulate("dense", PRESETS[preset], "testbenches.tb.tb_dense", seed=SEED, name=preset,
+                      params={"steps": steps, "max_len": max_len})
+    assert report["mismatches"] == 0 and report["steps"] == steps
+    assert 1 in report["lengths"] and max_len in report["lengths"]  # shortest and longest contexts
+    assert report["nonzero_outputs"] > report["beats"] // 2
+
+
+def test_dense_rtl_equals_golden_on_real_smollm2_head():
+    report = simulate("dense", PRESETS["default"], "testbenches.tb.tb_dense", seed=SEED, name="trace",
+                      params={"trace": str(TRACE), "steps": 3, "max_len": 400, "latency": [1, 4]})
+    assert report["mismatches"] == 0
+    assert max(report["lengths"]) == 400
+    assert report["kv_requests"] == sum(2 * n * PRESETS["default"].beats for n in report["lengths"])
+
+
+def float_bound(qf, kf, vf, cfg):
+    """Stated bound on |o_bits - o_float_pwl| (docs/lad-tile.md): each p_i is off by at most
+    the coefficient/rounding bound plus slope x score rounding (half an LSB of x); o moves by at
+    most 2 max|v| sum|dp_i| / Z, plus the reciprocal's relative error and the output rounding."""
+    s = (kf.double() @ qf.double()) / cfg.head_dim ** 0.5
+    x = s - s.max()
+    p = cfg.sfm.pwl.exp(x)
+    slope = torch.tensor(cfg.sfm.pwl.slopes, dtype=torch.float64)[cfg.sfm.pwl.interval_of(x)]
+    dp = exp_bound(x, cfg.sfm) + slope * 2.0 ** -(cfg.sfm.x_frac) + 2.0 ** -cfg.sfm.out_frac
+    o = (p[:, None] * vf.double()).sum(0) / p.sum()
+    return 2 * vf.abs().max() * dp.sum() / p.sum() + recip_relative_bound(cfg.sfm) * o.abs().max() \
+        + 2.0 ** -cfg.kv_frac
+
+
+def test_dense_bit_accurate_within_bound_of_float_on_real_head():
+    cfg = PRESETS["default"]
+    t = torch.load(TRACE)
+    f = cfg.kv_format
+    q, k, v = (f.quantize(t[n].float()) for n in ("q", "k", "v"))
+    worst_ratio = 0.0
+    for pos in range(16, q.shape[0], 37):
+        qf, kf, vf = f.to_float(q[pos]), f.to_float(k[:pos + 1]), f.to_float(v[:pos + 1])
+        o, _, _ = dense_attention_bits(q[pos], k[:pos + 1], v[:pos + 1], cfg)
+        err = (f.to_float(o) - dense_attention_float(qf, kf, vf, cfg)).abs().max()
+        bound = float_bound(qf, kf, vf, cfg)
+        assert err <= bound, (pos, float(err), float(bound))
+        worst_ratio = max(worst_ratio, float(err / bound))
+        assert o.abs().max() > 0
+    assert worst_ratio > 0.01  # the bound is not vacuous
+
+
+def test_dense_config_rejects_bad_values():
+    with pytest.raises(ConfigError, match="4 beats"):
+        DenseConfig(head_dim=16, lanes=8)
+    with pytest.raises(ConfigError, match="cutoff"):
+        DenseConfig(cutoff=-100.0)
