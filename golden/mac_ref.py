@@ -1,0 +1,200 @@
+"""Float reference of MAC-Attention decoding for one layer (ALGORITHMS.md §2).
+
+Attention states are ``(o, lse)``: normalised output and natural-log sum-exp.
+:func:`merge_states` is ⊕ (online-softmax merge), :func:`downdate_states` is ⊖ (removal,
+``t = exp(l2 - l1)``, ``lse = l1 + ln(1 - t)``, ``o = (o1 - t o2) exp(l1 - lse)``) and flags
+``1 - t < cancel_bound`` instead of returning garbage. :class:`MacLayerState` holds the ring
+of pre-RoPE queries and the downdated entries per query head; :meth:`MacLayerState.decode_step`
+does match (L2 < sqrt(2d)(1 - tau), ties to the lower position), prefix ⊕ band ⊕ tail on a
+hit (entry written before the tail merge), full attention with entry = full ⊖ tail on a miss
+(exact prefix recompute when that cancels), the GQA read rule, sinks and min context.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .config import BlockConfig, param
+
+NEG_INF = -math.inf
+
+
+@dataclass(frozen=True)
+class MacConfig(BlockConfig):
+    window: int = param(512, "M: ring window of past pre-RoPE queries per query head")
+    tau: float = param(0.45, "match threshold: hit iff ||q_pre_n - q_pre_m|| < sqrt(2d)(1 - tau)")
+    band: int = param(256, "S: an entry of position p covers keys [sinks, p+1-S); the last S keys are the tail")
+    min_context: int = param(2048, "MAC is attempted only when the step sees at least this many keys")
+    sinks: int = param(0, "F: the first F keys are always recomputed exactly with the current query")
+    cancel_bound: float = param(1.0 / 64, "a removal is flagged (full recompute) when 1 - t < this")
+    reuse: bool = param(True, "ablation: False makes every step a miss (full attention, entries still kept)")
+    exact_prefix: bool = param(False, "ablation: on a hit recompute the prefix with the current query")
+
+    def validate(self):
+        self.require(self.window >= 1, f"window must be >= 1, got {self.window}")
+        self.require(0.0 < self.tau < 1.0, f"tau must be in (0, 1), got {self.tau}")
+        self.require(self.band >= 1, f"band must be >= 1, got {self.band}")
+        self.require(self.min_context >= 1, f"min_context must be >= 1, got {self.min_context}")
+        self.require(self.sinks >= 0, f"sinks must be >= 0, got {self.sinks}")
+        self.require(0.0 < self.cancel_bound < 1.0, f"cancel_bound must be in (0, 1), got {self.cancel_bound}")
+
+    def threshold(self, head_dim: int) -> float:
+        return math.sqrt(2 * head_dim) * (1 - self.tau)
+
+
+# -- pure state algebra -----------------------------------------------------------------------
+def empty_state(shape, d: int, dtype=torch.float64):
+    """The state over no keys: ``o = 0``, ``lse = -inf`` (neutral for ⊕)."""
+    return torch.zeros(*shape, d, dtype=dtype), torch.full(tuple(shape), NEG_INF, dtype=dtype)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
+    """State ``(o, lse)`` of queries ``q (..., d)`` over keys ``k, v (..., L, d)``; L = 0 gives the empty state."""
+    if k.shape[-2] == 0:
+        return empty_state(q.shape[:-1], v.shape[-1], q.dtype)
+    s = (k @ q.unsqueeze(-1)).squeeze(-1) * scale
+    lse = torch.logsumexp(s, -1)
+    o = (torch.exp(s - lse.unsqueeze(-1)).unsqueeze(-2) @ v).squeeze(-2)
+    return o, lse
+
+
+def merge_states(o1, lse1, o2, lse2):
+    """⊕: the state over the union of two disjoint key sets."""
+    lse = torch.logaddexp(lse1, lse2)
+    fin = torch.isfinite(lse)
+    safe = torch.where(fin, lse, torch.zeros_like(lse))
+    w1 = torch.where(fin, torch.exp(lse1 - safe), torch.zeros_like(lse))
+    w2 = torch.where(fin, torch.exp(lse2 - safe), torch.zeros_like(lse))
+    return w1.unsqueeze(-1) * o1 + w2.unsqueeze(-1) * o2, lse
+
+
+def downdate_states(o1, lse1, o2, lse2, cancel_bound: float = 1.0 / 64):
+    """⊖: remove state 2 (a subset of state 1's keys) from state 1.
+
+    Returns ``(o, lse, cancelled)``; where ``1 - t < cancel_bound`` (t = exp(l2 - l1)) or the
+    inputs are not finite, ``cancelled`` is True and ``o = 0, lse = -inf`` (the caller must
+    recompute). Removing the empty state returns state 1 unchanged."""
+    t = torch.exp(lse2 - lse1)
+    one_minus_t = 1 - t
+    cancelled = ~(one_minus_t >= cancel_bound) | ~torch.isfinite(lse1)
+    safe = torch.where(cancelled, torch.ones_like(one_minus_t), one_minus_t)
+    lse = torch.where(cancelled, torch.full_like(lse1, NEG_INF), lse1 + torch.log(safe))
+    o = (o1 - t.unsqueeze(-1) * o2) / safe.unsqueeze(-1)
+    o = torch.where(cancelled.unsqueeze(-1), torch.zeros_like(o), o)
+    return o, lse, cancelled
+
+
+def match(ring_q: torch.Tensor, ring_pos: torch.Tensor, valid: torch.Tensor, q: torch.Tensor, threshold: float):
+    """Best match per query head. ``ring_q (H, M, d)``, ``ring_pos (M,)`` (-1 empty), ``valid (H, M)``
+    (an entry exists), ``q (H, d)``. Returns ``(hit (H,), pos (H,), dist (H,))``: minimum L2 distance
+    over usable slots, ties to the lower position; pos = -1 when nothing is usable."""
+    usable = valid & (ring_pos >= 0).unsqueeze(0)
+    dist = (ring_q - q.unsqueeze(1)).norm(dim=-1)
+    dist = torch.where(usable, dist, torch.full_like(dist, math.inf))
+    best_d = dist.min(-1).values
+    # among the slots at the minimum distance, the lowest position
+    tied = (dist == best_d.unsqueeze(-1)) & torch.isfinite(dist)
+    key = torch.where(tied, ring_pos.unsqueeze(0).expand_as(dist), torch.full_like(dist, 1 << 62, dtype=torch.long))
+    best = key.argmin(-1)
+    pos = torch.where(torch.isfinite(best_d), ring_pos[best], torch.full_like(best, -1))
+    hit = torch.isfinite(best_d) & (best_d < threshold)
+    return hit, pos, best_d
+
+
+class MacLayerState:
+    """MAC state of one layer: ring of pre-RoPE queries and downdated ``(O, LSE)`` entries per query head."""
+
+    def __init__(self, cfg: MacConfig, q_heads: int, kv_heads: int, head_dim: int, scale: float | None = None):
+        if q_heads % kv_heads:
+            raise ValueError(f"q_heads ({q_heads}) must be a multiple of kv_heads ({kv_heads})")
+        self.cfg, self.hq, self.hkv, self.d = cfg, q_heads, kv_heads, head_dim
+        self.scale = scale if scale is not None else head_dim ** -0.5
+        M = cfg.window
+        self.ring_q = torch.zeros(q_heads, M, head_dim, dtype=torch.float64)
+        self.ring_pos = torch.full((M,), -1, dtype=torch.long)
+        self.entry_o = torch.zeros(q_heads, M, head_dim, dtype=torch.float64)
+        self.entry_lse = torch.full((q_heads, M), NEG_INF, dtype=torch.float64)
+        self.entry_valid = torch.zeros(q_heads, M, dtype=torch.bool)
+
+    def _write(self, position: int, q_pre: torch.Tensor, o, lse, valid) -> None:
+        slot = position % self.cfg.window
+        self.ring_pos[slot] = position
+        self.ring_q[:, slot] = q_pre
+        self.entry_o[:, slot] = o
+        self.entry_lse[:, slot] = lse
+        self.entry_valid[:, slot] = valid
+
+    def prefill(self, q_pre: torch.Tensor, q_post: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Fill the ring from a prefill of positions ``0..P-1`` (``q_* (Hq, P, d)``, ``k, v (Hkv, P, d)``):
+        entries of the last ``window`` positions, computed exactly over ``[sinks, p+1-S)``."""
+        cfg, P = self.cfg, q_pre.shape[1]
+        g = self.hq // self.hkv
+        kk = k.double().repeat_interleave(g, 0)
+        vv = v.double().repeat_interleave(g, 0)
+        for p in range(max(0, P - cfg.window), P):
+            lo, hi = cfg.sinks, max(cfg.sinks, p + 1 - cfg.band)
+            o, lse = attend(q_post[:, p].double(), kk[:, lo:hi], vv[:, lo:hi], self.scale)
+            self._write(p, q_pre[:, p].double(), o, lse, torch.ones(self.hq, dtype=torch.bool))
+
+    def decode_step(self, q_pre: torch.Tensor, q_post: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    position: int):
+        """Output ``(Hq, d)`` of position ``n = position`` given ``q_pre, q_post (Hq, d)`` and the whole
+        cache ``k, v (Hkv, n+1, d)``, and the step's stats."""
+        cfg, n, d = self.cfg, position, self.d
+        L = k.shape[1]
+        if L != n + 1:
+            raise ValueError(f"decode_step at position {n} needs {n + 1} keys, got {L}")
+        g = self.hq // self.hkv
+        q_pre, q_post = q_pre.double(), q_post.double()
+        kk = k.double().repeat_interleave(g, 0)
+        vv = v.double().repeat_interleave(g, 0)
+        F, S = cfg.sinks, cfg.band
+        lo_tail = max(F, n + 1 - S)
+        engaged = cfg.reuse and L >= cfg.min_context
+        if engaged:
+            hit, mpos, _ = match(self.ring_q, self.ring_pos, self.entry_valid, q_pre, cfg.threshold(d))
+        else:
+            hit, mpos = torch.zeros(self.hq, dtype=torch.bool), torch.full((self.hq,), -1, dtype=torch.long)
+        sink = attend(q_post, kk[:, :F], vv[:, :F], self.scale)
+        tail = attend(q_post, kk[:, lo_tail:], vv[:, lo_tail:], self.scale)
+        entry_o = torch.zeros(self.hq, d, dtype=torch.float64)
+        entry_lse = torch.full((self.hq,), NEG_INF, dtype=torch.float64)
+        out = torch.zeros(self.hq, d, dtype=torch.float64)
+        fallbacks = 0
+        read = torch.zeros(self.hq, dtype=torch.long)
+        for h in range(self.hq):
+            if hit[h]:
+                m = int(mpos[h])
+                slot = m % cfg.window
+                lo_band = max(F, m + 1 - S)
+                if cfg.exact_prefix:
+                    pre = attend(q_post[h], kk[h, F:lo_band], vv[h, F:lo_band], self.scale)
+                else:
+                    pre = (self.entry_o[h, slot], self.entry_lse[h, slot])
+                band = attend(q_post[h], kk[h, lo_band:lo_tail], vv[h, lo_band:lo_tail], self.scale)
+                eo, el = merge_states(*pre, *band)                     # entry: [F, n+1-S)
+                read[h] = F + (L - lo_band)
+            else:
+                body = attend(q_post[h], kk[h, F:], vv[h, F:], self.scale)
+                eo, el, canc = downdate_states(*body, tail[0][h], tail[1][h], cfg.cancel_bound)
+                if bool(canc) and lo_tail > F:                         # fallback: recompute the prefix
+                    eo, el = attend(q_post[h], kk[h, F:lo_tail], vv[h, F:lo_tail], self.scale)
+                    fallbacks += 1
+                elif lo_tail == F:
+                    eo, el = empty_state((), d)
+                read[h] = L
+            entry_o[h], entry_lse[h] = eo, el
+            o, lse = merge_states(eo, el, tail[0][h], tail[1][h])      # prefix ⊕ band ⊕ tail
+            out[h], _ = merge_states(sink[0][h], sink[1][h], o, lse)
+        self._write(n, q_pre, entry_o, entry_lse, torch.ones(self.hq, dtype=torch.bool))
+        # GQA: a KV group skips reads only if all its query heads hit
+        group_read = read.view(self.hkv, g).max(1).values
+        group_hit = hit.view(self.hkv, g).all(1)
+        group_read = torch.where(group_hit, group_read, torch.full_like(group_read, L))
+        stats = {"engaged": bool(engaged), "hits": int(hit.sum()), "misses": int(self.hq - hit.sum()) if engaged else 0,
+                 "heads": self.hq, "fallbacks": fallbacks, "kv_read": int(group_read.sum()),
+                 "kv_total": int(self.hkv * L),
+                 "skip_ratio": 1.0 - float(group_read.sum()) / float(self.hkv * L)}
+        return out, stats
