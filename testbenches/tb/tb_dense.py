@@ -12,7 +12,7 @@ from hdl.lad.dense import dense_out_layout, dense_query_layout, kv_request_layou
 from testbenches.streams import Context, StreamMemory, StreamSink, StreamSource, start
 
 
-def random_steps(cfg: DenseConfig, rng, steps: int, max_len: int):
+def random_steps(cfg: DenseConfig, rng, steps: int, max_len: int, fixed_len: int | None = None):
     gen = torch.Generator().manual_seed(rng.randrange(1 << 30))
     f = cfg.kv_format
     n_total = max_len
@@ -23,7 +23,7 @@ def random_steps(cfg: DenseConfig, rng, steps: int, max_len: int):
     v[1] = f.min_raw
     out = []
     for s in range(steps):
-        length = rng.choice((1, 2, rng.randint(1, max_len), max_len))
+        length = fixed_len or rng.choice((1, 2, rng.randint(1, max_len), max_len))
         q = f.quantize(torch.randn(cfg.head_dim, generator=gen) * scale[2] * (4 if s % 5 == 0 else 1))
         out.append((q, length))
     return k, v, out
@@ -45,7 +45,7 @@ async def dense_matches_golden(dut):
     if p.get("trace"):
         k, v, steps = trace_steps(cfg, p["trace"], p.get("steps", 4), max_len)
     else:
-        k, v, steps = random_steps(cfg, rng, p.get("steps", 20), max_len)
+        k, v, steps = random_steps(cfg, rng, p.get("steps", 20), max_len, p.get("fixed_len"))
     cycles = await start(dut)
     gap, stall = p.get("gap", 0.3), p.get("stall", 0.3)
     src = StreamSource(dut, "query", dense_query_layout(cfg), cycles, rng, gap=gap)

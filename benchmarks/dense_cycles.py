@@ -1,0 +1,36 @@
+"""Cycles and KV traffic per decode step of the dense PWL attention baseline, under Verilator.
+
+    .venv/bin/python -m benchmarks.dense_cycles [--contexts 512 1024 2048 4096]
+
+One step per context length, random q/k/v (cycles do not depend on the data), no input
+gaps, no back-pressure and a one-cycle KV memory: the block's own cost. KV bytes are
+the beats requested times lanes times kv_width/8. This is the reference the LAD tile is
+to be compared with (docs/lad-tile.md).
+"""
+from __future__ import annotations
+
+import argparse
+
+from golden.dense import DenseConfig
+from testbenches.runner import simulate
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--contexts", type=int, nargs="+", default=[512, 1024, 2048, 4096])
+    args = parser.parse_args()
+    cfg = DenseConfig()
+    print("| context | cycles/step | KV beats | KV bytes | cycles per KV beat |")
+    print("|---|---|---|---|---|")
+    for n in args.contexts:
+        rep = simulate("dense", cfg, "testbenches.tb.tb_dense", seed=5, name=f"bench{n}",
+                       params={"steps": 1, "max_len": n, "fixed_len": n, "gap": 0.0, "stall": 0.0,
+                               "latency": [1, 1]})
+        beats = rep["kv_requests"]
+        cycles = rep["step_cycles"][0]
+        print(f"| {n} | {cycles} | {beats} | {beats * cfg.lanes * cfg.kv_width // 8} | {cycles / beats:.3f} |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
