@@ -1,0 +1,318 @@
+"""``ladmac eval attncache``: AttnCache (ALGORITHMS.md section 3) on STS-B dev with a real model.
+
+Builds the map store from the first ``--train`` pairs of a seeded shuffle of STS-B dev, then on
+the remaining pairs computes Spearman (x100) of cosine similarity vs gold for the full model and
+for AttnCache, the hit rate, and attention / end-to-end speedups timed side by side in this run
+(per test sentence: full model, AttnCache at ``--theta``, and a forced reuse of the nearest
+equal-length candidate, which gives every other theta of the sweep exactly: the candidate does
+not depend on theta). Embeddings: MiniLM mean pooling; SmolLM2 prompt-based
+(``This sentence: "..." means in one word:"``, last token's final hidden state)."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from ..errors import ConfigError, DataError
+from ..paths import DATA_ROOT
+
+DEFAULT_THETAS = (1.0, 0.9999, 0.999, 0.995, 0.99, 0.98, 0.95, 0.9, 0.8, 0.0)
+PROMPT = 'This sentence: "{}" means in one word:"'
+
+
+# ----------------------------------------------------------------------------- data
+def load_stsb(path) -> list[tuple[float, str, str]]:
+    """STS-B rows ``genre file year id score s1 s2 [extra]``, split on tabs only -> (score, s1, s2)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DataError(f"STS-B file {path} not found") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise DataError(f"cannot read STS-B file {path}: {err}") from None
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if len(fields) < 7:
+            raise DataError(f"{path}:{number}: expected at least 7 tab-separated fields, got {len(fields)}")
+        try:
+            score = float(fields[4])
+        except ValueError:
+            raise DataError(f"{path}:{number}: score '{fields[4]}' is not a number") from None
+        if not (0.0 <= score <= 5.0) or math.isnan(score):
+            raise DataError(f"{path}:{number}: score {score} outside 0..5")
+        s1, s2 = fields[5].strip(), fields[6].strip()
+        if not s1 or not s2:
+            raise DataError(f"{path}:{number}: empty sentence")
+        rows.append((score, s1, s2))
+    if len(rows) < 4:
+        raise DataError(f"STS-B file {path} holds {len(rows)} rows; need at least 4")
+    return rows
+
+
+def split_pairs(rows, n_train: int, n_test: int | None, seed: int):
+    import numpy as np
+    if not 1 <= n_train < len(rows):
+        raise ConfigError(f"--train must be in 1..{len(rows) - 1} (STS-B pairs), got {n_train}")
+    order = np.random.default_rng(seed).permutation(len(rows))
+    train = [rows[i] for i in order[:n_train]]
+    test = [rows[i] for i in order[n_train:]]
+    if n_test is not None:
+        if n_test < 2:
+            raise ConfigError(f"--test must be >= 2, got {n_test}")
+        test = test[:n_test]
+    return train, test
+
+
+# ----------------------------------------------------------------------------- models
+class Encoder:
+    """A model, the module AttnCache attaches to, and ``embed(sentence) -> 1-D tensor``."""
+
+    def __init__(self, name: str):
+        import torch
+        self.name = name
+        if name == "minilm":
+            from .minilm import load_minilm, mean_pool
+            self.model, self.tok = load_minilm()
+            self.base = self.model
+            self._pool = mean_pool
+            hidden = self.model.config.hidden_size
+            self.defaults = dict(max_len=64, pool_rows=32, pool_cols=min(96, hidden))
+        elif name == "smollm2":
+            from .smollm2 import load_smollm2
+            self.model, self.tok = load_smollm2(dtype=torch.float32)
+            self.model.eval()
+            self.base = getattr(self.model, "model", self.model)
+            hidden = self.model.config.hidden_size
+            self.defaults = dict(max_len=96, pool_rows=48, pool_cols=min(96, hidden))
+        else:
+            raise ConfigError(f"unknown model '{name}' (known: minilm, smollm2)")
+
+    def text(self, sentence: str) -> str:
+        return PROMPT.format(sentence) if self.name == "smollm2" else sentence
+
+    def embed(self, sentence: str):
+        import torch
+        batch = self.tok([self.text(sentence)], return_tensors="pt")
+        with torch.inference_mode():
+            if self.name == "minilm":
+                out = self.base(**batch).last_hidden_state
+                return self._pool(out, batch["attention_mask"])[0]
+            out = self.base(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+            return out[0, -1].clone()
+
+
+# ----------------------------------------------------------------------------- evaluation
+def spearman_x100(emb: dict, pairs) -> float:
+    import torch
+    from scipy.stats import spearmanr
+    cos = [float(torch.cosine_similarity(emb[s1], emb[s2], dim=0)) for _, s1, s2 in pairs]
+    return 100.0 * float(spearmanr(cos, [g for g, _, _ in pairs]).statistic)
+
+
+def evaluate(enc: Encoder, cache, store, test_pairs, theta: float, thetas, progress: bool = True) -> dict:
+    """Per unique test sentence: full / AttnCache at theta / forced candidate, timed side by side."""
+    import numpy as np
+    import torch
+    from tqdm import tqdm
+    sentences = list(dict.fromkeys(s for _, a, b in test_pairs for s in (a, b)))
+    cache.use_store(store, theta)
+    rec = {}
+    for n, s in enumerate(tqdm(sentences, desc="evaluate", disable=not progress, leave=False)):
+        r = {}
+        order = ("off", "lookup", "force") if n % 3 == 0 else ("lookup", "force", "off") if n % 3 == 1 \
+            else ("force", "off", "lookup")
+        for mode in order:
+            cache.mode = mode
+            t0 = time.perf_counter()
+            emb = enc.embed(s)
+            r[mode] = dict(emb=emb, t=time.perf_counter() - t0, **{k: v for k, v in cache.last.items()})
+        cache.mode = "off"
+        if r["lookup"]["hit"] != (r["force"]["hit"] and r["force"]["sim"] >= theta):
+            raise RuntimeError(f"lookup and forced candidate disagree on '{s}'")
+        rec[s] = r
+    in_db = set(store.manifest.get("texts", []))
+
+    full_emb = {s: r["off"]["emb"] for s, r in rec.items()}
+    full_sp = spearman_x100(full_emb, test_pairs)
+    sims = np.array([r["force"]["sim"] for r in rec.values()])
+    t_full = np.array([r["off"]["t"] for r in rec.values()])
+    a_full = np.array([r["off"]["attn_s"] for r in rec.values()])
+    t_hit = np.array([r["force"]["t"] for r in rec.values()])
+    a_hit = np.array([r["force"]["attn_s"] for r in rec.values()])
+    lookup = np.array([r["force"]["lookup_s"] for r in rec.values()])
+    exact = np.array([s in in_db for s in rec])
+
+    def row(th):
+        hits = sims >= th
+        emb = {s: (r["force"]["emb"] if h else r["off"]["emb"]) for (s, r), h in zip(rec.items(), hits)}
+        t_cache = np.where(hits, t_hit, t_full + lookup)
+        a_cache = np.where(hits, a_hit, a_full)
+        sp = spearman_x100(emb, test_pairs)
+        return {"theta": th, "hit_rate": float(hits.mean()), "hits": int(hits.sum()),
+                "exact_text_hits": int((hits & exact).sum()),
+                "spearman": sp, "delta": sp - full_sp,
+                "attn_speedup": float(a_full.sum() / a_cache.sum()),
+                "e2e_speedup": float(t_full.sum() / t_cache.sum()),
+                "attn_speedup_on_hits": float(a_full[hits].sum() / a_hit[hits].sum()) if hits.any() else None,
+                "e2e_speedup_on_hits": float(t_full[hits].sum() / t_hit[hits].sum()) if hits.any() else None}
+
+    sweep = [row(th) for th in thetas]
+    # the run at --theta itself (real lookup decisions, its own timings)
+    hits = np.array([r["lookup"]["hit"] for r in rec.values()])
+    t_look = np.array([r["lookup"]["t"] for r in rec.values()])
+    a_look = np.array([r["lookup"]["attn_s"] for r in rec.values()])
+    direct = {"theta": theta, "hit_rate": float(hits.mean()), "hits": int(hits.sum()),
+              "spearman": spearman_x100({s: r["lookup"]["emb"] for s, r in rec.items()}, test_pairs),
+              "attn_speedup": float(a_full.sum() / a_look.sum()), "e2e_speedup": float(t_full.sum() / t_look.sum()),
+              "attn_speedup_on_hits": float(a_full[hits].sum() / a_look[hits].sum()) if hits.any() else None,
+              "e2e_speedup_on_hits": float(t_full[hits].sum() / t_look[hits].sum()) if hits.any() else None}
+    direct["delta"] = direct["spearman"] - full_sp
+    has_cand = np.isfinite(sims)
+    ms = {"full_e2e": 1e3 * t_full.mean(), "full_attention": 1e3 * a_full.mean(),
+          "hit_e2e": 1e3 * t_hit[has_cand].mean() if has_cand.any() else None,
+          "hit_attention": 1e3 * a_hit[has_cand].mean() if has_cand.any() else None,
+          "lookup": 1e3 * lookup.mean()}
+    return {"full_spearman": full_sp, "test_sentences": len(rec), "with_equal_length_candidate": int(has_cand.sum()),
+            "at_theta": direct, "sweep": sweep, "ms_per_sentence": ms,
+            "sims": [float(x) if np.isfinite(x) else None for x in sims]}
+
+
+def print_table(result: dict) -> None:
+    print(f"AttnCache on STS-B dev, {result['model']}: database {result['db_sentences']} sentences "
+          f"({result['train_pairs']} pairs), test {result['test_pairs']} pairs / {result['test_sentences']} sentences")
+    print(f"full model Spearman {result['full_spearman']:.2f}; ms/sentence: " +
+          ", ".join(f"{k} {v:.2f}" for k, v in result["ms_per_sentence"].items() if v is not None))
+    head = f"{'theta':>8} {'hit rate':>8} {'Spearman':>9} {'delta':>7} {'attn x':>7} {'e2e x':>7} {'attn x hit':>10} " \
+           f"{'e2e x hit':>9}"
+    print(head)
+
+    def fmt(x, spec):
+        return format(x, spec) if x is not None else "-".rjust(int(spec.split(".")[0].lstrip(">")))
+    for r in result["sweep"] + [dict(result["at_theta"], theta=f"{result['at_theta']['theta']}*")]:
+        th = r["theta"] if isinstance(r["theta"], str) else f"{r['theta']:g}"
+        print(f"{th:>8} {r['hit_rate']:8.1%} {r['spearman']:9.2f} {r['delta']:7.2f} {r['attn_speedup']:7.2f} "
+              f"{r['e2e_speedup']:7.2f} {fmt(r['attn_speedup_on_hits'], '>10.2f')} "
+              f"{fmt(r['e2e_speedup_on_hits'], '>9.2f')}")
+    print("* = the run at --theta with real lookup decisions; other rows composed from the same run's per-sentence "
+          "timings (hit: AttnCache time; miss: full time + lookup time)")
+
+
+def plot(result: dict, folder) -> list[str]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [r for r in result["sweep"] if r["theta"] > 0]
+    th = [r["theta"] for r in rows]
+    x = [1.0 - t + 1e-5 for t in th]
+    paths = []
+    for key, ylabel, fname in (("spearman", "STS-B Spearman x100", "spearman"),
+                               ("hit_rate", "hit rate", "hitrate")):
+        fig, ax = plt.subplots(figsize=(5, 3.4))
+        ax.plot(x, [r[key] for r in rows], "o-", label="AttnCache")
+        if key == "spearman":
+            ax.axhline(result["full_spearman"], color="gray", ls="--", label="full model")
+            ax.legend()
+        ax.set_xscale("log")
+        ax.set_xticks(x)
+        ax.set_xticklabels([f"{t:g}" for t in th], rotation=45, fontsize=7)
+        ax.set_xlabel("theta (similarity = 1 - squared L2 of features)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"AttnCache, {result['model']}, STS-B dev")
+        fig.tight_layout()
+        path = folder / f"attncache_{result['model']}_{fname}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(str(path))
+    return paths
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise ConfigError(f"eval attncache: {message}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="ladmac eval attncache", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="minilm", help="minilm (default) or smollm2")
+    p.add_argument("--theta", type=float, default=0.99, help="hit threshold of the timed run (default 0.99)")
+    p.add_argument("--thetas", default=",".join(f"{t:g}" for t in DEFAULT_THETAS), help="comma list for the sweep")
+    p.add_argument("--train", type=int, default=1000, help="STS-B dev pairs whose sentences form the database")
+    p.add_argument("--test", type=int, default=None, help="test pairs (default: all the rest)")
+    p.add_argument("--epochs", type=int, default=None, help="projector training epochs")
+    p.add_argument("--pairs", type=int, default=None, help="Siamese training pairs")
+    p.add_argument("--index", default="hnsw", help="hnsw or ivf")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: steadier timings)")
+    p.add_argument("--data", default=None, help="STS-B dev file (default DATA_ROOT/stsb/sts-dev.csv)")
+    p.add_argument("--store", default=None, help="keep the map store here (default: a temp folder, removed)")
+    p.add_argument("--out", default=None, help="write results JSON here")
+    p.add_argument("--plot", default=None, help="write PNG plots (Spearman, hit rate vs theta) into this folder")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.model not in ("minilm", "smollm2"):
+        raise ConfigError(f"unknown model '{args.model}' (known: minilm, smollm2)")
+    try:
+        thetas = [float(t) for t in args.thetas.split(",") if t.strip()]
+    except ValueError:
+        raise ConfigError(f"--thetas expects numbers separated by commas, got '{args.thetas}'") from None
+    if args.threads < 1:
+        raise ConfigError("--threads must be >= 1")
+    rows = load_stsb(args.data or DATA_ROOT / "stsb" / "sts-dev.csv")
+    train, test = split_pairs(rows, args.train, args.test, args.seed)
+
+    import torch
+    from ..attncache import AttnCache, AttnCacheConfig, build_store
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    enc = Encoder(args.model)
+    load_s = time.perf_counter() - t0
+    overrides = dict(enc.defaults, theta=args.theta, index=args.index, seed=args.seed)
+    if args.epochs is not None:
+        overrides["epochs"] = args.epochs
+    if args.pairs is not None:
+        overrides["pairs"] = args.pairs
+    cfg = AttnCacheConfig(**{**{"epochs": 20, "pairs": 10000}, **overrides})
+    cache = AttnCache(enc.base, cfg)
+    db_sentences = list(dict.fromkeys(s for _, a, b in train for s in (a, b)))
+    tmp = None
+    root = Path(args.store) if args.store else Path(tmp := tempfile.mkdtemp(prefix="ladmac-attncache-"))
+    try:
+        t0 = time.perf_counter()
+        store = build_store(cache, enc.embed, db_sentences, root, progress=args.progress)
+        store.manifest["texts"] = db_sentences
+        build_s = time.perf_counter() - t0
+        res = evaluate(enc, cache, store, test, args.theta, thetas, progress=args.progress)
+    finally:
+        cache.detach()
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    result = {"model": args.model, "command": "ladmac eval attncache " + " ".join(argv),
+              "config": cfg.to_dict(), "threads": args.threads, "train_pairs": len(train),
+              "test_pairs": len(test), "db_sentences": len(db_sentences), "load_s": load_s, "build_s": build_s,
+              "train_loss_first_last": [store.manifest["train_loss"][0], store.manifest["train_loss"][-1]]
+              if store.manifest["train_loss"] else None, **res}
+    print_table(result)
+    if args.plot:
+        result["plots"] = plot(result, args.plot)
+        print("plots: " + ", ".join(result["plots"]))
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1))
+        print(f"wrote {out}")
+    return 0
