@@ -19,14 +19,24 @@ def round_shift(value: Value, shift) -> Value:
 
 
 def saturate(value: Value, shape: Shape) -> Value:
-    """Clamp ``value`` into the range of ``shape`` (signed or unsigned)."""
+    """Clamp ``value`` into the range of ``shape`` (signed or unsigned).
+
+    Range checks use the bits above the target width (all equal to the sign: it fits),
+    not full-width comparisons, so no carry chain is added after the arithmetic."""
     shape = Shape.cast(shape)
+    value = Value.cast(value)
+    width, vshape = shape.width, value.shape()
+    negative = value[-1] if vshape.signed else Const(0, 1)
     if shape.signed:
-        lo, hi = -(1 << (shape.width - 1)), (1 << (shape.width - 1)) - 1
-    else:
-        lo, hi = 0, (1 << shape.width) - 1
-    clamped = Mux(value > hi, hi, Mux(value < lo, lo, value))
-    return clamped[:shape.width].as_signed() if shape.signed else clamped[:shape.width]
+        lo, hi = -(1 << (width - 1)), (1 << (width - 1)) - 1
+        if vshape.width < width or (vshape.signed and vshape.width == width):
+            return value  # always in range
+        upper = value[width - 1:]
+        fits = (upper == 0) | ((upper == (1 << len(upper)) - 1) if vshape.signed else Const(0, 1))
+        return Mux(fits, value[:width], Mux(negative, lo, hi)).as_signed()[:width].as_signed()
+    hi = (1 << width) - 1
+    over = value[width:].any() if vshape.width > width else Const(0, 1)
+    return Mux(negative, 0, Mux(over, hi, value[:width]))[:width]
 
 
 def stall_all_enable(output_stream) -> Value:

@@ -1,11 +1,11 @@
 """VPU: ``lanes`` multipliers running DOT, SQDIST (accumulated over beats) and AXPY.
 
 Implements golden/vpu.py bit for bit (see its docstring for the three operations).
-Two pipeline stages that stall together when the output is not taken:
+Three pipeline stages that stall together when the output is not taken:
 stage 1 registers one product per lane (the multiplier is shared: ``a*b`` for DOT,
-``(a-b)**2`` for SQDIST, ``scalar*a`` for AXPY); stage 2 adds the beat's products into
-the saturating accumulator (DOT/SQDIST, emitted on the ``last`` beat) or forms the
-rounded, saturated AXPY lanes (emitted every beat).
+``(a-b)**2`` for SQDIST, ``scalar*a`` for AXPY); stage 2 registers the beat's adder tree
+and the rounded AXPY products; stage 3 adds the beat into the saturating accumulator
+(DOT/SQDIST, emitted on the ``last`` beat) or forms the saturated AXPY lanes (every beat).
 """
 from __future__ import annotations
 
@@ -74,19 +74,25 @@ class Vpu(wiring.Component):
                         m.d.sync += s1_prod[l].eq(p.scalar * p.a[l])
                 m.d.sync += s1_acc[l].eq(p.acc[l])
 
-        # Stage 2: reduce into the accumulator, or finish the AXPY lanes.
-        acc = Signal(signed(cfg.acc_width))
-        beat_sum = Signal(signed(2 * w + 2 + cfg.lanes.bit_length()))
-        m.d.comb += beat_sum.eq(sum(s1_prod))
-        acc_next = Signal(signed(cfg.acc_width))
-        m.d.comb += acc_next.eq(saturate(acc + beat_sum, signed(cfg.acc_width)))
+        # Stage 2: the beat's adder tree; the AXPY products rounded and added to acc.
+        s2_valid, s2_op, s2_last = Signal(), Signal(2), Signal()
+        s2_beat_sum = Signal(signed(2 * w + 2 + cfg.lanes.bit_length()))
+        s2_lanes = [Signal(signed(cfg.acc_width + 1), name=f"s2_lane{l}") for l in range(cfg.lanes)]
         with m.If(ce):
-            m.d.sync += self.o.valid.eq(s1_valid & ((s1_op == OP_AXPY) | s1_last))
-            with m.If(s1_valid & (s1_op != OP_AXPY)):
+            m.d.sync += [s2_valid.eq(s1_valid), s2_op.eq(s1_op), s2_last.eq(s1_last), s2_beat_sum.eq(sum(s1_prod))]
+            for l in range(cfg.lanes):
+                m.d.sync += s2_lanes[l].eq(round_shift(s1_prod[l], cfg.axpy_shift) + s1_acc[l])
+
+        # Stage 3: accumulate with saturation, or saturate the AXPY lanes.
+        acc = Signal(signed(cfg.acc_width))
+        acc_next = Signal(signed(cfg.acc_width))
+        m.d.comb += acc_next.eq(saturate(acc + s2_beat_sum, signed(cfg.acc_width)))
+        with m.If(ce):
+            m.d.sync += self.o.valid.eq(s2_valid & ((s2_op == OP_AXPY) | s2_last))
+            with m.If(s2_valid & (s2_op != OP_AXPY)):
                 m.d.sync += [self.o.payload.dot.eq(acc_next), acc.eq(acc_next)]
-                with m.If(s1_last):
+                with m.If(s2_last):
                     m.d.sync += acc.eq(0)
             for l in range(cfg.lanes):
-                lane = round_shift(s1_prod[l], cfg.axpy_shift) + s1_acc[l]
-                m.d.sync += self.o.payload.vec[l].eq(saturate(lane, signed(cfg.acc_width)))
+                m.d.sync += self.o.payload.vec[l].eq(saturate(s2_lanes[l], signed(cfg.acc_width)))
         return m

@@ -57,7 +57,7 @@ class MatchUnit(wiring.Component):
         nb, window = cfg.beats, cfg.window
         word = cfg.lanes * cfg.q_width
         m.submodules.ring = ring = SramBank(SramConfig(depth=cfg.ring_words, width=word, read_ports=1,
-                                                       read_latency=1))
+                                                       read_latency=2))  # registered BRAM output
         m.submodules.vpu = vpu = Vpu(cfg.vpu)
         req, resp = ring.read_port(0)
 

@@ -6,8 +6,10 @@ S keys). A transaction is ``head_dim/lanes`` beats on ``i``; the scalars (op, m1
 s2) are read from its first beat while it waits. Scalar phase, one SFM shared in turn:
 EXP2 of ``-|m1 - m2|`` scales the smaller-max state's sum, giving ``a``, ``b`` and
 ``s = a ± b``; the cancellation flag is set when ``s <= 0`` or (⊖) ``s * 2^cancel_bits < a``;
-RECIP of ``s`` gives ``w1 = a/s`` and ``w2 = ±b/s``. Vector phase: one beat per cycle,
-``o = sat(round_shift(w1 o1 + w2 o2, mantissa_frac))`` (zeros when flagged).
+RECIP of ``s`` gives ``w1 = a/s`` and ``w2 = ±b/s``. Vector phase: one beat per cycle through a
+two-stage pipeline (products; add, round, saturate):
+``o = sat(round_shift(w1 o1 + w2 o2, mantissa_frac))`` (zeros when flagged). The wide
+scalar products are registered before their variable rounding shifts.
 """
 from __future__ import annotations
 
@@ -66,6 +68,9 @@ class MergeUnit(wiring.Component):
         flagged = Signal()
         w1, w2 = Signal(signed(cfg.weight_width)), Signal(signed(cfg.weight_width))
         beat = Signal(range(nb))
+        product_width = cfg.sum_width + 1 + cfg.mantissa_frac + 1
+        product, product2 = Signal(product_width), Signal(product_width)
+        product_shift = Signal(range(cfg.mantissa_frac + (1 << 6)))
 
         diff = Signal(signed(cfg.score_width + 1))
         m.d.comb += diff.eq(p.m1 - p.m2)
@@ -75,12 +80,20 @@ class MergeUnit(wiring.Component):
         streaming = Signal()
         ce = stall_all_enable(self.o)
         m.d.comb += self.i.ready.eq(streaming & ce)
+        # vector pipeline: stage 1 the two products per lane, stage 2 add, round, saturate
+        v1_valid = Signal()
+        pw = cfg.weight_width + cfg.out_width
+        v1_p1 = [Signal(signed(pw), name=f"v1_p1_{l}") for l in range(cfg.lanes)]
+        v1_p2 = [Signal(signed(pw), name=f"v1_p2_{l}") for l in range(cfg.lanes)]
+        v1_m, v1_s, v1_flagged = Signal(signed(cfg.score_width)), Signal(cfg.sum_width), Signal()
         with m.If(ce):
-            m.d.sync += self.o.valid.eq(streaming & self.i.valid)
-            lanes = [saturate(round_shift(w1 * p.o1[l] + w2 * p.o2[l], frac), signed(cfg.out_width))
-                     for l in range(cfg.lanes)]
-            m.d.sync += [self.o.payload.m.eq(m_out), self.o.payload.s.eq(s_out), self.o.payload.flagged.eq(flagged)]
-            m.d.sync += [self.o.payload.o[l].eq(lanes[l]) for l in range(cfg.lanes)]
+            m.d.sync += [v1_valid.eq(streaming & self.i.valid), v1_m.eq(m_out), v1_s.eq(s_out), v1_flagged.eq(flagged)]
+            m.d.sync += [v1_p1[l].eq(w1 * p.o1[l]) for l in range(cfg.lanes)]
+            m.d.sync += [v1_p2[l].eq(w2 * p.o2[l]) for l in range(cfg.lanes)]
+            m.d.sync += self.o.valid.eq(v1_valid)
+            m.d.sync += [self.o.payload.m.eq(v1_m), self.o.payload.s.eq(v1_s), self.o.payload.flagged.eq(v1_flagged)]
+            m.d.sync += [self.o.payload.o[l].eq(saturate(round_shift(v1_p1[l] + v1_p2[l], frac), signed(cfg.out_width)))
+                         for l in range(cfg.lanes)]
 
         with m.FSM():
             with m.State("IDLE"):
@@ -95,14 +108,17 @@ class MergeUnit(wiring.Component):
             with m.State("EXP_WAIT"):
                 m.d.comb += sfm.o.ready.eq(1)
                 with m.If(sfm.o.valid):
-                    small = Mux(first_is_max, s2, s1)
-                    scaled = Mux(x == 0, small,  # exp(0) = 1 exactly
-                                 round_shift(small * sfm.o.payload.value, frac + sfm.o.payload.exponent))
-                    a_next = Mux(first_is_max, s1, scaled)
-                    b_next = Mux(first_is_max, scaled, s2)
-                    m.d.sync += [a.eq(a_next), b.eq(b_next),
-                                 s_full.eq(Mux(op == OP_DOWNDATE, a_next - b_next, a_next + b_next))]
-                    m.next = "CHECK"
+                    m.d.sync += [product.eq(Mux(first_is_max, s2, s1) * sfm.o.payload.value),
+                                 product_shift.eq(frac + sfm.o.payload.exponent)]
+                    m.next = "SCALE"
+            with m.State("SCALE"):
+                small = Mux(first_is_max, s2, s1)
+                scaled = Mux(x == 0, small, round_shift(product, product_shift))  # exp(0) = 1 exactly
+                a_next = Mux(first_is_max, s1, scaled)
+                b_next = Mux(first_is_max, scaled, s2)
+                m.d.sync += [a.eq(a_next), b.eq(b_next),
+                             s_full.eq(Mux(op == OP_DOWNDATE, a_next - b_next, a_next + b_next))]
+                m.next = "CHECK"
             with m.State("CHECK"):
                 cancel = (s_full <= 0) | ((op == OP_DOWNDATE) & ((s_full << cfg.cancel_bits) < a))
                 m.d.sync += [flagged.eq(cancel), s_out.eq(saturate(s_full, unsigned(cfg.sum_width)))]
@@ -118,11 +134,14 @@ class MergeUnit(wiring.Component):
             with m.State("RECIP_WAIT"):
                 m.d.comb += sfm.o.ready.eq(1)
                 with m.If(sfm.o.valid):
-                    r, k = sfm.o.payload.value, sfm.o.payload.exponent
-                    weight2 = round_shift(b * r, k)
-                    m.d.sync += [w1.eq(round_shift(a * r, k)), w2.eq(Mux(op == OP_DOWNDATE, -weight2, weight2)),
-                                 beat.eq(0)]
-                    m.next = "STREAM"
+                    r = sfm.o.payload.value
+                    m.d.sync += [product.eq(a * r), product2.eq(b * r), product_shift.eq(sfm.o.payload.exponent)]
+                    m.next = "WEIGHTS"
+            with m.State("WEIGHTS"):
+                weight2 = round_shift(product2, product_shift)
+                m.d.sync += [w1.eq(round_shift(product, product_shift)),
+                             w2.eq(Mux(op == OP_DOWNDATE, -weight2, weight2)), beat.eq(0)]
+                m.next = "STREAM"
             with m.State("STREAM"):
                 m.d.comb += streaming.eq(1)
                 with m.If(self.i.valid & self.i.ready):
