@@ -1,0 +1,144 @@
+"""`ladmac synth`: synthesise one block (or every block) and print / save the reports.
+
+    ladmac synth BLOCK [--set NAME=VALUE ...] [--preset P] [--target ecp5|generic]
+                       [--freq MHZ] [--out report.json] [--bitstream] [--no-cache]
+    ladmac synth --all [--doc docs/synthesis.md] [--out all.json]
+
+Bad input (unknown block, bad parameter, a design that does not fit the device) prints
+one line ``ladmac: error: ...`` and returns 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from golden.errors import ConfigError, LadmacError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise ConfigError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="ladmac synth", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("block", nargs="?", help="block name (see `ladmac blocks`)")
+    p.add_argument("--all", action="store_true", help="every block at its default config")
+    p.add_argument("--set", action="append", metavar="NAME=VALUE", help="override a config parameter")
+    p.add_argument("--preset", help="start from a named preset")
+    p.add_argument("--target", default="ecp5", choices=["ecp5", "generic"],
+                   help="ecp5: harness + yosys + nextpnr on the ULX3S 85F (and the generic count); "
+                        "generic: technology-independent cell count only")
+    p.add_argument("--freq", type=float, default=100.0, metavar="MHZ", help="PLL clock / timing target (100)")
+    p.add_argument("--out", help="write the report(s) as JSON here")
+    p.add_argument("--doc", help="with --all: write the Markdown summary here (e.g. docs/synthesis.md)")
+    p.add_argument("--bitstream", action="store_true",
+                   help="also build the ULX3S bitstream through Amaranth's build script (YoWASP tools)")
+    p.add_argument("--no-cache", dest="cache", action="store_false", help="ignore cached results")
+    return p
+
+
+def _overrides(pairs):
+    out = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise ConfigError(f"--set expects NAME=VALUE, got '{pair}'")
+        name, value = pair.split("=", 1)
+        out[name.strip()] = value.strip()
+    return out
+
+
+def _pct(used, have):
+    return f"{100.0 * used / have:5.1f}%" if have else "    -"
+
+
+def format_report(r: dict) -> str:
+    """Human-readable table of one report."""
+    lines = []
+    cfg = ", ".join(f"{k}={v}" for k, v in r["config"].items())
+    lines.append(f"{r['block']} ({r['preset'] or 'default'} config: {cfg})")
+    e = r.get("ecp5")
+    if e:
+        d = e["device"]
+        lines.append(f"  {d['device']} {d['package']} speed {d['speed']} ({d['board']} board, "
+                     f"{d['board_clock_mhz']:g} MHz -> PLL {e['pll']['f_out']:g} MHz)")
+        util = e["utilisation"]
+        avail = {"LUT4": util.get("TRELLIS_COMB", {}).get("available", 83640),
+                 "FF": util.get("TRELLIS_FF", {}).get("available", 83640),
+                 "DP16KD": 208, "MULT18X18D": 156}
+        for k in ("DP16KD", "MULT18X18D"):
+            avail[k] = util.get(k, {}).get("available", avail[k])
+        lines.append(f"  {'resource':<12}{'core':>8}{'+harness':>10}{'device':>8}{'core use':>10}")
+        for res in ("LUT4", "FF", "DP16KD", "MULT18X18D"):
+            lines.append(f"  {res:<12}{e['core'][res]:>8}{e['design'][res]:>10}{avail[res]:>8}"
+                         f"{_pct(e['core'][res], avail[res]):>10}")
+        verdict = "meets" if e["fmax_mhz"] >= e["target_mhz"] else "MISSES"
+        lines.append(f"  Fmax {e['fmax_mhz']:.1f} MHz ({verdict} the {e['target_mhz']:g} MHz target)")
+        cp = e["critical_path"]
+        if cp:
+            split = " + ".join(f"{k} {v:.2f}" for k, v in cp["split_ns"].items())
+            lines.append(f"  critical path {cp['delay_ns']:.2f} ns, {cp['logic_levels']} logic levels ({split} ns)")
+            lines.append(f"    from {cp['from']} ({cp['from_owner']})")
+            lines.append(f"    to   {cp['to']} ({cp['to_owner']})")
+            if cp.get("diagnosis"):
+                lines.append(f"    why: {cp['diagnosis']}")
+            if cp["sources"]:
+                lines.append(f"    RTL: {', '.join(cp['sources'][:6])}")
+        h = e["harness"]
+        lines.append(f"  harness: {h['in_bits']} input bits in {h['load_cycles']} cycles over 8 pins, "
+                     f"{h['out_bits']} output bits out in {h['unload_cycles']} cycles, {h['ff']} FFs")
+        if e.get("bitstream"):
+            lines.append(f"  bitstream: {e['bitstream']['bit']} ({e['bitstream']['bytes']} bytes)")
+    g = r.get("generic")
+    if g:
+        lines.append(f"  generic: {g['num_cells']} cells ({g['logic_cells']} gates, {g['ff']} FFs), "
+                     f"{g['memory_bits']} memory bits; est. area {g['ge']['total']} GE, "
+                     f"memory {100 * g['ge']['memory_share']:.0f}%")
+    took = "cached" if r.get("cached") else f"{r.get('seconds', 0):.0f} s"
+    lines.append(f"  ({took}; files in {r['dir']})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    from hdl.registry import BLOCKS, get_block, make_config
+    from . import doc, flow
+    try:
+        args = build_parser().parse_args(argv)
+        if args.all == (args.block is not None):
+            raise ConfigError("give one BLOCK or --all")
+        if args.doc and not args.all:
+            raise ConfigError("--doc needs --all")
+        if args.all and (args.set or args.preset):
+            raise ConfigError("--all runs every block at its default config; --set/--preset need one BLOCK")
+        names = list(BLOCKS) if args.all else [args.block]
+        results = []
+        for name in names:
+            get_block(name)
+            cfg = make_config(name, _overrides(args.set), args.preset)
+            t0 = time.time()
+            r = flow.synthesize(name, cfg, target=args.target, freq_mhz=args.freq, bitstream=args.bitstream,
+                                use_cache=args.cache, preset=args.preset,
+                                log=lambda msg: print(msg, file=sys.stderr, flush=True))
+            doc.reannotate(r)
+            r["wall_s"] = round(time.time() - t0, 1)
+            results.append(r)
+            print(format_report(r), flush=True)
+        if args.out:
+            out = Path(args.out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(results if args.all else results[0], indent=1))
+        if args.doc:
+            path = Path(args.doc)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(doc.render(results))
+            print(f"wrote {path}", file=sys.stderr)
+        return 0
+    except LadmacError as err:
+        print(f"ladmac: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"ladmac: error: {err}", file=sys.stderr)
+        return 2

