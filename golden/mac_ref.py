@@ -126,75 +126,99 @@ class MacLayerState:
         self.entry_lse[:, slot] = lse
         self.entry_valid[:, slot] = valid
 
+    def _scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """Scores of query heads ``q (Hq, ..., d)`` against their group's keys ``k (Hkv, L, d)``: ``(Hq, ..., L)``."""
+        g = self.hq // self.hkv
+        qg = q.double().reshape(self.hkv, -1, self.d)
+        return (qg @ k.double().transpose(1, 2)).reshape(self.hq, *q.shape[1:-1], k.shape[1]) * self.scale
+
+    def _range_state(self, s: torch.Tensor, v: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
+        """State over keys ``[lo, hi)`` (per query head, broadcast over s's middle dims) from scores
+        ``s (Hq, ..., L)`` and values ``v (Hkv, L, d)``; an empty range gives the empty state."""
+        idx = torch.arange(s.shape[-1])
+        mask = (idx >= lo.unsqueeze(-1)) & (idx < hi.unsqueeze(-1))
+        sm = s.masked_fill(~mask, NEG_INF)
+        lse = torch.logsumexp(sm, -1)
+        safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+        w = torch.exp(sm - safe.unsqueeze(-1))                      # 0 where masked
+        o = w.reshape(self.hkv, -1, s.shape[-1]) @ v.double()
+        return o.reshape(*s.shape[:-1], self.d), lse
+
     def prefill(self, q_pre: torch.Tensor, q_post: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Fill the ring from a prefill of positions ``0..P-1`` (``q_* (Hq, P, d)``, ``k, v (Hkv, P, d)``):
         entries of the last ``window`` positions, computed exactly over ``[sinks, p+1-S)``."""
         cfg, P = self.cfg, q_pre.shape[1]
-        g = self.hq // self.hkv
-        kk = k.double().repeat_interleave(g, 0)
-        vv = v.double().repeat_interleave(g, 0)
-        for p in range(max(0, P - cfg.window), P):
-            lo, hi = cfg.sinks, max(cfg.sinks, p + 1 - cfg.band)
-            o, lse = attend(q_post[:, p].double(), kk[:, lo:hi], vv[:, lo:hi], self.scale)
-            self._write(p, q_pre[:, p].double(), o, lse, torch.ones(self.hq, dtype=torch.bool))
+        first = max(0, P - cfg.window)
+        pos = torch.arange(first, P)
+        hi = (pos + 1 - cfg.band).clamp_min(cfg.sinks)
+        top = int(hi.max()) if pos.numel() else 0                        # keys [0, top) suffice
+        o = torch.zeros(self.hq, pos.numel(), self.d, dtype=torch.float64)
+        lse = torch.full((self.hq, pos.numel()), NEG_INF, dtype=torch.float64)
+        for c in range(0, pos.numel() if top > 0 else 0, 128):           # chunks bound the score matrix
+            sl = slice(c, c + 128)
+            s = self._scores(q_post[:, first:][:, sl], k[:, :top])       # (Hq, chunk, top)
+            lo = torch.full((self.hq, s.shape[1]), cfg.sinks, dtype=torch.long)
+            o[:, sl], lse[:, sl] = self._range_state(s, v[:, :top], lo, hi[sl].expand(self.hq, -1))
+        slots = pos % cfg.window
+        self.ring_pos[slots] = pos
+        self.ring_q[:, slots] = q_pre[:, first:].double()
+        self.entry_o[:, slots] = o
+        self.entry_lse[:, slots] = lse
+        self.entry_valid[:, slots] = True
 
     def decode_step(self, q_pre: torch.Tensor, q_post: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     position: int):
         """Output ``(Hq, d)`` of position ``n = position`` given ``q_pre, q_post (Hq, d)`` and the whole
-        cache ``k, v (Hkv, n+1, d)``, and the step's stats."""
-        cfg, n, d = self.cfg, position, self.d
+        cache ``k, v (Hkv, n+1, d)``, and the step's stats. All query heads are processed at once;
+        per head, a hit uses entry(m) ⊕ band and a miss uses full ⊖ tail as the new entry."""
+        cfg, n, d, H = self.cfg, position, self.d, self.hq
         L = k.shape[1]
         if L != n + 1:
             raise ValueError(f"decode_step at position {n} needs {n + 1} keys, got {L}")
-        g = self.hq // self.hkv
-        q_pre, q_post = q_pre.double(), q_post.double()
-        kk = k.double().repeat_interleave(g, 0)
-        vv = v.double().repeat_interleave(g, 0)
+        g = H // self.hkv
+        q_pre = q_pre.double()
         F, S = cfg.sinks, cfg.band
         lo_tail = max(F, n + 1 - S)
         engaged = cfg.reuse and L >= cfg.min_context
         if engaged:
             hit, mpos, _ = match(self.ring_q, self.ring_pos, self.entry_valid, q_pre, cfg.threshold(d))
         else:
-            hit, mpos = torch.zeros(self.hq, dtype=torch.bool), torch.full((self.hq,), -1, dtype=torch.long)
-        sink = attend(q_post, kk[:, :F], vv[:, :F], self.scale)
-        tail = attend(q_post, kk[:, lo_tail:], vv[:, lo_tail:], self.scale)
-        entry_o = torch.zeros(self.hq, d, dtype=torch.float64)
-        entry_lse = torch.full((self.hq,), NEG_INF, dtype=torch.float64)
-        out = torch.zeros(self.hq, d, dtype=torch.float64)
-        fallbacks = 0
-        read = torch.zeros(self.hq, dtype=torch.long)
-        for h in range(self.hq):
-            if hit[h]:
-                m = int(mpos[h])
-                slot = m % cfg.window
-                lo_band = max(F, m + 1 - S)
-                if cfg.exact_prefix:
-                    pre = attend(q_post[h], kk[h, F:lo_band], vv[h, F:lo_band], self.scale)
-                else:
-                    pre = (self.entry_o[h, slot], self.entry_lse[h, slot])
-                band = attend(q_post[h], kk[h, lo_band:lo_tail], vv[h, lo_band:lo_tail], self.scale)
-                eo, el = merge_states(*pre, *band)                     # entry: [F, n+1-S)
-                read[h] = F + (L - lo_band)
-            else:
-                body = attend(q_post[h], kk[h, F:], vv[h, F:], self.scale)
-                eo, el, canc = downdate_states(*body, tail[0][h], tail[1][h], cfg.cancel_bound)
-                if bool(canc) and lo_tail > F:                         # fallback: recompute the prefix
-                    eo, el = attend(q_post[h], kk[h, F:lo_tail], vv[h, F:lo_tail], self.scale)
-                    fallbacks += 1
-                elif lo_tail == F:
-                    eo, el = empty_state((), d)
-                read[h] = L
-            entry_o[h], entry_lse[h] = eo, el
-            o, lse = merge_states(eo, el, tail[0][h], tail[1][h])      # prefix ⊕ band ⊕ tail
-            out[h], _ = merge_states(sink[0][h], sink[1][h], o, lse)
-        self._write(n, q_pre, entry_o, entry_lse, torch.ones(self.hq, dtype=torch.bool))
-        # GQA: a KV group skips reads only if all its query heads hit
-        group_read = read.view(self.hkv, g).max(1).values
-        group_hit = hit.view(self.hkv, g).all(1)
-        group_read = torch.where(group_hit, group_read, torch.full_like(group_read, L))
-        stats = {"engaged": bool(engaged), "hits": int(hit.sum()), "misses": int(self.hq - hit.sum()) if engaged else 0,
-                 "heads": self.hq, "fallbacks": fallbacks, "kv_read": int(group_read.sum()),
+            hit, mpos = torch.zeros(H, dtype=torch.bool), torch.full((H,), -1, dtype=torch.long)
+        s = self._scores(q_post.reshape(H, d), k)                         # (Hq, L)
+        full = lambda x: torch.full((H,), x, dtype=torch.long)  # noqa: E731
+        sink = self._range_state(s, v, full(0), full(F))
+        tail = self._range_state(s, v, full(lo_tail), full(L))
+        # hit path: entry(m) (prefix [F, m+1-S) with Q_m) ⊕ band [m+1-S, n+1-S) with Q_n
+        lo_band = (mpos + 1 - S).clamp(min=F, max=lo_tail)
+        slot = mpos.clamp_min(0) % cfg.window
+        if cfg.exact_prefix:
+            pre = self._range_state(s, v, full(F), lo_band)
+        else:
+            pre = (self.entry_o[torch.arange(H), slot], self.entry_lse[torch.arange(H), slot])
+        band = self._range_state(s, v, lo_band, full(lo_tail))
+        hit_o, hit_l = merge_states(*pre, *band)
+        # miss path: full attention; entry = body ⊖ tail, recomputed exactly where that cancels
+        body = self._range_state(s, v, full(F), full(L))
+        miss_o, miss_l, canc = downdate_states(*body, *tail, cfg.cancel_bound)
+        if lo_tail == F:                                                  # nothing before the tail
+            miss_o, miss_l = empty_state((H,), d)
+            canc = torch.zeros(H, dtype=torch.bool)
+        fb = canc & ~hit
+        if bool(fb.any()):
+            exact_o, exact_l = self._range_state(s, v, full(F), full(lo_tail))
+            miss_o = torch.where(canc.unsqueeze(-1), exact_o, miss_o)
+            miss_l = torch.where(canc, exact_l, miss_l)
+        entry_o = torch.where(hit.unsqueeze(-1), hit_o, miss_o)
+        entry_l = torch.where(hit, hit_l, miss_l)
+        self._write(n, q_pre, entry_o, entry_l, torch.ones(H, dtype=torch.bool))  # before the tail merge
+        o, lse = merge_states(entry_o, entry_l, *tail)                     # prefix ⊕ band ⊕ tail
+        out, _ = merge_states(*sink, o, lse)
+        # GQA: a KV group skips reads only if all its query heads hit (then it reads the union)
+        read = torch.where(hit, F + (L - lo_band), full(L))
+        group_read = torch.where(hit.view(self.hkv, g).all(1), read.view(self.hkv, g).max(1).values,
+                                 torch.full((self.hkv,), L, dtype=torch.long))
+        stats = {"engaged": bool(engaged), "hits": int(hit.sum()), "misses": int(H - hit.sum()) if engaged else 0,
+                 "heads": H, "fallbacks": int(fb.sum()), "kv_read": int(group_read.sum()),
                  "kv_total": int(self.hkv * L),
                  "skip_ratio": 1.0 - float(group_read.sum()) / float(self.hkv * L)}
         return out, stats

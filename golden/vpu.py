@@ -35,10 +35,10 @@ class VpuConfig(BlockConfig):
 
     def validate(self):
         self.require(1 <= self.lanes <= 64, f"lanes must be 1..64, got {self.lanes}")
-        self.require(2 <= self.in_width <= 24, f"in_width must be 2..24, got {self.in_width}")
+        self.require(2 <= self.in_width <= 30, f"in_width must be 2..30, got {self.in_width}")
         need = 2 * self.in_width + 2
-        self.require(need <= self.acc_width <= 56,
-                     f"acc_width must be {need}..56 (at least 2*in_width+2 so one squared "
+        self.require(need <= self.acc_width <= 62,
+                     f"acc_width must be {need}..62 (at least 2*in_width+2 so one squared "
                      f"difference fits), got {self.acc_width}")
         self.require(0 <= self.axpy_shift <= 2 * self.in_width,
                      f"axpy_shift must be 0..{2 * self.in_width}, got {self.axpy_shift}")

@@ -1,0 +1,418 @@
+"""LAD tile: config and bit-accurate model of one head's decode steps (ALGORITHMS.md §1).
+
+Mirrors the float reference ``golden.lad_ref.LadHead`` step for step, with the integer
+formats of docs/lad-tile.md; ``LadTileConfig.reference()`` is the float twin's config.
+Every rounding is ``round_shift``, every clamp ``saturate`` (golden/fixedpoint.py); the
+RTL (hdl/lad/) does exactly this. Raw formats (``real = raw * 2**-frac``):
+
+- q, k, v, o: ``kv_format`` (s16.8); scores ``s``, ``s^``, ``m``, ``x``: the SFM's x format
+  (s16.10); PWL values ``p`` and correction weights ``w``: frac 15 (the SFM's EXP output);
+  coefficients ``a, b`` and ``alpha, beta``: frac 16; rho: ``rho_format`` (s20.12).
+- Caches (exact integers, saturating): ``A[l][j] = sum g_l k_j`` with
+  ``g_l = round_shift(alpha v_l, 8)`` (frac 24), ``B = sum alpha v``, ``C = sum beta v``,
+  ``D = sum alpha k`` (frac 24), ``E = sum alpha``, ``F = sum beta`` (frac 16).
+- ``N`` (frac 23) and ``Z`` (frac 15), as in the dense baseline, so ``o = N * RECIP(Z)``
+  is the same rounding.
+
+One step at position ``n`` (eq. numbers are ALGORITHMS.md sections):
+
+1. EAS (§1.4): ``qcs_j = score(q, c_j)`` for every center; for ``k_n``:
+   ``t_j = round_shift(dot_j**2 * rc_j, mf + e_j)`` ≈ ``cos_j**2 |k|**2`` with
+   ``(rc_j, e_j) = RECIP(|c_j|**2)``; best ``j`` = first argmax; join iff
+   ``t_j * 2**16 >= cos2 * |k|**2`` and ``|k|**2 > 0`` (or the table is full);
+   ``rho = sat(round_shift(dot_j * rc_j, mf + e_j - rho_frac))`` (projection ``k.c/|c|**2``);
+   otherwise ``k_n`` becomes center ``C`` with ``rho = 1``.
+2. ``s^_i = sat(round_shift(qcs_{j(i)} * rho_i, rho_frac))``; ``s_n = score(q, k_n)``;
+   ``m = max(max_i s^_i, s_n)``.
+3. AC cache terms (§1.2, before this step's mode changes):
+   ``N_l = round_shift(S * q.A_r[l], 13) - round_shift(m B_l, 11) + round_shift(C_l, 1)``,
+   ``Z = round_shift(S * q.D_r, 21) - round_shift(m E, 11) + round_shift(F, 1)`` with
+   ``A_r, D_r = sat(round_shift(., 24 - cache_dot_frac))`` (the AC VPUs' operand width).
+4. APID (§1.4): ``x^_i = sat(s^_i - m)``; candidate iff ``x^_i`` is outside its mode
+   interval (widened by the guard); the others bump their mode counter.
+5. MD (§1.3-1.4), candidates in position order: ``x_i = sat(score(q, k_i) - m)``,
+   ``r_i`` its interval; false alarm if ``r_i`` is the mode (bump the mode); else bump
+   ``r_i``, ``w_i = round_shift(alpha x_i + (beta << x_frac), exp_shift)``,
+   ``N += w_i v_i``, ``Z += w_i``; a mode change (counter of ``r_i`` above the mode's)
+   adds ``(alpha, beta, k_i, v_i)`` to the caches.
+6. The new position: ``(p_n, r_n) = EXP(sat(s_n - m))``, ``N += p_n v_n``, ``Z += p_n``;
+   ``o = sat(round_shift(N * rm, mf + e))`` with ``(rm, e) = RECIP(clamp(Z))``; then
+   ``k_n, v_n`` are absorbed with ``(a_{r_n}, b_{r_n})`` and mode ``r_n`` (§1.5).
+
+Counters (§1.4): bumping ``r`` adds one; if it passes ``counter_max`` all of the
+position's counters are halved. A context of ``max_positions`` is full: further steps
+leave the state unchanged and report ``overflow`` with ``o = 0``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+from .config import BlockConfig, param
+from .fixedpoint import FixedFormat, round_shift, saturate
+from .lad_ref import LadConfig
+from .sfm import SfmConfig, exp_pwl, recip
+from .vpu import VpuConfig
+
+SCALE_FRAC = 16       # score scale 1/sqrt(d) as a raw constant (as golden.dense)
+COS_FRAC = 16         # center_cos**2 as a raw constant
+CACHE_FRAC = 24       # A, B, C, D
+COEF_FRAC = 16        # a, b, alpha, beta, E, F (the SFM's coefficient format)
+N_FRAC = 23           # N: p (frac 15) times v (frac 8)
+Z_FRAC = 15
+
+
+@dataclass(frozen=True)
+class LadTileConfig(BlockConfig):
+    head_dim: int = param(64, "d: head dimension")
+    lanes: int = param(8, "VPU lanes: one beat carries this many elements of q, k, v, o")
+    vpus: int = param(7, "VPUs in the pool: 2 for EAS (q.c and k.c), 1 for MD, the rest for AC's q.A rows")
+    max_positions: int = param(4096, "positions the metadata SRAM holds; a longer context overflows")
+    max_centers: int = param(256, "center table entries; when full, keys join their best center")
+    intervals: int = param(8, "R: finite PWL intervals over [cutoff, 0] (plus the zero interval)")
+    cutoff: float = param(-8.0, "e_R: below this x = s - m contributes nothing")
+    center_cos: float = param(0.98, "a key joins its best center when |cos| >= this")
+    counter_bits: int = param(4, "bits of each per-position, per-interval saturating mode counter")
+    guard_margin: float = param(0.0, "APID widens each mode interval by this much on both sides")
+    kv_width: int = param(16, "bits of a signed q, k, v or o element")
+    kv_frac: int = param(8, "fraction bits of q, k, v and o")
+    rho_width: int = param(20, "bits of the signed center ratio rho")
+    rho_frac: int = param(12, "fraction bits of rho")
+    cache_dot_frac: int = param(12, "fraction bits of A and D as operands of the q.A / q.D dot products")
+
+    def validate(self):
+        self.require(1 <= self.lanes <= 64, f"lanes must be 1..64, got {self.lanes}")
+        self.require(self.head_dim % self.lanes == 0 and self.head_dim // self.lanes >= 2,
+                     f"head_dim ({self.head_dim}) must be a multiple of lanes ({self.lanes}) with at least "
+                     "2 beats per vector")
+        self.require(4 <= self.vpus <= 64, f"vpus must be 4..64 (EAS 2, MD 1, AC at least 1), got {self.vpus}")
+        self.require(self.head_dim % self.ac_vpus == 0,
+                     f"head_dim ({self.head_dim}) must be a multiple of the AC VPUs (vpus - 3 = {self.ac_vpus})")
+        self.require(2 <= self.max_positions <= 1 << 16, f"max_positions must be 2..65536, got {self.max_positions}")
+        self.require(1 <= self.max_centers <= self.max_positions,
+                     f"max_centers must be 1..max_positions, got {self.max_centers}")
+        self.require(0.0 < self.center_cos <= 1.0, f"center_cos must be in (0, 1], got {self.center_cos}")
+        self.require(1 <= self.counter_bits <= 8, f"counter_bits must be 1..8, got {self.counter_bits}")
+        self.require(self.guard_margin >= 0, f"guard_margin must be >= 0, got {self.guard_margin}")
+        self.require(8 <= self.kv_width <= 16, f"kv_width must be 8..16, got {self.kv_width}")
+        self.require(self.kv_frac == 8, f"kv_frac must be 8 (the cache formats assume it), got {self.kv_frac}")
+        self.require(8 <= self.rho_width <= 24 and 4 <= self.rho_frac < self.rho_width,
+                     f"rho_width must be 8..24 and rho_frac 4..rho_width-1, got {self.rho_width}.{self.rho_frac}")
+        self.require(4 <= self.cache_dot_frac <= CACHE_FRAC,
+                     f"cache_dot_frac must be 4..{CACHE_FRAC}, got {self.cache_dot_frac}")
+        self.sfm  # validates the PWL parameters
+        self.reference()
+
+    # -- derived ------------------------------------------------------------------------
+    @property
+    def beats(self) -> int:
+        return self.head_dim // self.lanes
+
+    @property
+    def ac_vpus(self) -> int:
+        return self.vpus - 3
+
+    @property
+    def kv_format(self) -> FixedFormat:
+        return FixedFormat(self.kv_width, self.kv_frac)
+
+    @property
+    def rho_format(self) -> FixedFormat:
+        return FixedFormat(self.rho_width, self.rho_frac)
+
+    @property
+    def position_width(self) -> int:
+        return max(1, self.max_positions.bit_length())
+
+    @property
+    def center_width(self) -> int:
+        return max(1, (self.max_centers - 1).bit_length())
+
+    @property
+    def kk_width(self) -> int:
+        """Bits of |k|^2 (unsigned): d products of two kv_width-bit values."""
+        return 2 * (self.kv_width - 1) + max(1, (self.head_dim - 1).bit_length()) + 1
+
+    @property
+    def z_width(self) -> int:
+        """Signed bits of Z (frac 15): up to max_positions values below 2 (PWL at x > 0), cache rounding."""
+        return 16 + self.position_width + 3
+
+    @cached_property
+    def sfm(self) -> SfmConfig:
+        return SfmConfig(intervals=self.intervals, cutoff=self.cutoff,
+                         recip_in_width=max(self.kk_width, self.z_width))
+
+    @cached_property
+    def score_vpu(self) -> VpuConfig:
+        """EAS and MD: exact dot products of two kv-format vectors (never saturate)."""
+        return VpuConfig(lanes=self.lanes, in_width=self.kv_width,
+                         acc_width=2 * self.kv_width + 2 + max(1, (self.head_dim - 1).bit_length()), axpy_shift=0)
+
+    @cached_property
+    def ac_vpu(self) -> VpuConfig:
+        """AC: q.A_r / q.D_r dots (30-bit operands) and the AXPYs into N, B, C, D, A (62-bit lanes)."""
+        return VpuConfig(lanes=self.lanes, in_width=30, acc_width=62, axpy_shift=0)
+
+    @property
+    def scale_raw(self) -> int:
+        return round(2 ** SCALE_FRAC / math.sqrt(self.head_dim))
+
+    @property
+    def score_shift(self) -> int:
+        return 2 * self.kv_frac + SCALE_FRAC - self.sfm.x_frac
+
+    @property
+    def cos2_raw(self) -> int:
+        return round(self.center_cos ** 2 * 2 ** COS_FRAC)
+
+    @property
+    def guard_raw(self) -> int:
+        return int(self.sfm.x_format.quantize(self.guard_margin))
+
+    @property
+    def counter_max(self) -> int:
+        return (1 << self.counter_bits) - 1
+
+    @property
+    def n_intervals(self) -> int:
+        return self.intervals + 1
+
+    @property
+    def cache_dot_shift(self) -> int:
+        return CACHE_FRAC - self.cache_dot_frac
+
+    @property
+    def n_cache_shifts(self) -> tuple[int, int, int]:
+        """Right shifts of S*q.A_r, m*B and C into N's frac 23."""
+        xf = self.sfm.x_frac
+        return (self.kv_frac + self.cache_dot_frac + SCALE_FRAC - N_FRAC, xf + CACHE_FRAC - N_FRAC, CACHE_FRAC - N_FRAC)
+
+    @property
+    def z_cache_shifts(self) -> tuple[int, int, int]:
+        """Right shifts of S*q.D_r, m*E and F into Z's frac 15."""
+        xf = self.sfm.x_frac
+        return (self.kv_frac + self.cache_dot_frac + SCALE_FRAC - Z_FRAC, xf + COEF_FRAC - Z_FRAC, COEF_FRAC - Z_FRAC)
+
+    def reference(self) -> LadConfig:
+        """The float reference (golden.lad_ref) of this tile: same algorithm parameters."""
+        return LadConfig(head_dim=self.head_dim, pwl_intervals=self.intervals, pwl_cutoff=self.cutoff,
+                         center_cos=self.center_cos, counter_bits=self.counter_bits,
+                         guard_margin=self.guard_margin, exact_recent=1, m_rule="approx", ratio="projection",
+                         max_centers=self.max_centers)
+
+
+PRESETS = {
+    "default": LadTileConfig(),
+    "small": LadTileConfig(head_dim=32, lanes=8, vpus=5, max_positions=256, max_centers=32),
+}
+
+
+# -- shared integer helpers (the RTL has one twin of each) -----------------------------------------
+def bump_counters(counters: torch.Tensor, r: torch.Tensor, counter_max: int) -> torch.Tensor:
+    """Per row (position): counter ``r`` plus one; if it passes ``counter_max``, every counter
+    of that row is halved. ``counters (P, R+1)``, ``r (P,)``; returns the new counters."""
+    c = counters.clone()
+    rows = torch.arange(c.shape[0])
+    c[rows, r] += 1
+    over = c[rows, r] > counter_max
+    c[over] >>= 1
+    return c
+
+
+def mode_bounds(cfg: LadTileConfig) -> tuple[list[int | None], list[int | None]]:
+    """Per interval ``r``: the raw lower bound ``e_{r+1} - guard`` (None: -inf) and upper bound
+    ``e_r + guard`` (None: +inf) of x^ that keep a position quiet."""
+    e, g = cfg.sfm.exp_boundaries_raw, cfg.guard_raw
+    lo = [e[r] - g if r < cfg.intervals else None for r in range(cfg.n_intervals)]
+    hi = [e[r - 1] + g if r > 0 else None for r in range(cfg.n_intervals)]
+    return lo, hi
+
+
+def _sat_add_sequence(start, terms, fmt: FixedFormat):
+    """``start + terms[0] + terms[1] + ...`` with saturation after every add (the RTL's order).
+    Fast path when no partial sum leaves the range (then saturation never acted)."""
+    if terms.shape[0] == 0:
+        return start
+    partial = start + torch.cumsum(terms, 0)
+    if bool((partial <= fmt.max_raw).all()) and bool((partial >= fmt.min_raw).all()) \
+            and bool((torch.as_tensor(start) <= fmt.max_raw).all()) and bool((torch.as_tensor(start) >= fmt.min_raw).all()):
+        return partial[-1]
+    acc = start
+    for t in terms:
+        acc = saturate(acc + t, fmt)
+    return acc
+
+
+class LadTileModel:
+    """Bit-accurate LAD tile state and step. ``step(q, k, v)`` takes raw kv-format d-vectors and
+    returns raw ``o`` and the step's statistics (what the RTL reports)."""
+
+    def __init__(self, cfg: LadTileConfig):
+        self.cfg = cfg
+        d, P = cfg.head_dim, cfg.max_positions
+        sfm = cfg.sfm
+        self.slopes = torch.tensor(sfm.exp_slopes_raw, dtype=torch.int64)
+        self.intercepts = torch.tensor(sfm.exp_intercepts_raw, dtype=torch.int64)
+        lo, hi = mode_bounds(cfg)
+        big = 1 << 40
+        self.lo = torch.tensor([v if v is not None else -big for v in lo], dtype=torch.int64)
+        self.hi = torch.tensor([v if v is not None else big for v in hi], dtype=torch.int64)
+        self.n = 0
+        self.K = torch.zeros(P, d, dtype=torch.int64)      # main memory (the KV cache)
+        self.V = torch.zeros(P, d, dtype=torch.int64)
+        self.centers = torch.zeros(cfg.max_centers, d, dtype=torch.int64)
+        self.center_recip: list[tuple[int, int]] = []       # (mantissa, exponent) of 1/|c|^2
+        self.center_of = torch.zeros(P, dtype=torch.int64)
+        self.rho = torch.zeros(P, dtype=torch.int64)
+        self.mode = torch.zeros(P, dtype=torch.int64)
+        self.counters = torch.zeros(P, cfg.n_intervals, dtype=torch.int64)
+        self.A = torch.zeros(d, d, dtype=torch.int64)      # A[l][j]: row l = output element l
+        self.B = torch.zeros(d, dtype=torch.int64)
+        self.C = torch.zeros(d, dtype=torch.int64)
+        self.D = torch.zeros(d, dtype=torch.int64)
+        self.E = 0
+        self.F = 0
+
+    @property
+    def n_centers(self) -> int:
+        return len(self.center_recip)
+
+    # -- pieces shared with the testbench ------------------------------------------------------
+    def score(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """Exact scaled score(s) of raw q against raw key(s), in the SFM's x format."""
+        cfg = self.cfg
+        dots = (k * q).sum(-1)
+        return saturate(round_shift(dots * cfg.scale_raw, cfg.score_shift), cfg.sfm.x_format)
+
+    def _center_update(self, k: torch.Tensor) -> tuple[int, int, bool]:
+        """EAS for the new key: (center index, raw rho, became a new center)."""
+        cfg = self.cfg
+        mf = cfg.sfm.mantissa_frac
+        kk = int((k * k).sum())
+        C = self.n_centers
+        best_j, best_t, best_dot = -1, -1, 0
+        if C:
+            dots = (self.centers[:C] * k).sum(-1).tolist()
+            for j, (dot, (rc, e)) in enumerate(zip(dots, self.center_recip)):
+                t = round_shift(dot * dot * rc, mf + e)
+                if t > best_t:
+                    best_j, best_t, best_dot = j, t, dot
+        join = C > 0 and ((kk > 0 and (best_t << COS_FRAC) >= cfg.cos2_raw * kk) or C >= cfg.max_centers)
+        if join:
+            rc, e = self.center_recip[best_j]
+            rho = saturate(round_shift(best_dot * rc, mf + e - cfg.rho_frac), cfg.rho_format)
+            return best_j, rho, False
+        m_, e_ = (int(t) for t in recip(torch.tensor([kk]), cfg.sfm))
+        self.centers[C] = k
+        self.center_recip.append((m_, e_))
+        return C, 1 << cfg.rho_frac, True
+
+    def _cache_add(self, alpha, beta, k, v):
+        """AC update of caches A-F by positions with coefficient deltas ``alpha, beta`` (1-D)
+        and keys/values ``k, v`` (rows), in order; saturating."""
+        if alpha.numel() == 0:
+            return
+        acc = self.cfg.ac_vpu.acc_format
+        g = round_shift(alpha[:, None] * v, COEF_FRAC + self.cfg.kv_frac - 16)   # (P, d): g_l, frac 16
+        self.A = _sat_add_sequence(self.A, g[:, :, None] * k[:, None, :], acc)
+        self.B = _sat_add_sequence(self.B, alpha[:, None] * v, acc)
+        self.C = _sat_add_sequence(self.C, beta[:, None] * v, acc)
+        self.D = _sat_add_sequence(self.D, alpha[:, None] * k, acc)
+        ef = FixedFormat(40, 0)
+        self.E = int(_sat_add_sequence(torch.tensor(self.E), alpha, ef))
+        self.F = int(_sat_add_sequence(torch.tensor(self.F), beta, ef))
+
+    def cache_terms(self, q: torch.Tensor, m: int) -> tuple[list[int], int]:
+        """N and Z from the caches (step 3), as Python ints (products exceed 64 bits)."""
+        cfg = self.cfg
+        op = FixedFormat(cfg.ac_vpu.in_width, 0)
+        a_r = saturate(round_shift(self.A, cfg.cache_dot_shift), op)
+        d_r = saturate(round_shift(self.D, cfg.cache_dot_shift), op)
+        qa = (a_r * q[None, :]).sum(-1).tolist()
+        qd = int((d_r * q).sum())
+        sa, sb, sc = cfg.n_cache_shifts
+        za, zb, zc = cfg.z_cache_shifts
+        S = cfg.scale_raw
+        n_fmt = cfg.ac_vpu.acc_format
+        N = [saturate(round_shift(a * S, sa) - round_shift(m * b, sb) + round_shift(c, sc), n_fmt)
+             for a, b, c in zip(qa, self.B.tolist(), self.C.tolist())]
+        Z = saturate(round_shift(qd * S, za) - round_shift(m * self.E, zb) + round_shift(self.F, zc),
+                     FixedFormat(cfg.z_width, 0))
+        return N, Z
+
+    # -- one step ----------------------------------------------------------------------------
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        cfg, sfm = self.cfg, self.cfg.sfm
+        q, k, v = (torch.as_tensor(t, dtype=torch.int64) for t in (q, k, v))
+        n = self.n
+        stats = {"position": n, "candidates": 0, "active": 0, "false_alarms": 0, "mode_changes": 0,
+                 "overflow": 0, "m": 0, "z": 0}
+        if n >= cfg.max_positions:
+            stats.update(overflow=1, centers=self.n_centers, kv_beats=0, new_center=0)
+            return torch.zeros(cfg.head_dim, dtype=torch.int64), stats
+        xf = sfm.x_format
+        # 1-2. EAS: center scores, the new key's center, approximate scores, m
+        C = self.n_centers
+        qcs = self.score(q, self.centers[:C]) if C else torch.zeros(0, dtype=torch.int64)
+        center, rho, new_center = self._center_update(k)
+        s_new = int(self.score(q, k))
+        s_hat = saturate(round_shift(qcs[self.center_of[:n]] * self.rho[:n], cfg.rho_frac), xf) if n else \
+            torch.zeros(0, dtype=torch.int64)
+        m = max(int(s_hat.max()), s_new) if n else s_new
+        # 3. AC: cache terms with the caches as they stand
+        N, Z = self.cache_terms(q, m)
+        # 4. APID
+        mode = self.mode[:n]
+        x_hat = saturate(s_hat - m, xf)
+        cand = (x_hat < self.lo[mode]) | (x_hat >= self.hi[mode])
+        quiet = (~cand).nonzero().flatten()
+        self.counters[quiet] = bump_counters(self.counters[quiet], self.mode[quiet], cfg.counter_max)
+        # 5. MD
+        ci = cand.nonzero().flatten()
+        x = saturate(self.score(q, self.K[ci]) - m, xf)
+        _, r = exp_pwl(x, sfm)
+        old = self.mode[ci]
+        act = r != old
+        c = bump_counters(self.counters[ci], r, cfg.counter_max)
+        self.counters[ci] = c
+        rows = torch.arange(ci.numel())
+        changes = ci[act & (c[rows, r] > c[rows, old])].tolist()
+        ai = ci[act]
+        ra, rm_ = r[act], self.mode[ai]
+        alpha = self.slopes[ra] - self.slopes[rm_]
+        beta = self.intercepts[ra] - self.intercepts[rm_]
+        w = round_shift(alpha * x[act] + (beta << sfm.x_frac), sfm.exp_shift)
+        n_fmt = cfg.ac_vpu.acc_format
+        Nt = torch.tensor(N, dtype=torch.int64)
+        Nt = _sat_add_sequence(Nt, w[:, None] * self.V[ai], n_fmt)
+        zf = FixedFormat(cfg.z_width, 0)
+        Z = int(_sat_add_sequence(torch.tensor(Z), w, zf))
+        if changes:
+            ch = torch.tensor(changes, dtype=torch.int64)
+            sel = torch.isin(ai, ch)
+            self._cache_add(alpha[sel], beta[sel], self.K[ch], self.V[ch])
+            self.mode[ch] = ra[sel]
+        # 6. the new position, N/Z, absorption
+        x_new = saturate(torch.tensor(s_new - m), xf)
+        p_new, r_new = (int(t) for t in exp_pwl(x_new, sfm))
+        Nt = _sat_add_sequence(Nt, (p_new * v)[None, :], n_fmt)
+        Z = int(saturate(Z + p_new, zf))
+        zmax = (1 << sfm.recip_in_width) - 1
+        rm, e = (int(t) for t in recip(torch.tensor([min(max(Z, 0), zmax)]), sfm))
+        o = torch.tensor([saturate(round_shift(int(nl) * rm, sfm.mantissa_frac + e), cfg.kv_format)
+                          for nl in Nt.tolist()], dtype=torch.int64)
+        self.K[n], self.V[n] = k, v
+        self._cache_add(self.slopes[r_new].reshape(1), self.intercepts[r_new].reshape(1), k[None], v[None])
+        self.center_of[n], self.rho[n], self.mode[n] = center, rho, r_new
+        self.counters[n] = 0
+        self.counters[n, r_new] = 1
+        self.n = n + 1
+        nb = cfg.beats
+        stats.update(candidates=int(ci.numel()), active=int(ai.numel()), false_alarms=int(ci.numel() - ai.numel()),
+                     mode_changes=len(changes), centers=self.n_centers, new_center=int(new_center), m=m, z=Z,
+                     kv_beats=nb * (int(ci.numel()) + int(ai.numel())))
+        return o, stats

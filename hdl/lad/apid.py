@@ -1,0 +1,150 @@
+"""APID: active-position identification (ALGORITHMS.md §1.4; golden/lad_tile.py steps 2 and 4).
+
+Owns the per-position metadata SRAM (mode, counters, center, rho) and a buffer of this
+step's approximate scores. ``scan`` with ``classify = 0`` (pass A) reads every absorbed
+position's metadata, asks EAS for ``s^_i`` (``lookup``/``approx``), keeps it and emits the
+maximum on ``smax``. ``classify = 1`` (pass B, with ``m``): ``x^_i = sat(s^_i - m)``; a position
+inside its guarded mode interval bumps its mode counter; the others go to MD on ``cand``
+and wait for MD's ``verdict`` (new mode and counters), which is written back. ``done``
+reports the candidates. ``absorb`` writes the new position (its interval as mode, counter 1).
+One position per cycle where nothing waits.
+"""
+from __future__ import annotations
+
+from amaranth import Module, Signal, signed, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from golden.lad_tile import LadTileConfig
+from golden.sram import SramConfig
+
+from ..lib.arith import saturate
+from ..lib.sram import SramBank
+from .common import bump_counters, candidate_layout, meta_layout, outside_mode
+from .eas import lookup_layout
+
+
+def scan_layout(cfg: LadTileConfig) -> data.StructLayout:
+    return data.StructLayout({"length": unsigned(cfg.position_width), "m": signed(cfg.sfm.x_width),
+                              "classify": unsigned(1)})
+
+
+def absorb_layout(cfg: LadTileConfig) -> data.StructLayout:
+    return data.StructLayout({"position": unsigned(cfg.position_width), "center": unsigned(cfg.center_width),
+                              "rho": signed(cfg.rho_width), "mode": unsigned(cfg.sfm.interval_width)})
+
+
+class Apid(wiring.Component):
+    def __init__(self, cfg: LadTileConfig):
+        self.cfg = cfg
+        xw = cfg.sfm.x_width
+        super().__init__({
+            "scan": In(stream.Signature(scan_layout(cfg))),
+            "lookup": Out(stream.Signature(lookup_layout(cfg))),
+            "approx": In(stream.Signature(signed(xw))),
+            "smax": Out(stream.Signature(signed(xw))),
+            "cand": Out(stream.Signature(candidate_layout(cfg))),
+            "verdict": In(stream.Signature(candidate_layout(cfg))),
+            "done": Out(stream.Signature(unsigned(cfg.position_width))),
+            "absorb": In(stream.Signature(absorb_layout(cfg))),
+        })
+
+    def elaborate(self, platform):
+        cfg, m = self.cfg, Module()
+        xw = cfg.sfm.x_width
+        ml = meta_layout(cfg)
+        depth = cfg.max_positions
+        m.submodules.meta_mem = meta = SramBank(SramConfig(depth=depth, width=ml.size))
+        m.submodules.approx_mem = amem = SramBank(SramConfig(depth=depth, width=xw))
+        meta_req, meta_resp = meta.read_port(0)
+        a_req, a_resp = amem.read_port(0)
+
+        length = Signal(cfg.position_width)
+        m_ref = Signal(signed(xw))
+        issued = Signal(cfg.position_width)
+        finished = Signal(cfg.position_width)
+        best = Signal(signed(xw))
+        candidates = Signal(cfg.position_width)
+        sent = Signal()
+
+        with m.FSM():
+            with m.State("IDLE"):
+                m.d.comb += self.scan.ready.eq(1)
+                with m.If(self.scan.valid):
+                    p = self.scan.payload
+                    m.d.sync += [length.eq(p.length), m_ref.eq(p.m), issued.eq(0), finished.eq(0),
+                                 best.eq(-(1 << (xw - 1))), candidates.eq(0), sent.eq(0)]
+                    with m.If(p.classify):
+                        m.next = "CLASSIFY"
+                    with m.Else():
+                        m.next = "APPROX"
+                # the new position's metadata, between steps
+                m.d.comb += self.absorb.ready.eq(~self.scan.valid)
+                with m.If(self.absorb.valid & ~self.scan.valid):
+                    a = self.absorb.payload
+                    word = Signal(ml)
+                    m.d.comb += [word.mode.eq(a.mode), word.center.eq(a.center), word.rho.eq(a.rho)]
+                    for r in range(cfg.n_intervals):
+                        m.d.comb += word.counters[r].eq(a.mode == r)
+                    m.d.comb += [meta.write.valid.eq(1), meta.write.payload.addr.eq(a.position),
+                                 meta.write.payload.data.eq(word)]
+
+            with m.State("APPROX"):   # pass A: s^_i of every position, and their maximum
+                m.d.comb += [meta_req.valid.eq(issued < length), meta_req.payload.addr.eq(issued)]
+                with m.If(meta_req.valid & meta_req.ready):
+                    m.d.sync += issued.eq(issued + 1)
+                word = data.View(ml, meta_resp.payload)
+                m.d.comb += [self.lookup.valid.eq(meta_resp.valid), self.lookup.payload.center.eq(word.center),
+                             self.lookup.payload.rho.eq(word.rho), meta_resp.ready.eq(self.lookup.ready),
+                             self.approx.ready.eq(1)]
+                with m.If(self.approx.valid):
+                    m.d.comb += [amem.write.valid.eq(1), amem.write.payload.addr.eq(finished),
+                                 amem.write.payload.data.eq(self.approx.payload)]
+                    m.d.sync += finished.eq(finished + 1)
+                    with m.If(self.approx.payload > best):
+                        m.d.sync += best.eq(self.approx.payload)
+                with m.If(finished == length):
+                    m.next = "MAX"
+            with m.State("MAX"):
+                m.d.comb += [self.smax.valid.eq(1), self.smax.payload.eq(best)]
+                with m.If(self.smax.ready):
+                    m.next = "IDLE"
+
+            with m.State("CLASSIFY"):   # pass B: quiet positions bump their mode, candidates go to MD
+                m.d.comb += [meta_req.valid.eq(issued < length), meta_req.payload.addr.eq(issued),
+                             a_req.valid.eq(issued < length), a_req.payload.addr.eq(issued)]
+                with m.If(meta_req.valid & meta_req.ready):
+                    m.d.sync += issued.eq(issued + 1)
+                word = data.View(ml, meta_resp.payload)
+                x_hat = Signal(signed(xw))
+                m.d.comb += x_hat.eq(saturate(a_resp.payload.as_signed() - m_ref, signed(xw)))
+                is_cand = Signal()
+                m.d.comb += is_cand.eq(outside_mode(x_hat, word.mode, cfg))
+                bumped = bump_counters(m, word.counters, word.mode, cfg, "quiet_counters")
+                take = Signal()
+                m.d.comb += [take.eq(meta_resp.valid & (~is_cand | (sent & self.verdict.valid))),
+                             meta_resp.ready.eq(take), a_resp.ready.eq(take),
+                             self.cand.valid.eq(meta_resp.valid & is_cand & ~sent),
+                             self.cand.payload.position.eq(finished), self.cand.payload.mode.eq(word.mode),
+                             self.cand.payload.counters.eq(word.counters),
+                             self.verdict.ready.eq(meta_resp.valid & is_cand & sent)]
+                with m.If(self.cand.valid & self.cand.ready):
+                    m.d.sync += [sent.eq(1), candidates.eq(candidates + 1)]
+                new_word = Signal(ml)
+                m.d.comb += [new_word.center.eq(word.center), new_word.rho.eq(word.rho)]
+                with m.If(is_cand):
+                    m.d.comb += [new_word.mode.eq(self.verdict.payload.mode),
+                                 new_word.counters.eq(self.verdict.payload.counters)]
+                with m.Else():
+                    m.d.comb += [new_word.mode.eq(word.mode), new_word.counters.eq(bumped)]
+                with m.If(take):
+                    m.d.comb += [meta.write.valid.eq(1), meta.write.payload.addr.eq(finished),
+                                 meta.write.payload.data.eq(new_word)]
+                    m.d.sync += [finished.eq(finished + 1), sent.eq(0)]
+                with m.If(finished == length):
+                    m.next = "DONE"
+            with m.State("DONE"):
+                m.d.comb += [self.done.valid.eq(1), self.done.payload.eq(candidates)]
+                with m.If(self.done.ready):
+                    m.next = "IDLE"
+        return m

@@ -1,0 +1,104 @@
+"""Layouts and small datapath pieces shared by the LAD tile's modules (golden/lad_tile.py).
+
+``interval_of`` is the SFM's interval compare (ALGORITHMS.md §1.1), ``bump_counters`` the
+saturating mode counters of §1.4 (``golden.lad_tile.bump_counters``), ``score_of`` the
+scaled score of a dot product (``LadTileModel.score``).
+"""
+from __future__ import annotations
+
+from amaranth import Array, Const, Mux, Signal, signed, unsigned
+from amaranth.lib import data
+
+from golden.lad_tile import LadTileConfig, mode_bounds
+
+from ..lib.arith import round_shift, saturate
+
+
+W_WIDTH = 24  # correction weights w = alpha x + beta (frac 15): |w| < 2^22 for any x
+
+
+def beat_layout(cfg: LadTileConfig) -> data.ArrayLayout:
+    """One beat of q, k, v or o: ``lanes`` signed kv-format elements."""
+    return data.ArrayLayout(signed(cfg.kv_width), cfg.lanes)
+
+
+def vector_layout(cfg: LadTileConfig) -> data.ArrayLayout:
+    """A whole head_dim vector (static ports between the tile and its modules)."""
+    return data.ArrayLayout(signed(cfg.kv_width), cfg.head_dim)
+
+
+def meta_layout(cfg: LadTileConfig) -> data.StructLayout:
+    """Per-position metadata word (APID's SRAM): mode, counters, center, rho."""
+    return data.StructLayout({
+        "mode": unsigned(cfg.sfm.interval_width),
+        "counters": data.ArrayLayout(unsigned(cfg.counter_bits), cfg.n_intervals),
+        "center": unsigned(cfg.center_width),
+        "rho": signed(cfg.rho_width),
+    })
+
+
+def candidate_layout(cfg: LadTileConfig) -> data.StructLayout:
+    """APID -> MD (a candidate) and MD -> APID (its verdict: new mode and counters)."""
+    return data.StructLayout({
+        "position": unsigned(cfg.position_width),
+        "mode": unsigned(cfg.sfm.interval_width),
+        "counters": data.ArrayLayout(unsigned(cfg.counter_bits), cfg.n_intervals),
+    })
+
+
+def ac_command_layout(cfg: LadTileConfig) -> data.StructLayout:
+    """Commands of AC. ``TERMS`` (with ``m``): N and Z from the caches; ``BEATS`` (``beats``
+    items, one beat of k and v each): ``accumulate`` adds ``w v`` to N and ``w`` to Z,
+    ``update`` adds ``(alpha, beta, k, v)`` to caches A-F; ``FINISH``: o = N RECIP(Z) on ``out``."""
+    xw = cfg.sfm.x_width
+    return data.StructLayout({
+        "op": unsigned(2),
+        "m": signed(xw),
+        "w": signed(W_WIDTH),
+        "alpha": signed(cfg.sfm.coef_frac + 2),
+        "beta": signed(cfg.sfm.coef_frac + 2),
+        "accumulate": unsigned(1),
+        "update": unsigned(1),
+        "k": beat_layout(cfg),
+        "v": beat_layout(cfg),
+    })
+
+
+AC_TERMS, AC_BEATS, AC_FINISH = 0, 1, 2
+
+
+
+def interval_of(x, cfg: LadTileConfig):
+    """Interval index of raw x: the number of boundaries ``e_k`` with ``x < e_k``."""
+    return sum((x < e).as_unsigned() for e in cfg.sfm.exp_boundaries_raw)
+
+
+def score_of(dot, cfg: LadTileConfig):
+    """The scaled exact score of a q.k dot product, in the SFM's x format."""
+    return saturate(round_shift(dot * cfg.scale_raw, cfg.score_shift), signed(cfg.sfm.x_width))
+
+
+def outside_mode(x_hat, mode, cfg: LadTileConfig):
+    """APID's test: ``x_hat`` outside the (guarded) bounds of interval ``mode``."""
+    lo, hi = mode_bounds(cfg)
+    below = Array(Const(v if v is not None else 0, signed(cfg.sfm.x_width + 2)) for v in lo)
+    above = Array(Const(v if v is not None else 0, signed(cfg.sfm.x_width + 2)) for v in hi)
+    has_lo = Array(Const(v is not None, 1) for v in lo)
+    has_hi = Array(Const(v is not None, 1) for v in hi)
+    return (has_lo[mode] & (x_hat < below[mode])) | (has_hi[mode] & (x_hat >= above[mode]))
+
+
+def bump_counters(m, counters, r, cfg: LadTileConfig, name: str):
+    """Counters (an ArrayLayout view) with counter ``r`` plus one, all halved if it overflows.
+    Returns a new Signal of the same layout, driven combinationally in module ``m``."""
+    layout = data.ArrayLayout(unsigned(cfg.counter_bits), cfg.n_intervals)
+    out = Signal(layout, name=name)
+    cb = cfg.counter_bits
+    plus = [Signal(cb + 1, name=f"{name}_plus{i}") for i in range(cfg.n_intervals)]
+    over = Signal(name=f"{name}_over")
+    for i in range(cfg.n_intervals):
+        m.d.comb += plus[i].eq(counters[i] + (r == i))
+    m.d.comb += over.eq(Array(plus)[r] > cfg.counter_max)
+    for i in range(cfg.n_intervals):
+        m.d.comb += out[i].eq(Mux(over, plus[i] >> 1, plus[i]))
+    return out

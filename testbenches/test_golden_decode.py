@@ -1,0 +1,248 @@
+"""Float references of LAD (golden/lad_ref.py) and MAC (golden/mac_ref.py) on their own and inside
+SmolLM2-135M decoding (golden/llm/decode_eval.py): exactness with the approximations disabled,
+merge/downdate algebra incl. cancellation, and the perplexity cost of each method."""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+from golden.errors import ConfigError
+from golden.lad_ref import FULL_ATTENTION, LadConfig, LadHead, full_attention
+from golden.mac_ref import (MacConfig, MacLayerState, attend, downdate_states, empty_state, match,
+                            merge_states)
+
+SEED = 20250711
+
+
+# -- (b) merge / downdate algebra -------------------------------------------------------------------
+def _split_states(seed, n=200, d=16, cut=120, scale=0.5):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(d, generator=gen, dtype=torch.float64) * 2
+    k = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    v = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    return (attend(q, k[:cut], v[:cut], scale), attend(q, k[cut:], v[cut:], scale), attend(q, k, v, scale))
+
+
+@pytest.mark.parametrize("seed", [SEED + i for i in range(8)])
+def test_merge_and_downdate_random(seed):
+    (o1, l1), (o2, l2), (of, lf) = _split_states(seed, cut=40 + 15 * (seed - SEED))
+    om, lm = merge_states(o1, l1, o2, l2)
+    assert torch.allclose(om, of, atol=1e-12) and torch.allclose(lm, lf, atol=1e-12)
+    assert of.abs().max() > 0.05                                   # non-trivial state
+    od, ld, canc = downdate_states(of, lf, o2, l2, cancel_bound=1e-9)
+    assert not bool(canc)
+    assert torch.allclose(od, o1, atol=1e-9) and torch.allclose(ld, l1, atol=1e-12)
+    # commutative merge, batched shapes
+    ob, lb = merge_states(torch.stack([o1, o2]), torch.stack([l1, l2]), torch.stack([o2, o1]), torch.stack([l2, l1]))
+    assert torch.allclose(ob[0], ob[1], atol=1e-12) and torch.allclose(lb[0], lb[1])
+
+
+def test_merge_and_downdate_corner_cases():
+    d = 8
+    eo, el = empty_state((), d)
+    (o1, l1), (o2, l2), _ = _split_states(SEED, d=d)
+    # the empty state is neutral for merge and removing it is the identity
+    for a, b in ((merge_states(eo, el, o1, l1)), (merge_states(o1, l1, eo, el))):
+        assert torch.equal(a, o1) and torch.equal(b, l1)
+    o, l = merge_states(eo, el, eo, el)
+    assert torch.equal(o, torch.zeros(d)) and l == -math.inf
+    o, l, c = downdate_states(o1, l1, eo, el)
+    assert not bool(c) and torch.allclose(o, o1) and l == l1
+    # removing a state from itself, or one holding almost all the mass, is flagged, never garbage
+    o, l, c = downdate_states(o1, l1, o1, l1)
+    assert bool(c) and l == -math.inf and torch.equal(o, torch.zeros(d))
+    o, l, c = downdate_states(o1, l1, o2, l1 - 1e-4)
+    assert bool(c) and torch.isfinite(o).all()
+    # removing from the empty state, and 1 - t just on either side of the bound
+    o, l, c = downdate_states(eo, el, o1, l1)
+    assert bool(c) and torch.isfinite(o).all()
+    bound = 1 / 64
+    for one_minus_t, flagged in ((bound * 1.01, False), (bound * 0.99, True)):
+        _, l, c = downdate_states(o1, l1, o2, l1 + math.log(1 - one_minus_t), cancel_bound=bound)
+        assert bool(c) == flagged
+        if not flagged:
+            assert abs(float(l) - (float(l1) + math.log(one_minus_t))) < 1e-9
+    # large score offsets do not overflow (only exp of non-positive differences)
+    o, l = merge_states(o1, l1 + 700.0, o2, l2 - 700.0)
+    assert torch.allclose(o, o1) and torch.isfinite(l)
+
+
+def test_downdate_flags_cancellation_on_random_states():
+    gen = torch.Generator().manual_seed(SEED)
+    flagged = kept = 0
+    for _ in range(200):
+        d = 8
+        q = torch.randn(d, generator=gen, dtype=torch.float64) * 3
+        k = torch.randn(20, d, generator=gen, dtype=torch.float64)
+        v = torch.randn(20, d, generator=gen, dtype=torch.float64)
+        full, tail, head = attend(q, k, v, 1.0), attend(q, k[2:], v[2:], 1.0), attend(q, k[:2], v[:2], 1.0)
+        o, l, c = downdate_states(*full, *tail, cancel_bound=1 / 64)
+        t = math.exp(float(tail[1] - full[1]))
+        assert bool(c) == (1 - t < 1 / 64)
+        if c:
+            flagged += 1
+            assert torch.equal(o, torch.zeros(d))
+        else:
+            kept += 1
+            # the error is bounded by the amplification 1/(1-t) of float rounding
+            assert (o - head[0]).abs().max() < 1e-12 / (1 - t) * 10
+    assert flagged > 10 and kept > 10
+
+
+def test_match_ties_to_lower_position_and_threshold():
+    d, M = 4, 6
+    ring = torch.zeros(2, M, d, dtype=torch.float64)
+    pos = torch.tensor([12, 7, 8, 9, 10, 11])                      # slot = position mod 6
+    valid = torch.ones(2, M, dtype=torch.bool)
+    q = torch.zeros(2, d, dtype=torch.float64)
+    ring[0, 0] = ring[0, 3] = 0.1                                  # equal distance at positions 12 and 9
+    ring[0, [1, 2, 4, 5]] = 5.0
+    ring[1] = 5.0
+    ring[1, 4] = 0.3
+    hit, p, dist = match(ring, pos, valid, q, threshold=1.0)
+    assert hit.tolist() == [True, True] and p.tolist() == [9, 10]
+    assert abs(float(dist[0]) - 0.2) < 1e-12
+    hit, p, _ = match(ring, pos, valid, q, threshold=0.2)          # strict <
+    assert hit.tolist() == [False, False] and p.tolist() == [9, 10]
+    valid[1, 4] = False
+    hit, p, _ = match(ring, pos, valid, q, threshold=100.0)
+    assert p[1] == 7                                               # all others tie at distance 10
+    assert MacConfig().threshold(64) == pytest.approx(math.sqrt(128) * 0.55)
+
+
+def test_configs_reject_bad_values():
+    with pytest.raises(ConfigError, match="center_cos"):
+        LadConfig(center_cos=1.5)
+    with pytest.raises(ConfigError, match="exact_exp"):
+        LadConfig(exact_exp=True)
+    with pytest.raises(ConfigError, match="m_rule"):
+        LadConfig(m_rule="guess")
+    with pytest.raises(ConfigError, match="tau"):
+        MacConfig(tau=0.0)
+    with pytest.raises(ConfigError, match="cancel_bound"):
+        MacConfig(cancel_bound=1.0)
+
+
+# -- LAD reference on its own ---------------------------------------------------------------------
+def _lad_data(seed, H=3, n=96, d=32):
+    gen = torch.Generator().manual_seed(seed)
+    base = torch.randn(6, d, generator=gen)
+    k = base[torch.randint(0, 6, (H, n), generator=gen)] * torch.randn(H, n, 1, generator=gen) \
+        + 0.01 * torch.randn(H, n, d, generator=gen)              # keys along a few directions
+    v = torch.randn(H, n, d, generator=gen)
+    q = torch.randn(H, n, d, generator=gen) * 0.7 + 1.5 * torch.randn(d, generator=gen)  # slowly drifting queries
+    return q, k, v
+
+
+@pytest.mark.parametrize("exact_recent", [1, 4])
+def test_lad_invariants_and_exact_modes(exact_recent):
+    q, k, v = _lad_data(SEED + exact_recent)
+    H, n, d = k.shape
+    heads = {name: LadHead(LadConfig(head_dim=d, exact_recent=exact_recent, **kw), H)
+             for name, kw in (("full", FULL_ATTENTION), ("pwl", dict(exact_scores=True)), ("lad", {}))}
+    one = LadHead(LadConfig(head_dim=d, exact_recent=exact_recent))
+    totals = {"active": 0, "missed": 0, "mode_changes": 0, "candidates": 0}
+    for i in range(n):
+        outs = {name: h.step(q[:, i], k[:, i], v[:, i]) for name, h in heads.items()}
+        ref = torch.stack([full_attention(q[j, i], k[j, :i + 1], v[j, :i + 1], d ** -0.5) for j in range(H)])
+        assert (outs["full"][0] - ref).abs().max() < 1e-12
+        # PWL with exact intervals: the PWL softmax, computed directly
+        s = (k[:, :i + 1].double() @ q[:, i].double().unsqueeze(-1)).squeeze(-1) * d ** -0.5
+        from golden.pwl import PwlTable
+        p = PwlTable().exp(s - s.max(-1, keepdim=True).values)
+        pwl_ref = (p.unsqueeze(1) @ v[:, :i + 1].double()).squeeze(1) / p.sum(-1, keepdim=True)
+        assert (outs["pwl"][0] - pwl_ref).abs().max() < 1e-9
+        for key in totals:
+            totals[key] += outs["lad"][1][key]
+        o1, _ = one.step(q[1, i], k[1, i], v[1, i])                 # heads are independent
+        assert (o1 - outs["lad"][0][1]).abs().max() < 1e-12
+    lad = heads["lad"]
+    # cache invariant: A..F equal the sums over absorbed positions of their mode coefficients
+    na = lad.absorbed
+    a, b = lad.a[lad.mode], lad.b[lad.mode]
+    K, V = lad.K[:, :na], lad.V[:, :na]
+    assert na == n - (exact_recent - 1)
+    assert torch.allclose(lad.A, (K * a.unsqueeze(-1)).transpose(1, 2) @ V, atol=1e-9)
+    assert torch.allclose(lad.B, (a.unsqueeze(1) @ V).squeeze(1), atol=1e-9)
+    assert torch.allclose(lad.C, (b.unsqueeze(1) @ V).squeeze(1), atol=1e-9)
+    assert torch.allclose(lad.D, (a.unsqueeze(1) @ K).squeeze(1), atol=1e-9)
+    assert torch.allclose(lad.E, a.sum(-1)) and torch.allclose(lad.F, b.sum(-1))
+    assert int(lad._counters[:, :na].max()) <= lad.cfg.counter_max
+    # keys along 6 directions: few centers; the approximation is exercised
+    assert int(lad.n_centers.max()) < n // 3
+    assert totals["active"] > 0 and totals["mode_changes"] > 0 and totals["candidates"] > totals["active"] // 2
+
+
+# -- inside SmolLM2 ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def smollm2():
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    from golden.llm.decode_eval import load_model, wikitext_ids
+    model, tokenizer = load_model()
+    ids = wikitext_ids(tokenizer, 2048 + 64 + 1)
+    yield model, ids
+    torch.set_num_threads(threads)
+
+
+def test_disabled_approximations_equal_full_attention(smollm2):
+    from golden.llm.decode_eval import teacher_forced
+    model, ids = smollm2
+    seq = ids[:29]
+    _, ref, _ = teacher_forced(model, seq, "full", context=8, keep_logits=True, progress=False)
+    assert ref.std() > 1.0 and ref.shape == (20, model.config.vocab_size)
+    _, lad, st = teacher_forced(model, seq, "lad", context=8, lad=LadConfig(**FULL_ATTENTION),
+                                keep_logits=True, progress=False)
+    assert (lad - ref).abs().max() < 2e-3
+    assert st["layer_steps"] == 20 * 30
+    small = dict(min_context=16, window=16, band=8)
+    _, mac, st = teacher_forced(model, seq, "mac", context=8, mac=MacConfig(exact_prefix=True, **small),
+                                keep_logits=True, progress=False)
+    assert (mac - ref).abs().max() < 2e-3
+    assert st["hit_rate"] > 0.2 and st["skip_ratio"] > 0.05    # the hit path (merges) really ran
+    _, mac, st = teacher_forced(model, seq, "mac", context=8, mac=MacConfig(reuse=False, **small),
+                                keep_logits=True, progress=False)
+    assert (mac - ref).abs().max() < 2e-3 and st["skip_ratio"] == 0.0
+    # and with reuse on, the output really changes (the test could fail)
+    _, mac, st = teacher_forced(model, seq, "mac", context=8, mac=MacConfig(**small), keep_logits=True,
+                                progress=False)
+    assert (mac - ref).abs().max() > 1e-2 and st["hit_rate"] > 0.2
+
+
+def test_lad_perplexity_within_1pct_on_512_tokens(smollm2):
+    from golden.llm.decode_eval import full_parallel, perplexity, teacher_forced
+    model, ids = smollm2
+    seq = ids[:513]
+    nll_full, _ = full_parallel(model, seq)
+    nll_lad, _, st = teacher_forced(model, seq, "lad", progress=False)
+    assert len(nll_lad) == len(nll_full) == 512
+    p_full, p_lad = perplexity(nll_full), perplexity(nll_lad)
+    assert 5 < p_full < 200                                          # sane baseline
+    assert abs(p_lad / p_full - 1) < 0.01, (p_full, p_lad, st)
+    assert 0 < st["active_pct"] < 100 and st["keys_read_pct"] < 100 and st["mode_changes_pct"] > 0
+    assert nll_lad != nll_full                                       # the approximation ran
+
+
+def test_mac_engaged_at_2048_with_perplexity_within_2pct(smollm2):
+    from golden.llm.decode_eval import full_parallel, perplexity, teacher_forced
+    model, ids = smollm2
+    seq = ids[:2048 + 48 + 1]
+    nll_full, _ = full_parallel(model, seq, context=2048)
+    nll_mac, _, st = teacher_forced(model, seq, "mac", context=2048, progress=False)
+    assert len(nll_mac) == len(nll_full) == 48
+    p_full, p_mac = perplexity(nll_full), perplexity(nll_mac)
+    assert st["engaged_steps"] == 48 and st["hit_rate"] > 0 and st["skip_ratio"] > 0
+    assert abs(p_mac / p_full - 1) < 0.02, (p_full, p_mac, st)
+    assert nll_mac != nll_full
+
+
+def test_rouge_l():
+    from golden.llm.decode_eval import lcs_length, rouge_l
+    assert lcs_length([1, 2, 3, 4], [2, 4, 3]) == 2
+    assert rouge_l([1, 2, 3], [1, 2, 3]) == 1.0
+    assert rouge_l([1, 2, 3], [4, 5]) == 0.0
+    assert rouge_l([1, 2, 3, 4], [1, 3]) == pytest.approx(2 * 0.5 * 1.0 / 1.5)
