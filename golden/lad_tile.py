@@ -207,7 +207,7 @@ class LadTileConfig(BlockConfig):
 
 PRESETS = {
     "default": LadTileConfig(),
-    "small": LadTileConfig(head_dim=32, lanes=8, vpus=5, max_positions=256, max_centers=32),
+    "small": LadTileConfig(head_dim=32, lanes=8, vpus=5, max_positions=64, max_centers=8),
 }
 
 

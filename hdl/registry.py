@@ -9,13 +9,13 @@ from typing import Callable
 
 from amaranth.back import verilog
 
-from golden import dense as golden_dense, mac_unit as golden_mac, sfm as golden_sfm, sram as golden_sram, vpu as golden_vpu
+from golden import dense as golden_dense, lad_tile as golden_lad_tile, mac_unit as golden_mac, sfm as golden_sfm, sram as golden_sram, vpu as golden_vpu
 from golden.errors import ConfigError
 
 
 # Verilator lint waivers for Amaranth's output (the verified set in ARCHITECTURE.md).
 VERILATOR_WAIVERS = ["-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-Wno-CASEINCOMPLETE", "-Wno-CASEOVERLAP",
-                     "-Wno-UNSIGNED", "-Wno-CMPCONST", "-Wno-UNOPTFLAT"]
+                     "-Wno-UNSIGNED", "-Wno-CMPCONST", "-Wno-UNOPTFLAT", "-Wno-ALWNEVER"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,11 @@ def _dense(cfg):
     return DenseAttention(cfg)
 
 
+def _lad_tile(cfg):
+    from .lad.tile import LadTile
+    return LadTile(cfg)
+
+
 BLOCKS: dict[str, Block] = {
     "vpu": Block("vpu", "vector unit: DOT / SQDIST over beats, AXPY lanes", golden_vpu.VpuConfig,
                  golden_vpu.PRESETS, _vpu),
@@ -77,6 +82,8 @@ BLOCKS: dict[str, Block] = {
                       golden_mac.PRESETS, _mac_unit),
     "dense": Block("dense", "dense PWL attention baseline: reads every key and value (LAD's reference point)",
                    golden_dense.DenseConfig, golden_dense.PRESETS, _dense),
+    "lad-tile": Block("lad-tile", "LAD tile: EAS, APID, MD, AC, VPU pool, SFM and SRAM banks for one head's decode",
+                      golden_lad_tile.LadTileConfig, golden_lad_tile.PRESETS, _lad_tile),
 }
 
 

@@ -25,6 +25,7 @@ TB_MODULES = {
     "mac-match": "testbenches.tb.tb_mac_match",
     "mac-merge": "testbenches.tb.tb_mac_merge",
     "dense": "testbenches.tb.tb_dense",
+    "lad-tile": "testbenches.tb.tb_lad_tile",
 }
 
 

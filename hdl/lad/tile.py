@@ -1,0 +1,252 @@
+"""LAD tile: one attention head's decode steps (ALGORITHMS.md §1; golden.lad_tile.LadTileModel).
+
+The step sequencer of docs/lad-tile.md around EAS, APID, MD and AC (each a component with
+its own SRAM banks and share of the VPU pool) and one SFM:
+
+1. ``step_in``: q, k_n, v_n (``beats`` transfers); 2. EAS: center update, center scores,
+``s_n``; 3. APID pass A: ``s^_i`` and their max, ``m = max(., s_n)``; 4. AC TERMS: N, Z from the
+caches; 5. APID pass B with MD: candidates read ``k_i`` (and actives ``v_i``) over
+``kv_req``/``kv_resp``, corrections and mode-change updates go to AC; 6. the new position's
+PWL value (SFM EXP) into N, Z; 7. AC FINISH: ``o`` on ``out`` with the step's statistics;
+8. absorption of position n (AC cache update, APID metadata). A context of
+``max_positions`` overflows: the step returns ``o = 0`` with ``overflow`` set, state unchanged.
+"""
+from __future__ import annotations
+
+from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from golden.lad_tile import LadTileConfig
+from golden.sfm import OP_EXP, OP_RECIP
+
+from ..lib.arith import saturate
+from ..lib.sfm import Sfm
+from .ac import Ac
+from .apid import Apid
+from .common import AC_BEATS, AC_FINISH, AC_TERMS, beat_layout
+from .dense import kv_request_layout
+from .eas import Eas
+from .md import Md
+
+
+def step_layout(cfg: LadTileConfig) -> data.StructLayout:
+    return data.StructLayout({"q": beat_layout(cfg), "k": beat_layout(cfg), "v": beat_layout(cfg)})
+
+
+def tile_out_layout(cfg: LadTileConfig) -> data.StructLayout:
+    return data.StructLayout({
+        "o": beat_layout(cfg),
+        "position": unsigned(cfg.position_width), "candidates": unsigned(cfg.position_width),
+        "active": unsigned(cfg.position_width), "false_alarms": unsigned(cfg.position_width),
+        "mode_changes": unsigned(cfg.position_width), "centers": unsigned(cfg.center_width + 1),
+        "new_center": unsigned(1), "overflow": unsigned(1),
+        "m": signed(cfg.sfm.x_width), "z": signed(cfg.z_width),
+        "kv_beats": unsigned(32), "cycles": unsigned(32),
+    })
+
+
+class LadTile(wiring.Component):
+    """``step_in`` -> (``kv_req`` / ``kv_resp``) -> ``out``; one decode step at a time."""
+
+    def __init__(self, cfg: LadTileConfig):
+        self.cfg = cfg
+        super().__init__({
+            "step_in": In(stream.Signature(step_layout(cfg))),
+            "kv_req": Out(stream.Signature(kv_request_layout(cfg))),
+            "kv_resp": In(stream.Signature(beat_layout(cfg))),
+            "out": Out(stream.Signature(tile_out_layout(cfg))),
+        })
+
+    def elaborate(self, platform):
+        cfg, m = self.cfg, Module()
+        L, nb, kw = cfg.lanes, cfg.beats, cfg.kv_width
+        sfm_cfg = cfg.sfm
+        xw = sfm_cfg.x_width
+        m.submodules.eas = eas = Eas(cfg)
+        m.submodules.apid = apid = Apid(cfg)
+        m.submodules.md = md = Md(cfg)
+        m.submodules.ac = ac = Ac(cfg)
+        m.submodules.sfm = sfm = Sfm(sfm_cfg)
+
+        q_buf = Array(Signal(L * kw, name=f"q_beat{b}") for b in range(nb))
+        k_buf = Array(Signal(L * kw, name=f"k_beat{b}") for b in range(nb))
+        v_buf = Array(Signal(L * kw, name=f"v_beat{b}") for b in range(nb))
+        q_vec, k_vec = Cat(*q_buf), Cat(*k_buf)
+        m_ref = Signal(signed(xw))
+        m.d.comb += [eas.q.eq(q_vec), eas.k.eq(k_vec), md.q.eq(q_vec), md.m.eq(m_ref), ac.q.eq(q_vec)]
+
+        wiring.connect(m, apid.lookup, eas.lookup)
+        wiring.connect(m, eas.approx, apid.approx)
+        wiring.connect(m, apid.cand, md.cand)
+        wiring.connect(m, md.verdict, apid.verdict)
+        wiring.connect(m, wiring.flipped(self.kv_req), md.kv_req)
+        wiring.connect(m, wiring.flipped(self.kv_resp), md.kv_resp)
+
+        n = Signal(cfg.position_width)
+        beat = Signal(range(nb))
+        key = Signal(eas.key_out.payload.shape())
+        p_new, r_new = Signal(sfm_cfg.value_width), Signal(sfm_cfg.interval_width)
+        stats = Signal(tile_out_layout(cfg))
+        snap = [Signal(32, name=f"snap_{name}") for name in ("active", "false_alarms", "mode_changes")]
+        counts = [md.active, md.false_alarms, md.mode_changes]
+        kv_beats, cycles = Signal(32), Signal(32)
+        absorb_sent = Signal()
+        slopes = Array(Const(v, signed(sfm_cfg.coef_frac + 2)) for v in sfm_cfg.exp_slopes_raw)
+        intercepts = Array(Const(v, signed(sfm_cfg.coef_frac + 2)) for v in sfm_cfg.exp_intercepts_raw)
+
+        with m.If(self.kv_req.valid & self.kv_req.ready):
+            m.d.sync += kv_beats.eq(kv_beats + 1)
+        cmd = ac.cmd.payload
+
+        with m.FSM():
+            with m.State("LOAD"):
+                m.d.comb += self.step_in.ready.eq(1)
+                with m.If(self.step_in.valid):
+                    p = self.step_in.payload
+                    m.d.sync += [q_buf[beat].eq(p.q), k_buf[beat].eq(p.k), v_buf[beat].eq(p.v),
+                                 beat.eq(Mux(beat == nb - 1, 0, beat + 1))]
+                    with m.If(beat == nb - 1):
+                        m.d.sync += [kv_beats.eq(0), cycles.eq(0), absorb_sent.eq(0)]
+                        m.d.sync += [s.eq(c) for s, c in zip(snap, counts)]
+                        with m.If(n >= cfg.max_positions):
+                            m.next = "OVERFLOW"
+                        with m.Else():
+                            m.next = "EAS"
+            with m.State("EAS"):
+                m.d.sync += cycles.eq(cycles + 1)
+                m.d.comb += eas.start.valid.eq(1)
+                with m.If(eas.start.ready):
+                    m.next = "EAS_WAIT"
+            with m.State("EAS_WAIT"):
+                m.d.sync += cycles.eq(cycles + 1)
+                m.d.comb += [sfm.i.valid.eq(eas.recip_req.valid), sfm.i.payload.op.eq(OP_RECIP),
+                             sfm.i.payload.z.eq(eas.recip_req.payload), eas.recip_req.ready.eq(sfm.i.ready),
+                             eas.recip_resp.valid.eq(sfm.o.valid), sfm.o.ready.eq(eas.recip_resp.ready),
+                             eas.recip_resp.payload.mantissa.eq(sfm.o.payload.value),
+                             eas.recip_resp.payload.exponent.eq(sfm.o.payload.exponent),
+                             eas.key_out.ready.eq(1)]
+                with m.If(eas.key_out.valid):
+                    m.d.sync += [key.eq(eas.key_out.payload), m_ref.eq(eas.key_out.payload.s_new)]
+                    with m.If(n == 0):
+                        m.next = "TERMS"
+                    with m.Else():
+                        m.next = "APPROX"
+            with m.State("APPROX"):
+                m.d.sync += cycles.eq(cycles + 1)
+                m.d.comb += [apid.scan.valid.eq(1), apid.scan.payload.length.eq(n), apid.scan.payload.classify.eq(0)]
+                with m.If(apid.scan.ready):
+                    m.next = "APPROX_WAIT"
+            with m.State("APPROX_WAIT"):
+                m.d.sync += cycles.eq(cycles + 1)
+                m.d.comb += apid.smax.ready.eq(1)
+                with m.If(apid.smax.valid):
+                    with m.If(apid.smax.payload > m_ref):
+                        m.d.sync += m_ref.eq(apid.smax.payload)
+                    m.next = "TERMS"
+            with m.State("TERMS"):
+                m.d.sync += cycles.eq(cycles + 1)
+                m.d.comb += [ac.cmd.valid.eq(1), cmd.op.eq(AC_TERMS), cmd.m.eq(m_ref)]
+                with m.If(ac.cmd.ready):
+                    m.d.sync += stats.candidates.eq(0)
+                    with m.If(n == 0):
+                        m.next = "NEW_EXP"
+                    with m.Else():
+                        m.next = "CLASSIFY"
+            with m.State("CLASSIFY"):
+                m.d.sync += cycles.eq(cycles + 1)
+                m.d.comb += [apid.scan.valid.eq(1), apid.scan.payload.length.eq(n), apid.scan.payload.m.eq(m_ref),
+                             apid.scan.payload.classify.eq(1)]
+                with m.If(apid.scan.ready):
+                    m.next = "CLASSIFY_WAIT"
+            with m.State("CLASSIFY_WAIT"):   # candidates flow APID -> MD -> AC
+                m.d.sync += cycles.eq(cycles + 1)
+                wiring.connect(m, md.corr, ac.cmd)
+                m.d.comb += apid.done.ready.eq(1)
+                with m.If(apid.done.valid):
+                    m.d.sync += stats.candidates.eq(apid.done.payload)
+                    m.next = "MD_DRAIN"
+            with m.State("MD_DRAIN"):
+                m.d.sync += cycles.eq(cycles + 1)
+                wiring.connect(m, md.corr, ac.cmd)
+                with m.If(~md.busy):
+                    m.next = "NEW_EXP"
+            with m.State("NEW_EXP"):   # the new position: (p_n, r_n) = EXP(sat(s_n - m))
+                m.d.sync += cycles.eq(cycles + 1)
+                x_new = saturate(key.s_new - m_ref, signed(xw))
+                m.d.comb += [sfm.i.valid.eq(1), sfm.i.payload.op.eq(OP_EXP), sfm.i.payload.x.eq(x_new)]
+                with m.If(sfm.i.ready):
+                    m.next = "NEW_EXP_WAIT"
+            with m.State("NEW_EXP_WAIT"):
+                m.d.sync += cycles.eq(cycles + 1)
+                m.d.comb += sfm.o.ready.eq(1)
+                with m.If(sfm.o.valid):
+                    m.d.sync += [p_new.eq(sfm.o.payload.value), r_new.eq(sfm.o.payload.interval), beat.eq(0)]
+                    m.next = "NEW_BEATS"
+            with m.State("NEW_BEATS"):
+                m.d.sync += cycles.eq(cycles + 1)
+                m.d.comb += [ac.cmd.valid.eq(1), cmd.op.eq(AC_BEATS), cmd.w.eq(p_new), cmd.accumulate.eq(1),
+                             cmd.update.eq(0), cmd.v.eq(v_buf[beat])]
+                with m.If(ac.cmd.ready):
+                    m.d.sync += beat.eq(Mux(beat == nb - 1, 0, beat + 1))
+                    with m.If(beat == nb - 1):
+                        m.next = "FINISH"
+            with m.State("FINISH"):
+                m.d.sync += cycles.eq(cycles + 1)
+                m.d.comb += [ac.cmd.valid.eq(1), cmd.op.eq(AC_FINISH)]
+                with m.If(ac.cmd.ready):
+                    m.next = "FINISH_WAIT"
+            with m.State("FINISH_WAIT"):
+                m.d.comb += [sfm.i.valid.eq(ac.recip_req.valid), sfm.i.payload.op.eq(OP_RECIP),
+                             sfm.i.payload.z.eq(ac.recip_req.payload), ac.recip_req.ready.eq(sfm.i.ready),
+                             ac.recip_resp.valid.eq(sfm.o.valid), sfm.o.ready.eq(ac.recip_resp.ready),
+                             ac.recip_resp.payload.mantissa.eq(sfm.o.payload.value),
+                             ac.recip_resp.payload.exponent.eq(sfm.o.payload.exponent)]
+                with m.If(~ac.out.valid):
+                    m.d.sync += cycles.eq(cycles + 1)
+                # o beats with the step's statistics
+                m.d.comb += [self.out.valid.eq(ac.out.valid), ac.out.ready.eq(self.out.ready),
+                             self.out.payload.eq(stats), self.out.payload.o.eq(ac.out.payload),
+                             self.out.payload.position.eq(n), self.out.payload.centers.eq(eas.centers),
+                             self.out.payload.new_center.eq(key.new_center), self.out.payload.m.eq(m_ref),
+                             self.out.payload.z.eq(ac.z), self.out.payload.kv_beats.eq(kv_beats),
+                             self.out.payload.cycles.eq(cycles),
+                             self.out.payload.candidates.eq(stats.candidates)]
+                for field, count, s in zip(("active", "false_alarms", "mode_changes"), counts, snap):
+                    m.d.comb += self.out.payload[field].eq(count - s)
+                with m.If(self.out.valid & self.out.ready):
+                    m.d.sync += beat.eq(Mux(beat == nb - 1, 0, beat + 1))
+                    with m.If(beat == nb - 1):
+                        m.next = "ABSORB"
+            with m.State("ABSORB"):   # position n joins the caches with its interval as mode
+                m.d.comb += [ac.cmd.valid.eq(1), cmd.op.eq(AC_BEATS), cmd.alpha.eq(slopes[r_new]),
+                             cmd.beta.eq(intercepts[r_new]), cmd.accumulate.eq(0), cmd.update.eq(1),
+                             cmd.k.eq(k_buf[beat]), cmd.v.eq(v_buf[beat]),
+                             apid.absorb.valid.eq(~absorb_sent), apid.absorb.payload.position.eq(n),
+                             apid.absorb.payload.center.eq(key.center), apid.absorb.payload.rho.eq(key.rho),
+                             apid.absorb.payload.mode.eq(r_new)]
+                with m.If(apid.absorb.valid & apid.absorb.ready):
+                    m.d.sync += absorb_sent.eq(1)
+                with m.If(ac.cmd.ready):
+                    m.d.sync += beat.eq(Mux(beat == nb - 1, 0, beat + 1))
+                with m.If((beat == nb - 1) & ac.cmd.ready & (absorb_sent | apid.absorb.ready)):
+                    m.d.sync += n.eq(n + 1)
+                    m.next = "LOAD"
+                with m.If((beat == nb - 1) & ac.cmd.ready & ~(absorb_sent | apid.absorb.ready)):
+                    m.d.sync += beat.eq(beat)   # hold the last beat until APID took the metadata
+                    m.next = "ABSORB_META"
+            with m.State("ABSORB_META"):
+                m.d.comb += [apid.absorb.valid.eq(~absorb_sent), apid.absorb.payload.position.eq(n),
+                             apid.absorb.payload.center.eq(key.center), apid.absorb.payload.rho.eq(key.rho),
+                             apid.absorb.payload.mode.eq(r_new)]
+                with m.If(absorb_sent | apid.absorb.ready):
+                    m.d.sync += [n.eq(n + 1), beat.eq(0)]
+                    m.next = "LOAD"
+            with m.State("OVERFLOW"):
+                m.d.comb += [self.out.valid.eq(1), self.out.payload.position.eq(n), self.out.payload.overflow.eq(1),
+                             self.out.payload.centers.eq(eas.centers)]
+                with m.If(self.out.ready):
+                    m.d.sync += beat.eq(Mux(beat == nb - 1, 0, beat + 1))
+                    with m.If(beat == nb - 1):
+                        m.next = "LOAD"
+        return m
