@@ -246,3 +246,80 @@ def test_rouge_l():
     assert rouge_l([1, 2, 3], [1, 2, 3]) == 1.0
     assert rouge_l([1, 2, 3], [4, 5]) == 0.0
     assert rouge_l([1, 2, 3, 4], [1, 3]) == pytest.approx(2 * 0.5 * 1.0 / 1.5)
+
+
+# -- `ladmac eval lad|mac` bad input: exit 2, one line, before the model is loaded -----------------
+@pytest.fixture
+def data_files(tmp_path):
+    binary = tmp_path / "binary.bin"
+    binary.write_bytes(bytes(range(256)) * 8)
+    nuls = tmp_path / "nuls.txt"
+    nuls.write_text("word " * 200 + "\x00" * 64)
+    short = tmp_path / "short.txt"
+    short.write_text("only a few words here\n")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    return {"missing": tmp_path / "missing.txt", "binary": binary, "nuls": nuls, "short": short,
+            "folder": folder}
+
+
+@pytest.mark.parametrize("method, argv, fragment", [
+    ("lad", ["--model", "gpt2"], "unknown model 'gpt2'"),
+    ("mac", ["--model", "llama"], "unknown model 'llama'"),
+    ("lad", ["--data", "{missing}"], "WikiText-2 file not found"),
+    ("mac", ["--data", "{binary}"], "is not UTF-8 text"),
+    ("lad", ["--data", "{nuls}"], "is malformed"),
+    ("lad", ["--data", "{short}"], "is malformed"),
+    ("mac", ["--data", "{folder}"], "is not a regular file"),
+    ("lad", ["--set", "bogus=1"], "unknown parameter 'bogus'"),
+    ("lad", ["--set", "center_cos"], "NAME=VALUE"),
+    ("lad", ["--set", "center_cos=2"], "center_cos must be in (0, 1]"),
+    ("lad", ["--set", "pwl_cutoff=-inf"], "must be finite"),
+    ("lad", ["--set", "pwl_cutoff=-1e-300"], "no usable PWL table"),
+    ("lad", ["--set", "head_dim=32"], "set from the model"),
+    ("mac", ["--set", "tau=abc"], "expects float"),
+    ("mac", ["--set", "window=0"], "window must be >= 1"),
+    ("lad", ["--tokens", "0"], "--tokens must be positive"),
+    ("lad", ["--threads", "-1"], "--threads must be >= 0"),
+    ("mac", ["--frobnicate"], "unrecognized arguments"),
+    ("lad", ["--out", "{folder}"], "is a directory"),
+    ("lad", ["--plot", "{binary}"], "is not a folder"),
+])
+def test_eval_bad_input_exits_2_with_one_line(method, argv, fragment, data_files, monkeypatch, capsys):
+    import golden.llm.decode_eval as de
+    from ladmac_cli import main
+
+    def no_model(*a, **k):
+        raise AssertionError("bad input must be rejected before the model is loaded")
+    monkeypatch.setattr(de, "load_model", no_model)
+    argv = [a.format(**data_files) for a in argv]
+    try:
+        code = main(["eval", method, *argv, "--no-progress"])
+    except SystemExit as stop:
+        code = stop.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert fragment in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("ladmac: error: ")
+
+
+def test_read_wikitext_accepts_text_and_names_the_file(tmp_path):
+    from golden.errors import DataError
+    from golden.llm.decode_eval import read_wikitext
+    good = tmp_path / "test.txt"
+    good.write_text(" = Title = \n" + "the quick brown fox jumps . " * 40)
+    assert read_wikitext(good).startswith(" = Title")
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("caf\xe9 ".encode("latin-1") * 200)
+    with pytest.raises(DataError, match="latin1.txt is not UTF-8"):
+        read_wikitext(bad)
+
+
+def test_eval_console_exit_code_without_traceback(tmp_path):
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-m", "ladmac_cli", "eval", "mac", "--data", str(tmp_path / "none.txt")],
+                          capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [f"ladmac: error: WikiText-2 file not found: {tmp_path / 'none.txt'}"]

@@ -146,17 +146,34 @@ def load_model(name: str = "smollm2"):
     return model, tokenizer
 
 
-def wikitext_ids(tokenizer, need: int, path: Path | None = None) -> torch.Tensor:
-    """The first ``need`` token ids of WikiText-2 test (1-D)."""
-    path = Path(path) if path is not None else DATA_ROOT / "wikitext2" / "test.txt"
-    if not path.is_file():
+def wikitext_path(path: Path | None = None) -> Path:
+    return Path(path) if path is not None else DATA_ROOT / "wikitext2" / "test.txt"
+
+
+def read_wikitext(path: Path | None = None) -> str:
+    """The text of WikiText-2 test (``path`` or the shared copy); :class:`DataError` when the file is
+    missing, unreadable, not UTF-8, binary or too short. Needs no model: the CLI checks it first."""
+    path = wikitext_path(path)
+    if not path.exists():
         raise DataError(f"WikiText-2 file not found: {path}")
+    if not path.is_file():
+        raise DataError(f"WikiText-2 file {path} is not a regular file")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
         raise DataError(f"WikiText-2 file {path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except OSError as err:
+        raise DataError(f"cannot read WikiText-2 file {path}: {err.strerror or err}") from None
     if "\x00" in text[:100000] or len(text.split()) < 100:
-        raise DataError(f"WikiText-2 file {path} is malformed (empty or binary)")
+        raise DataError(f"WikiText-2 file {path} is malformed (empty, binary or under 100 words)")
+    return text
+
+
+def wikitext_ids(tokenizer, need: int, path: Path | None = None, text: str | None = None) -> torch.Tensor:
+    """The first ``need`` token ids of WikiText-2 test (1-D); ``text`` skips re-reading the file."""
+    path = wikitext_path(path)
+    if text is None:
+        text = read_wikitext(path)
     chars = max(20000, need * 8)
     ids = tokenizer(text[:chars], return_tensors="pt").input_ids[0]
     if ids.numel() < need:
@@ -326,8 +343,56 @@ def _parser(method: str) -> argparse.ArgumentParser:
     return p
 
 
-class _ArgError(Exception):
-    pass
+MODEL_FIELDS = ("head_dim", "scale")  # LadConfig fields the model fixes (set per layer from the model)
+
+
+def check_config(method: str, overrides: dict[str, str]):
+    """``LadConfig`` / ``MacConfig`` from ``--set`` strings, rejecting what would only fail (or be
+    silently ignored) once the model runs: non-finite numbers, model-fixed fields, a PWL table
+    that cannot be built."""
+    cfg_cls = LadConfig if method == "lad" else MacConfig
+    cfg = cfg_cls.from_overrides(overrides)
+    for name in overrides:
+        value = getattr(cfg, name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{cfg_cls.__name__}: {name} must be finite, got {value}")
+        if method == "lad" and name in MODEL_FIELDS:
+            raise ConfigError(f"LadConfig: {name} is set from the model (head_dim 64, scale 1/8); "
+                              f"it cannot be overridden here")
+    if method == "lad":
+        try:
+            pwl = cfg.pwl
+            ok = all(math.isfinite(x) for x in (*pwl.slopes, *pwl.intercepts, pwl.max_relative_error))
+            why = "non-finite coefficients"
+        except (ArithmeticError, ValueError) as err:
+            ok, why = False, str(err)
+        if not ok:
+            raise ConfigError(f"LadConfig: no usable PWL table for pwl_intervals={cfg.pwl_intervals}, "
+                              f"pwl_cutoff={cfg.pwl_cutoff} ({why})")
+    return cfg
+
+
+def _check_output(out: Path | None, plot_dir: Path | None) -> None:
+    """Fail before the run, not after it, when the JSON or the plots cannot be written."""
+    if out is not None:
+        if out.is_dir():
+            raise ConfigError(f"--out {out} is a directory (give a file name)")
+        parent = out.parent if str(out.parent) else Path(".")
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ConfigError(f"--out {out}: cannot create {parent} ({err.strerror or err})") from None
+        if not os.access(parent, os.W_OK):
+            raise ConfigError(f"--out {out}: folder {parent} is not writable")
+    if plot_dir is not None:
+        if plot_dir.exists() and not plot_dir.is_dir():
+            raise ConfigError(f"--plot {plot_dir} is not a folder")
+        try:
+            plot_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ConfigError(f"--plot {plot_dir}: cannot create it ({err.strerror or err})") from None
+        if not os.access(plot_dir, os.W_OK):
+            raise ConfigError(f"--plot {plot_dir} is not writable")
 
 
 def main(method: str, argv: list[str]) -> int:
@@ -346,16 +411,20 @@ def main(method: str, argv: list[str]) -> int:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if args.context < 0:
         raise ConfigError(f"--context must be >= 0, got {args.context}")
+    if args.threads < 0:
+        raise ConfigError(f"--threads must be >= 0 (0 = torch default), got {args.threads}")
     overrides = {}
     for pair in args.set:
         if "=" not in pair:
             raise ConfigError(f"--set expects NAME=VALUE, got '{pair}'")
         k, v = pair.split("=", 1)
         overrides[k.strip()] = v.strip()
-    cfg_cls = LadConfig if method == "lad" else MacConfig
-    cfg = cfg_cls.from_overrides(overrides)
+    cfg = check_config(method, overrides)
     if args.model not in MODELS:
         raise ConfigError(f"unknown model '{args.model}' (known: {', '.join(MODELS)})")
+    # everything that needs no model is checked before the (slow) model load
+    text = read_wikitext(args.data)
+    _check_output(args.out, args.plot)
     progress = not args.no_progress
     t_start = time.time()
     model, tokenizer = load_model(args.model)
@@ -363,7 +432,7 @@ def main(method: str, argv: list[str]) -> int:
     need = max(args.context + args.tokens + 1, (args.prompts - 1) * stride + args.prompt_len)
     if args.threads:
         torch.set_num_threads(args.threads)
-    ids = wikitext_ids(tokenizer, need, args.data)
+    ids = wikitext_ids(tokenizer, need, args.data, text=text)
 
     variants = {method: cfg}
     if args.ablate:
@@ -485,7 +554,9 @@ def plot(method: str, r: dict, folder: Path) -> list[Path]:
 if __name__ == "__main__":  # python -m golden.llm.decode_eval lad|mac ...
     from ..errors import LadmacError
     try:
+        if len(sys.argv) < 2:
+            raise ConfigError("usage: python -m golden.llm.decode_eval lad|mac [options]")
         sys.exit(main(sys.argv[1], sys.argv[2:]))
-    except LadmacError as err:
+    except (LadmacError, OSError) as err:
         print(f"ladmac: error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -60,24 +60,25 @@ class Ac(wiring.Component):
             m.submodules[f"a_bank{p}"] = banks[p]
         ports = [bank.read_port(0) for bank in banks]
 
-        def regs(name, width, count=d):
-            return Array(Signal(signed(width), name=f"{name}{i}") for i in range(count))
-
-        N, B, C, D = regs("n", aw), regs("b", aw), regs("c", aw), regs("d", aw)
-        g = regs("g", 24)
+        # N, B, C, D, g: flat registers addressed one beat (lanes elements) at a time
+        N, B, C, D = (Signal(d * aw, name=name) for name in ("n", "b", "c", "d"))
+        qa = Signal(d * aw)                 # q.A_r rows, shifted in P at a time
+        g, g_work = Signal(d * 24), Signal(d * 24)
         k_buf = Array(Signal(L * kw, name=f"k_beat{b}") for b in range(nb))
         E, F = Signal(signed(40)), Signal(signed(40))
         Z = Signal(signed(zw))
         m.d.comb += self.z.eq(Z)
         m_ref = Signal(signed(cfg.sfm.x_width))
         in_b = Signal(range(nb))            # beat index of the next BEATS command
-        upd = Signal()
         issue, resp_cnt, out_cnt = Signal(range(words + 1)), Signal(range(words + 1)), Signal(range(words + 1))
         rm, re = Signal(mf + 1), Signal(cfg.sfm.exponent_width)
-        out_b = Signal(range(nb))
+        out_b = Signal(range(nb + 1))
         sa, sb, sc = cfg.n_cache_shifts
         za, zb, zc = cfg.z_cache_shifts
         S = cfg.scale_raw
+
+        def lane(flat, beat, i, width=aw):
+            return flat.word_select(beat, L * width)[i * width:(i + 1) * width].as_signed()
 
         def addr_row(cnt):                 # word address -> (local row, beat)
             return cnt // nb if nb & (nb - 1) else cnt >> (nb.bit_length() - 1), cnt % nb
@@ -92,17 +93,22 @@ class Ac(wiring.Component):
                             m.d.sync += [m_ref.eq(c.m), issue.eq(0), resp_cnt.eq(0), out_cnt.eq(0)]
                             m.next = "TERMS"
                         with m.Case(AC_BEATS):
+                            n_new, b_new, c_new, d_new, g_new = [], [], [], [], []
                             for i in range(L):
-                                l = in_b * L + i
                                 av = Signal(signed(COEF_FRAC + 2 + kw), name=f"alpha_v{i}")
                                 m.d.comb += av.eq(c.alpha * c.v[i])
-                                with m.If(c.accumulate):
-                                    m.d.sync += N[l].eq(saturate(N[l] + c.w * c.v[i], signed(aw)))
-                                with m.If(c.update):
-                                    m.d.sync += [B[l].eq(saturate(B[l] + av, signed(aw))),
-                                                 C[l].eq(saturate(C[l] + c.beta * c.v[i], signed(aw))),
-                                                 D[l].eq(saturate(D[l] + c.alpha * c.k[i], signed(aw))),
-                                                 g[l].eq(round_shift(av, G_SHIFT))]
+                                n_new.append(saturate(lane(N, in_b, i) + c.w * c.v[i], signed(aw)))
+                                b_new.append(saturate(lane(B, in_b, i) + av, signed(aw)))
+                                c_new.append(saturate(lane(C, in_b, i) + c.beta * c.v[i], signed(aw)))
+                                d_new.append(saturate(lane(D, in_b, i) + c.alpha * c.k[i], signed(aw)))
+                                g_new.append(round_shift(av, G_SHIFT)[:24])
+                            with m.If(c.accumulate):
+                                m.d.sync += N.word_select(in_b, L * aw).eq(Cat(*n_new))
+                            with m.If(c.update):
+                                m.d.sync += [B.word_select(in_b, L * aw).eq(Cat(*b_new)),
+                                             C.word_select(in_b, L * aw).eq(Cat(*c_new)),
+                                             D.word_select(in_b, L * aw).eq(Cat(*d_new)),
+                                             g.word_select(in_b, L * 24).eq(Cat(*g_new))]
                             with m.If(c.update):
                                 m.d.sync += k_buf[in_b].eq(c.k)
                             with m.If(in_b == 0):
@@ -113,47 +119,50 @@ class Ac(wiring.Component):
                                                  F.eq(saturate(F + c.beta, signed(40)))]
                             m.d.sync += in_b.eq(Mux(in_b == nb - 1, 0, in_b + 1))
                             with m.If((in_b == nb - 1) & c.update):
-                                m.d.sync += [issue.eq(0), resp_cnt.eq(0), out_cnt.eq(0)]
+                                m.d.sync += [issue.eq(0), resp_cnt.eq(0), out_cnt.eq(0),
+                                             g_work.eq(Cat(g[:(d - L) * 24], Cat(*g_new)) if nb > 1 else Cat(*g_new))]
                                 m.next = "UPDATE"
                         with m.Case(AC_FINISH):
                             m.next = "RECIP"
 
-            with m.State("TERMS"):   # N_l from q.A_r[l]: P rows at a time, one beat per cycle
+            with m.State("TERMS"):   # q.A_r[l]: P rows at a time, one beat per cycle, shifted into qa
                 m.d.comb += self.busy.eq(1)
                 row, beat = addr_row(resp_cnt)
                 for p in range(P):
                     req, resp = ports[p]
                     m.d.comb += [req.valid.eq(issue < words), req.payload.addr.eq(issue), resp.ready.eq(1)]
-                    lanes = [saturate(round_shift(resp.payload[i * aw:(i + 1) * aw].as_signed(), cfg.cache_dot_shift),
-                                      signed(ow)) for i in range(L)]
                     vi = vpus[p].i
                     m.d.comb += [vi.valid.eq(resp.valid), vi.payload.op.eq(OP_DOT), vi.payload.last.eq(beat == nb - 1),
                                  vpus[p].o.ready.eq(1)]
                     for i in range(L):
-                        m.d.comb += [vi.payload.a[i].eq(lanes[i]), vi.payload.b[i].eq(self.q[beat * L + i])]
-                    out_row = out_cnt * P + p
-                    with m.If(vpus[p].o.valid):
-                        qa = vpus[p].o.payload.dot
-                        m.d.sync += N[out_row].eq(saturate(
-                            round_shift(qa * S, sa) - round_shift(m_ref * B[out_row], sb) + round_shift(C[out_row], sc),
-                            signed(aw)))
+                        a_lane = resp.payload[i * aw:(i + 1) * aw].as_signed()
+                        m.d.comb += [vi.payload.a[i].eq(saturate(round_shift(a_lane, cfg.cache_dot_shift), signed(ow))),
+                                     vi.payload.b[i].eq(self.q.as_value().word_select(beat * L + i, kw).as_signed())]
                 with m.If(ports[0][0].valid & ports[0][0].ready):
                     m.d.sync += issue.eq(issue + 1)
                 with m.If(ports[0][1].valid):
                     m.d.sync += resp_cnt.eq(resp_cnt + 1)
                 with m.If(vpus[0].o.valid):
-                    m.d.sync += out_cnt.eq(out_cnt + 1)
+                    m.d.sync += [out_cnt.eq(out_cnt + 1),
+                                 qa.eq(Cat(qa[P * aw:], *[vpus[p].o.payload.dot for p in range(P)]))]
                     with m.If(out_cnt == rows - 1):
-                        m.d.sync += issue.eq(0)
-                        m.next = "TERMS_Z"
+                        m.d.sync += [issue.eq(0), out_b.eq(0)]
+                        m.next = "COMBINE"
+            with m.State("COMBINE"):   # N = round(S q.A_r) - round(m B) + round(C), a beat per cycle
+                m.d.comb += self.busy.eq(1)
+                terms = [saturate(round_shift(lane(qa, out_b, i) * S, sa) - round_shift(m_ref * lane(B, out_b, i), sb)
+                                  + round_shift(lane(C, out_b, i), sc), signed(aw)) for i in range(L)]
+                m.d.sync += [N.word_select(out_b, L * aw).eq(Cat(*terms)), out_b.eq(out_b + 1)]
+                with m.If(out_b == nb - 1):
+                    m.next = "TERMS_Z"
             with m.State("TERMS_Z"):   # Z from q.D_r on VPU 0
                 m.d.comb += self.busy.eq(1)
                 vi = vpus[0].i
                 m.d.comb += [vi.valid.eq(issue < nb), vi.payload.op.eq(OP_DOT), vi.payload.last.eq(issue == nb - 1),
                              vpus[0].o.ready.eq(1)]
                 for i in range(L):
-                    m.d.comb += [vi.payload.a[i].eq(saturate(round_shift(D[issue * L + i], cfg.cache_dot_shift), signed(ow))),
-                                 vi.payload.b[i].eq(self.q[issue * L + i])]
+                    m.d.comb += [vi.payload.a[i].eq(saturate(round_shift(lane(D, issue, i), cfg.cache_dot_shift), signed(ow))),
+                                 vi.payload.b[i].eq(self.q.as_value().word_select(issue * L + i, kw).as_signed())]
                 with m.If(vi.valid & vi.ready):
                     m.d.sync += issue.eq(issue + 1)
                 with m.If(vpus[0].o.valid):
@@ -172,7 +181,7 @@ class Ac(wiring.Component):
                     m.d.comb += [req.valid.eq(issue < words), req.payload.addr.eq(issue), resp.ready.eq(1)]
                     vi = vpus[p].i
                     m.d.comb += [vi.valid.eq(resp.valid), vi.payload.op.eq(OP_AXPY), vi.payload.last.eq(1),
-                                 vi.payload.scalar.eq(g[row * P + p]), vpus[p].o.ready.eq(1)]
+                                 vi.payload.scalar.eq(g_work[p * 24:(p + 1) * 24].as_signed()), vpus[p].o.ready.eq(1)]
                     for i in range(L):
                         m.d.comb += [vi.payload.a[i].eq(k_sel[i * kw:(i + 1) * kw].as_signed()),
                                      vi.payload.acc[i].eq(resp.payload[i * aw:(i + 1) * aw].as_signed())]
@@ -183,6 +192,8 @@ class Ac(wiring.Component):
                     m.d.sync += issue.eq(issue + 1)
                 with m.If(ports[0][1].valid):
                     m.d.sync += resp_cnt.eq(resp_cnt + 1)
+                    with m.If(beat == nb - 1):   # next row: the next P scalars
+                        m.d.sync += g_work.eq(g_work >> (P * 24))
                 with m.If(vpus[0].o.valid):
                     m.d.sync += out_cnt.eq(out_cnt + 1)
                     with m.If(out_cnt == words - 1):
@@ -204,11 +215,9 @@ class Ac(wiring.Component):
             with m.State("OUT"):
                 m.d.comb += [self.busy.eq(1), self.out.valid.eq(1)]
                 for i in range(L):
-                    m.d.comb += self.out.payload[i].eq(
-                        saturate(round_shift(N[out_b * L + i] * rm, mf + re), signed(kw)))
+                    m.d.comb += self.out.payload[i].eq(saturate(round_shift(lane(N, out_b, i) * rm, mf + re), signed(kw)))
                 with m.If(self.out.ready):
                     m.d.sync += out_b.eq(out_b + 1)
                     with m.If(out_b == nb - 1):
-                        m.d.sync += [Z.eq(0)] + [N[l].eq(0) for l in range(d)]
                         m.next = "IDLE"
         return m
