@@ -1,0 +1,109 @@
+"""LAD tile under Verilator vs the bit-accurate model golden.lad_tile (every output beat and
+every step's statistics), on random sequences with corner cases and on real SmolLM2 heads;
+and the bit-accurate model vs its float twin golden.lad_ref (docs/lad-tile.md, "Numerics")."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from golden.errors import ConfigError
+from golden.lad_ref import LadHead
+from golden.lad_tile import PRESETS, LadTileConfig, LadTileModel
+from testbenches.runner import simulate
+
+SEED = 2025
+TRACE = Path(__file__).parent / "data" / "smollm2_lad_trace.pt"
+SMALL = PRESETS["small"]   # d = 32, 4 beats, 2 AC VPUs, 64 positions, 8 centers
+
+
+def test_lad_tile_rtl_equals_golden_drift_overflow_full_centers():
+    """Keys along a few directions, drifting queries: approximations, candidates, false alarms,
+    mode changes and counter halving; 70 steps pass max_positions = 64 (overflow) and fill the
+    8-entry center table (later keys join their best center)."""
+    r = simulate("lad-tile", SMALL, "testbenches.tb.tb_lad_tile", seed=SEED, name="drift",
+                 params={"steps": 70, "kind": "drift"})
+    assert r["mismatches"] == 0 and r["steps"] == 70
+    assert r["positions"][0] == 0 and r["overflow"] == 70 - SMALL.max_positions
+    assert r["centers"] == SMALL.max_centers
+    assert r["candidates"] > r["active"] > 0 and r["mode_changes"] > 0 and r["false_alarms"] > 0
+    assert r["nonzero_outputs"] > r["beats"] // 2
+    assert r["kv_requests"] == sum(r["kv_beats"])          # the tile reads only what it reports
+
+
+@pytest.mark.parametrize("kind, steps", [("all_active", 30), ("zero_interval", 24)])
+def test_lad_tile_rtl_equals_golden_corner_sequences(kind, steps):
+    r = simulate("lad-tile", SMALL, "testbenches.tb.tb_lad_tile", seed=SEED + 1, name=kind,
+                 params={"steps": steps, "kind": kind, "latency": [1, 10], "gap": 0.5, "stall": 0.5})
+    assert r["mismatches"] == 0 and r["steps"] == steps
+    assert r["nonzero_outputs"] > 0
+    if kind == "all_active":   # unrelated queries: most absorbed positions change interval every step
+        assert r["active"] > 0.5 * sum(r["positions"])
+    else:                      # one dominant key: everything else sits in the zero interval, quiet
+        assert r["active"] < 0.1 * sum(r["positions"])
+
+
+def test_lad_tile_rtl_equals_golden_on_real_smollm2_head():
+    """A real decode sequence (SmolLM2 layer 12, head 4; benchmarks/record_lad_trace.py) at the
+    default config, shortened to keep the suite fast (the benchmark runs it longer)."""
+    cfg = PRESETS["default"]
+    r = simulate("lad-tile", cfg, "testbenches.tb.tb_lad_tile", seed=SEED, name="trace",
+                 params={"trace": str(TRACE), "head": 1, "steps": 64, "latency": [1, 4]})
+    assert r["mismatches"] == 0 and r["steps"] == 64
+    assert r["active"] > 0 and r["candidates"] > 0 and r["centers"] > 8
+    assert r["nonzero_outputs"] == r["beats"]
+
+
+def test_bit_accurate_within_bound_of_float_on_real_heads():
+    """Stated bound (docs/lad-tile.md): |o_bits - o_float| <= 0.05 max|v| per step; decisions
+    (candidates) may differ only where a score sits within rounding of a boundary."""
+    cfg = PRESETS["default"]
+    t = torch.load(TRACE)
+    f = cfg.kv_format
+    worst, decisions, total = 0.0, 0, 0
+    for h in range(t["q"].shape[0]):
+        q, k, v = (f.quantize(t[name][h, :256].float()) for name in ("q", "k", "v"))
+        bits, ref = LadTileModel(cfg), LadHead(cfg.reference())
+        vmax = float(f.to_float(v).abs().max())
+        for i in range(q.shape[0]):
+            o, st = bits.step(q[i], k[i], v[i])
+            of, sf = ref.step(f.to_float(q[i]), f.to_float(k[i]), f.to_float(v[i]))
+            worst = max(worst, float((f.to_float(o) - of).abs().max()) / vmax)
+            decisions += abs(st["candidates"] - sf["candidates"])
+            total += st["position"]
+            assert st["centers"] == sf["centers"] or i > 0
+    assert worst <= 0.05, worst
+    assert worst > 1e-4                     # the bound is not vacuous: the models differ
+    assert decisions < 0.01 * total
+
+
+def test_golden_cache_invariant():
+    """Caches B..F equal the sums over absorbed positions of their mode coefficients (§1.2);
+    A within the rounding of g = alpha v (half an LSB times |k| per update)."""
+    cfg = SMALL
+    g = torch.Generator().manual_seed(SEED)
+    f = cfg.kv_format
+    model = LadTileModel(cfg)
+    changes = 0
+    for _ in range(40):
+        q, k, v = (f.quantize(torch.randn(cfg.head_dim, generator=g) * 2) for _ in range(3))
+        changes += model.step(q, k, v)[1]["mode_changes"]
+    n = model.n
+    a, b = model.slopes[model.mode[:n]], model.intercepts[model.mode[:n]]
+    K, V = model.K[:n], model.V[:n]
+    assert torch.equal(model.B, (a[:, None] * V).sum(0)) and torch.equal(model.D, (a[:, None] * K).sum(0))
+    assert torch.equal(model.C, (b[:, None] * V).sum(0)) and model.E == int(a.sum()) and model.F == int(b.sum())
+    g_rows = (a[:, None] * V + 128) >> 8
+    err = (model.A - (g_rows[:, :, None] * K[:, None, :]).sum(0)).abs().max()
+    assert changes > 0 and err <= changes * K.abs().max()
+    assert int(model.counters[:n].max()) <= cfg.counter_max and int(model.counters[:n].sum()) > n
+
+
+def test_lad_tile_config_rejects_bad_values():
+    with pytest.raises(ConfigError, match="vpus"):
+        LadTileConfig(vpus=3)
+    with pytest.raises(ConfigError, match="multiple of the AC VPUs"):
+        LadTileConfig(vpus=6)
+    with pytest.raises(ConfigError, match="max_centers"):
+        LadTileConfig(max_centers=0)
+    with pytest.raises(ConfigError, match="kv_frac"):
+        LadTileConfig(kv_frac=10)
