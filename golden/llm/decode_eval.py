@@ -535,14 +535,25 @@ def plot(method: str, r: dict, folder: Path) -> list[Path]:
         ctx = [s["context"] for s in st]
         hit = [s.get("hits", 0) / s["heads"] if s.get("hits", 0) + s.get("misses", 0) else 0 for s in st]
         skip = [1 - s["kv_read"] / s["kv_total"] for s in st]
-        fig, ax = plt.subplots(figsize=(6, 3.2))
-        ax.plot(ctx, hit, label="hit rate (query heads x layers)")
-        ax.plot(ctx, skip, label="skip ratio (KV positions not read)")
+        def smooth(y, w=32):  # trailing moving average over w steps
+            out, acc = [], 0.0
+            for i, x in enumerate(y):
+                acc += x - (y[i - w] if i >= w else 0.0)
+                out.append(acc / min(i + 1, w))
+            return out
+        fig, ax = plt.subplots(figsize=(6, 3.4))
+        for y, color, label in ((hit, "C0", "hit rate (query heads x layers)"),
+                                (skip, "C1", "skip ratio (KV positions not read)")):
+            ax.plot(ctx, y, color=color, lw=0.6, alpha=0.35)
+            ax.plot(ctx, smooth(y), color=color, lw=1.6, label=f"{label}, 32-step mean")
+        band = r["config"]["band"]
+        ax.plot(ctx, [max(0.0, 1 - band / c) for c in ctx], color="C1", ls=":", lw=1,
+                label=f"skip ceiling 1 - S/context (S = {band})")
         ax.axvline(r["config"]["min_context"], color="#999", ls="--", lw=0.8, label="min_context")
         ax.set_xlabel("context (keys seen by the step)")
         ax.set_ylim(0, 1.02)
-        ax.legend(fontsize=8)
-        ax.set_title("MAC on SmolLM2-135M, teacher-forced WikiText-2", fontsize=9)
+        ax.legend(fontsize=7, loc="lower right")
+        ax.set_title("MAC on SmolLM2-135M, teacher-forced WikiText-2 (thin: per step)", fontsize=9)
         fig.tight_layout()
         p = folder / "decode_mac_hit_skip.png"
         fig.savefig(p, dpi=120)
