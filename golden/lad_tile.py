@@ -52,6 +52,7 @@ from functools import cached_property
 import torch
 
 from .config import BlockConfig, param
+from .dense import score_raw
 from .fixedpoint import FixedFormat, round_shift, saturate
 from .lad_ref import LadConfig
 from .sfm import SfmConfig, exp_pwl, recip
@@ -284,9 +285,7 @@ class LadTileModel:
     # -- pieces shared with the testbench ------------------------------------------------------
     def score(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """Exact scaled score(s) of raw q against raw key(s), in the SFM's x format."""
-        cfg = self.cfg
-        dots = (k * q).sum(-1)
-        return saturate(round_shift(dots * cfg.scale_raw, cfg.score_shift), cfg.sfm.x_format)
+        return score_raw(q, k, self.cfg)   # the dense baseline's score: same scale and rounding
 
     def _center_update(self, k: torch.Tensor) -> tuple[int, int, bool]:
         """EAS for the new key: (center index, raw rho, became a new center)."""

@@ -99,6 +99,9 @@ class LadTile(wiring.Component):
             m.d.sync += kv_beats.eq(kv_beats + 1)
         cmd = ac.cmd.payload
 
+        absorb_payload = [apid.absorb.payload.position.eq(n), apid.absorb.payload.center.eq(key.center),
+                          apid.absorb.payload.rho.eq(key.rho), apid.absorb.payload.mode.eq(r_new)]
+
         with m.FSM():
             with m.State("LOAD"):
                 m.d.comb += self.step_in.ready.eq(1)
@@ -222,9 +225,7 @@ class LadTile(wiring.Component):
                 m.d.comb += [ac.cmd.valid.eq(1), cmd.op.eq(AC_BEATS), cmd.alpha.eq(slopes[r_new]),
                              cmd.beta.eq(intercepts[r_new]), cmd.accumulate.eq(0), cmd.update.eq(1),
                              cmd.k.eq(k_buf[beat]), cmd.v.eq(v_buf[beat]),
-                             apid.absorb.valid.eq(~absorb_sent), apid.absorb.payload.position.eq(n),
-                             apid.absorb.payload.center.eq(key.center), apid.absorb.payload.rho.eq(key.rho),
-                             apid.absorb.payload.mode.eq(r_new)]
+                             apid.absorb.valid.eq(~absorb_sent), *absorb_payload]
                 with m.If(apid.absorb.valid & apid.absorb.ready):
                     m.d.sync += absorb_sent.eq(1)
                 with m.If(ac.cmd.ready):
@@ -236,9 +237,7 @@ class LadTile(wiring.Component):
                     m.d.sync += beat.eq(beat)   # hold the last beat until APID took the metadata
                     m.next = "ABSORB_META"
             with m.State("ABSORB_META"):
-                m.d.comb += [apid.absorb.valid.eq(~absorb_sent), apid.absorb.payload.position.eq(n),
-                             apid.absorb.payload.center.eq(key.center), apid.absorb.payload.rho.eq(key.rho),
-                             apid.absorb.payload.mode.eq(r_new)]
+                m.d.comb += [apid.absorb.valid.eq(~absorb_sent), *absorb_payload]
                 with m.If(absorb_sent | apid.absorb.ready):
                     m.d.sync += [n.eq(n + 1), beat.eq(0)]
                     m.next = "LOAD"
