@@ -250,10 +250,17 @@ def _sat_add_sequence(start, terms, fmt: FixedFormat):
 
 class LadTileModel:
     """Bit-accurate LAD tile state and step. ``step(q, k, v)`` takes raw kv-format d-vectors and
-    returns raw ``o`` and the step's statistics (what the RTL reports)."""
+    returns raw ``o`` and the step's statistics (what the RTL reports).
 
-    def __init__(self, cfg: LadTileConfig):
+    ``trace``: None, or a list to which every step appends one record of the transactions
+    each module (EAS, APID, MD, AC) sees and produces (``_trace_record``); the per-module
+    cocotb benches (testbenches/tb/tb_lad_*.py) replay them. ``approx_scores``,
+    ``md_decide`` and ``finish`` are the step's module-level pieces, pure functions of their
+    arguments (the benches also call them on stimuli outside the trace)."""
+
+    def __init__(self, cfg: LadTileConfig, trace: list | None = None):
         self.cfg = cfg
+        self.trace = trace
         d, P = cfg.head_dim, cfg.max_positions
         sfm = cfg.sfm
         self.slopes = torch.tensor(sfm.exp_slopes_raw, dtype=torch.int64)
@@ -325,6 +332,40 @@ class LadTileModel:
         self.E = int(_sat_add_sequence(torch.tensor(self.E), alpha, ef))
         self.F = int(_sat_add_sequence(torch.tensor(self.F), beta, ef))
 
+    def approx_scores(self, qcs: torch.Tensor, center: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
+        """EAS lookups (step 2): ``s^ = sat(round_shift(qcs[center] * rho, rho_frac))`` per (center, rho)."""
+        return saturate(round_shift(qcs[center] * rho, self.cfg.rho_frac), self.cfg.sfm.x_format)
+
+    def md_decide(self, q: torch.Tensor, m: int, k: torch.Tensor, mode: torch.Tensor,
+                  counters: torch.Tensor) -> dict:
+        """MD (step 5) for candidates with keys ``k`` (rows), modes and counters: exact ``x``,
+        interval ``r``, ``active`` (r != mode), bumped ``counters``, mode ``change`` (active and
+        counter of r above the mode's), new ``mode``, ``alpha, beta`` and weight ``w`` (zero
+        for false alarms). Tensors, one entry (row) per candidate."""
+        cfg, sfm = self.cfg, self.cfg.sfm
+        x = saturate(self.score(q, k) - m, sfm.x_format)
+        _, r = exp_pwl(x, sfm)
+        act = r != mode
+        c = bump_counters(counters, r, cfg.counter_max)
+        rows = torch.arange(r.numel())
+        change = act & (c[rows, r] > c[rows, mode])
+        alpha = self.slopes[r] - self.slopes[mode]
+        beta = self.intercepts[r] - self.intercepts[mode]
+        w = round_shift(alpha * x + (beta << sfm.x_frac), sfm.exp_shift)
+        return {"x": x, "r": r, "active": act, "counters": c, "change": change,
+                "mode": torch.where(change, r, mode), "alpha": alpha, "beta": beta, "w": w}
+
+    def finish(self, N: list[int], Z: int) -> tuple[torch.Tensor, int]:
+        """AC FINISH (step 6): ``o = sat(round_shift(N rm, mf + e))`` with ``(rm, e) = RECIP(clamp(Z))``;
+        returns ``o`` and the clamped ``Z`` sent to RECIP."""
+        cfg, sfm = self.cfg, self.cfg.sfm
+        zmax = (1 << sfm.recip_in_width) - 1
+        z_in = min(max(Z, 0), zmax)
+        rm, e = (int(t) for t in recip(torch.tensor([z_in]), sfm))
+        o = torch.tensor([saturate(round_shift(int(nl) * rm, sfm.mantissa_frac + e), cfg.kv_format)
+                          for nl in N], dtype=torch.int64)
+        return o, z_in
+
     def cache_terms(self, q: torch.Tensor, m: int) -> tuple[list[int], int]:
         """N and Z from the caches (step 3), as Python ints (products exceed 64 bits)."""
         cfg = self.cfg
@@ -352,39 +393,43 @@ class LadTileModel:
                  "overflow": 0, "m": 0, "z": 0}
         if n >= cfg.max_positions:
             stats.update(overflow=1, centers=self.n_centers, kv_beats=0, new_center=0)
+            if self.trace is not None:
+                self.trace.append({"n": n, "overflow": 1})
             return torch.zeros(cfg.head_dim, dtype=torch.int64), stats
+        rec = {"n": n, "overflow": 0} if self.trace is not None else None
         xf = sfm.x_format
         # 1-2. EAS: center scores, the new key's center, approximate scores, m
         C = self.n_centers
         qcs = self.score(q, self.centers[:C]) if C else torch.zeros(0, dtype=torch.int64)
         center, rho, new_center = self._center_update(k)
         s_new = int(self.score(q, k))
-        s_hat = saturate(round_shift(qcs[self.center_of[:n]] * self.rho[:n], cfg.rho_frac), xf) if n else \
+        s_hat = self.approx_scores(qcs, self.center_of[:n], self.rho[:n]) if n else \
             torch.zeros(0, dtype=torch.int64)
         m = max(int(s_hat.max()), s_new) if n else s_new
         # 3. AC: cache terms with the caches as they stand
         N, Z = self.cache_terms(q, m)
+        if rec is not None:
+            rec.update(terms_n=N, terms_z=Z)
         # 4. APID
         mode = self.mode[:n]
         x_hat = saturate(s_hat - m, xf)
         cand = (x_hat < self.lo[mode]) | (x_hat >= self.hi[mode])
         quiet = (~cand).nonzero().flatten()
+        if rec is not None:
+            rec.update(quiet=quiet.tolist(), quiet_counters=self.counters[quiet].tolist())
         self.counters[quiet] = bump_counters(self.counters[quiet], self.mode[quiet], cfg.counter_max)
         # 5. MD
         ci = cand.nonzero().flatten()
-        x = saturate(self.score(q, self.K[ci]) - m, xf)
-        _, r = exp_pwl(x, sfm)
-        old = self.mode[ci]
-        act = r != old
-        c = bump_counters(self.counters[ci], r, cfg.counter_max)
-        self.counters[ci] = c
-        rows = torch.arange(ci.numel())
-        changes = ci[act & (c[rows, r] > c[rows, old])].tolist()
+        md = self.md_decide(q, m, self.K[ci], self.mode[ci], self.counters[ci])
+        if rec is not None:
+            rec.update(cand=ci.tolist(), cand_mode=self.mode[ci].tolist(), cand_counters=self.counters[ci].tolist(),
+                       md={key: t.tolist() for key, t in md.items()})
+        act = md["active"]
+        self.counters[ci] = md["counters"]
+        changes = ci[md["change"]].tolist()
         ai = ci[act]
-        ra, rm_ = r[act], self.mode[ai]
-        alpha = self.slopes[ra] - self.slopes[rm_]
-        beta = self.intercepts[ra] - self.intercepts[rm_]
-        w = round_shift(alpha * x[act] + (beta << sfm.x_frac), sfm.exp_shift)
+        ra = md["r"][act]
+        alpha, beta, w = md["alpha"][act], md["beta"][act], md["w"][act]
         n_fmt = cfg.ac_vpu.acc_format
         Nt = torch.tensor(N, dtype=torch.int64)
         Nt = _sat_add_sequence(Nt, w[:, None] * self.V[ai], n_fmt)
@@ -400,10 +445,16 @@ class LadTileModel:
         p_new, r_new = (int(t) for t in exp_pwl(x_new, sfm))
         Nt = _sat_add_sequence(Nt, (p_new * v)[None, :], n_fmt)
         Z = int(saturate(Z + p_new, zf))
-        zmax = (1 << sfm.recip_in_width) - 1
-        rm, e = (int(t) for t in recip(torch.tensor([min(max(Z, 0), zmax)]), sfm))
-        o = torch.tensor([saturate(round_shift(int(nl) * rm, sfm.mantissa_frac + e), cfg.kv_format)
-                          for nl in Nt.tolist()], dtype=torch.int64)
+        o, z_in = self.finish(Nt.tolist(), Z)
+        if rec is not None:
+            rec.update(q=q.tolist(), k=k.tolist(), v=v.tolist(), centers_before=C, qcs=qcs.tolist(),
+                       kk=int((k * k).sum()), center=center, rho=rho, new_center=int(new_center), s_new=s_new,
+                       centers_after=self.n_centers, center_recip=self.center_recip[-1] if new_center else None,
+                       lookups=list(zip(self.center_of[:n].tolist(), self.rho[:n].tolist())), s_hat=s_hat.tolist(),
+                       m=m, p_new=p_new, r_new=r_new, z=Z,
+                       z_in=z_in, o=o.tolist(), absorb_alpha=int(self.slopes[r_new]),
+                       absorb_beta=int(self.intercepts[r_new]))
+            self.trace.append(rec)
         self.K[n], self.V[n] = k, v
         self._cache_add(self.slopes[r_new].reshape(1), self.intercepts[r_new].reshape(1), k[None], v[None])
         self.center_of[n], self.rho[n], self.mode[n] = center, rho, r_new

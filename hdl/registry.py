@@ -67,6 +67,26 @@ def _lad_tile(cfg):
     return LadTile(cfg)
 
 
+def _lad_eas(cfg):
+    from .lad.eas import Eas
+    return Eas(cfg)
+
+
+def _lad_apid(cfg):
+    from .lad.apid import Apid
+    return Apid(cfg)
+
+
+def _lad_md(cfg):
+    from .lad.md import Md
+    return Md(cfg)
+
+
+def _lad_ac(cfg):
+    from .lad.ac import Ac
+    return Ac(cfg)
+
+
 BLOCKS: dict[str, Block] = {
     "vpu": Block("vpu", "vector unit: DOT / SQDIST over beats, AXPY lanes", golden_vpu.VpuConfig,
                  golden_vpu.PRESETS, _vpu),
@@ -84,6 +104,14 @@ BLOCKS: dict[str, Block] = {
                    golden_dense.DenseConfig, golden_dense.PRESETS, _dense),
     "lad-tile": Block("lad-tile", "LAD tile: EAS, APID, MD, AC, VPU pool, SFM and SRAM banks for one head's decode",
                       golden_lad_tile.LadTileConfig, golden_lad_tile.PRESETS, _lad_tile),
+    "lad-eas": Block("lad-eas", "LAD EAS: directional centers, the new key's center and rho, approximate scores",
+                     golden_lad_tile.LadTileConfig, golden_lad_tile.PRESETS, _lad_eas),
+    "lad-apid": Block("lad-apid", "LAD APID: per-position metadata, max approximate score, candidates, mode counters",
+                      golden_lad_tile.LadTileConfig, golden_lad_tile.PRESETS, _lad_apid),
+    "lad-md": Block("lad-md", "LAD MD: exact scores of candidates, intervals, verdicts, correction commands",
+                    golden_lad_tile.LadTileConfig, golden_lad_tile.PRESETS, _lad_md),
+    "lad-ac": Block("lad-ac", "LAD AC: caches A-F, N and Z, corrections, cache updates, o = N / Z",
+                    golden_lad_tile.LadTileConfig, golden_lad_tile.PRESETS, _lad_ac),
 }
 
 

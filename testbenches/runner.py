@@ -26,6 +26,10 @@ TB_MODULES = {
     "mac-merge": "testbenches.tb.tb_mac_merge",
     "dense": "testbenches.tb.tb_dense",
     "lad-tile": "testbenches.tb.tb_lad_tile",
+    "lad-eas": "testbenches.tb.tb_lad_eas",
+    "lad-apid": "testbenches.tb.tb_lad_apid",
+    "lad-md": "testbenches.tb.tb_lad_md",
+    "lad-ac": "testbenches.tb.tb_lad_ac",
 }
 
 

@@ -175,3 +175,17 @@ class StreamMemory:
                 taken += 1
             while self._pending and self._pending[0][0] <= self.cycles.now:
                 self.responses.put(self.lookup(self._pending.popleft()[1]))
+
+
+async def wait_until(cycles: Cycles, condition, timeout_cycles: int, what: str = "condition") -> None:
+    """Wait clock by clock until ``condition()`` holds in the ReadOnly phase; return after the
+    next rising edge, where the caller may drive inputs again. Call it outside ReadOnly."""
+    start_cycle = cycles.now
+    while True:
+        await ReadOnly()
+        if condition():
+            break
+        await RisingEdge(cycles.clk)
+        if cycles.now - start_cycle > timeout_cycles:
+            raise AssertionError(f"timeout: {what} not reached after {timeout_cycles} cycles")
+    await RisingEdge(cycles.clk)
