@@ -416,7 +416,8 @@ class LadTileModel:
         cand = (x_hat < self.lo[mode]) | (x_hat >= self.hi[mode])
         quiet = (~cand).nonzero().flatten()
         if rec is not None:
-            rec.update(quiet=quiet.tolist(), quiet_counters=self.counters[quiet].tolist())
+            rec.update(quiet=quiet.tolist(), quiet_mode=self.mode[quiet].tolist(),
+                       quiet_counters=self.counters[quiet].tolist())
         self.counters[quiet] = bump_counters(self.counters[quiet], self.mode[quiet], cfg.counter_max)
         # 5. MD
         ci = cand.nonzero().flatten()

@@ -31,3 +31,22 @@ def test_lad_eas_rtl_equals_golden(kind, steps, seed):
 
 from pathlib import Path  # noqa: E402
 TRACE = Path(__file__).parent / "data" / "smollm2_lad_trace.pt"
+
+
+@pytest.mark.parametrize("kind, steps, seed", [("drift", 64, SEED), ("all_active", 30, SEED + 2),
+                                               ("zero_interval", 40, SEED + 3)])
+def test_lad_apid_rtl_equals_golden(kind, steps, seed):
+    """Drift over all max_positions = 64 positions (metadata SRAM full, scan length 63), every
+    position a candidate (all_active), no candidates at all (zero_interval); mode counters
+    saturate and halve (quiet bumps) and later show up in candidates' metadata."""
+    r = simulate("lad-apid", SMALL, "testbenches.tb.tb_lad_apid", seed=seed, name=kind,
+                 params={"steps": steps, "kind": kind})
+    assert r["mismatches"] == 0 and r["steps"] == steps, r["mismatch_list"]
+    assert r["nonzero_smax"] > 0 and r["lookups"] == r["positions"]
+    if kind == "drift":
+        assert r["last_position"] == SMALL.max_positions - 1
+        assert r["candidates"] > 0 and r["quiet"] > 0 and r["halved_seen"] > 0 and r["changed_mode_seen"] > 0
+    elif kind == "all_active":
+        assert r["candidates"] > 0.4 * r["positions"] and r["all_candidate_steps"] > 0
+    else:
+        assert r["no_candidate_steps"] > 0 and r["quiet_halvings"] > 0
