@@ -50,3 +50,15 @@ def test_lad_apid_rtl_equals_golden(kind, steps, seed):
         assert r["candidates"] > 0.4 * r["positions"] and r["all_candidate_steps"] > 0
     else:
         assert r["no_candidate_steps"] > 0 and r["quiet_halvings"] > 0
+
+
+@pytest.mark.parametrize("kind, steps, seed", [("drift", 40, SEED), ("all_active", 24, SEED + 4)])
+def test_lad_md_rtl_equals_golden(kind, steps, seed):
+    """The tile's candidates of a drift / all-active sequence plus random candidates with
+    saturated counters (halving), and corner steps at the extremes of m (x saturates)."""
+    r = simulate("lad-md", SMALL, "testbenches.tb.tb_lad_md", seed=seed, name=kind,
+                 params={"steps": steps, "kind": kind, "extra_candidates": 2, "latency": [1, 10]})
+    assert r["mismatches"] == 0, r["mismatch_list"]
+    assert r["trace_candidates"] > 0 and r["active"] > 0 and r["false_alarms"] > 0 and r["mode_changes"] > 0
+    assert r["halvings"] > 0 and r["x_saturated"] > 0 and r["nonzero_w"] > 0
+    assert r["intervals_seen"] == list(range(SMALL.n_intervals))
