@@ -79,7 +79,7 @@ def main() -> None:
 
     # RTL: LAD tile on the first rtl-steps of head 0, and dense at the same contexts
     head0 = [f.quantize(trace[n][0, :args.rtl_steps]) for n in ("q", "k", "v")]
-    path = Path("build") / "results" / "lad_bench_trace.pt"
+    path = (Path("build") / "results" / "lad_bench_trace.pt").resolve()   # the simulator runs elsewhere
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({n: trace[n][:1, :args.rtl_steps].half() for n in ("q", "k", "v")}, path)
     rep = simulate("lad-tile", cfg, "testbenches.tb.tb_lad_tile", seed=7, name="bench",

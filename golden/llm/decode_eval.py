@@ -4,6 +4,10 @@ attention interface (no copied modeling code; pre-RoPE queries from a hook on ``
 Evaluations: teacher-forced token-by-token perplexity on WikiText-2 vs full attention on the
 same tokens, greedy-generation agreement with full attention (ROUGE-L F1 on token ids, exact
 token agreement), and per-run stats of each method. ``ladmac eval lad|mac`` runs them.
+
+``lad-tile`` runs the LAD tile's bit-accurate model (golden/lad_tile.py, bit-exact with the RTL)
+for every query head of every layer: the hardware's numerics on the real model
+(``ladmac eval lad --hardware``).
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import torch
 
 from ..errors import ConfigError, DataError
 from ..lad_ref import LadConfig, LadHead
+from ..lad_tile import LadTileConfig, LadTileModel
 from ..mac_ref import MacConfig, MacLayerState
 from ..paths import DATA_ROOT
 
@@ -55,8 +60,9 @@ def rouge_l(candidate, reference) -> float:
 class Controller:
     """Which attention runs, its per-layer states, the captured pre-RoPE queries and stats."""
 
-    method: str = "full"  # full | lad | mac
+    method: str = "full"  # full | lad | lad-tile | mac
     lad: LadConfig = field(default_factory=LadConfig)
+    tile: LadTileConfig = field(default_factory=LadTileConfig)
     mac: MacConfig = field(default_factory=MacConfig)
     states: dict = field(default_factory=dict)
     q_pre: dict = field(default_factory=dict)
@@ -83,6 +89,52 @@ class Controller:
 _CTL = Controller()
 
 
+class TileLayerState:
+    """One layer's query heads on the LAD tile's bit-accurate model, one ``LadTileModel`` per
+    query head (a tile serves one head; GQA heads read their group's k, v): float q, k, v are
+    quantized to the tile's kv format (saturating; saturated elements are counted), ``o`` comes
+    back as float. A step is exactly what the RTL computes for that head."""
+
+    def __init__(self, cfg: LadTileConfig, heads: int, scale: float):
+        if abs(scale * math.sqrt(cfg.head_dim) - 1) > 1e-6:
+            raise ConfigError(f"the LAD tile scales scores by 1/sqrt(head_dim); the model uses {scale}")
+        self.cfg = cfg
+        self.tiles = [LadTileModel(cfg) for _ in range(heads)]
+        self.saturated = 0
+
+    @property
+    def length(self) -> int:
+        return self.tiles[0].n
+
+    @property
+    def n_centers(self) -> torch.Tensor:
+        return torch.tensor([t.n_centers for t in self.tiles])
+
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """``q, k, v (heads, d)`` float -> ``o (heads, d)`` float and the step's stats summed over
+        heads, with the float reference's keys (``keys_read`` counts candidates plus the new key)."""
+        f = self.cfg.kv_format
+        raw = [f.quantize(t) for t in (q, k, v)]
+        hi, lo = (1 << (f.width - 1)) - 1, -(1 << (f.width - 1))
+        sat = sum(int(((r == hi) | (r == lo)).sum()) for r in raw)
+        self.saturated += sat
+        H = len(self.tiles)
+        outs = []
+        tot = {"heads": H, "positions": 0, "candidates": 0, "active": 0, "false_alarms": 0, "mode_changes": 0,
+               "centers": 0, "keys_read": 0, "values_read": 0, "kv_beats": 0, "saturated": sat}
+        for h, tile in enumerate(self.tiles):
+            o, st = tile.step(raw[0][h], raw[1][h], raw[2][h])
+            if st["overflow"]:
+                raise ConfigError(f"context exceeds the tile's max_positions ({self.cfg.max_positions})")
+            outs.append(o)
+            for key in ("candidates", "active", "false_alarms", "mode_changes", "centers", "kv_beats"):
+                tot[key] += st[key]
+            tot["keys_read"] += st["candidates"] + 1
+            tot["values_read"] += st["active"] + 1
+        tot["positions"] = self.length
+        return f.to_float(torch.stack(outs)), tot
+
+
 def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     ctl = _CTL
@@ -90,6 +142,12 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     if ctl.method == "full" or Sq > 1:
         out = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
                                      dropout=dropout, **kw)
+        if ctl.method == "lad-tile" and Sq == key.shape[2]:  # a prefill from 0: the tile decodes it
+            g = Hq // key.shape[1]
+            st = ctl.states[module.layer_idx] = TileLayerState(ctl.tile, Hq, float(scaling or module.scaling))
+            k, v = key[0].repeat_interleave(g, 0), value[0].repeat_interleave(g, 0)
+            for t in range(Sq):
+                st.step(query[0, :, t], k[:, t], v[:, t])
         if ctl.method == "mac" and Sq == key.shape[2]:  # a prefill from position 0: fill the ring
             st = ctl.states.setdefault(module.layer_idx, MacLayerState(
                 ctl.mac, Hq, key.shape[1], D, scaling or module.scaling))
@@ -109,6 +167,15 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
         if st.length < L - 1:  # positions written by a prefill: LAD's "missing positions"
             st.prefill(k[:, st.length:L - 1], v[:, st.length:L - 1])
         out, stats = st.step(query[0, :, 0], k[:, -1], v[:, -1])
+    elif ctl.method == "lad-tile":
+        st = ctl.states.get(layer)
+        if st is None:
+            st = ctl.states[layer] = TileLayerState(ctl.tile, Hq, float(scaling or module.scaling))
+        if st.length != L - 1:
+            raise ConfigError("lad-tile decoding needs every earlier position decoded by the tile "
+                              "(context 0, or a prefill from position 0)")
+        out, stats = st.step(query[0, :, 0], key[0, :, -1].repeat_interleave(g, 0),
+                             value[0, :, -1].repeat_interleave(g, 0))
     else:
         st = ctl.states.get(layer)
         if st is None:
@@ -184,23 +251,25 @@ def wikitext_ids(tokenizer, need: int, path: Path | None = None, text: str | Non
 
 
 # -- evaluations ---------------------------------------------------------------------------------
-def _configure(method: str, lad: LadConfig | None = None, mac: MacConfig | None = None) -> Controller:
+def _configure(method: str, lad: LadConfig | None = None, mac: MacConfig | None = None,
+               tile: LadTileConfig | None = None) -> Controller:
     _CTL.method = method
     _CTL.lad = lad or LadConfig()
     _CTL.mac = mac or MacConfig()
+    _CTL.tile = tile or LadTileConfig()
     _CTL.totals, _CTL.steps = {}, []
     _CTL.reset()
     return _CTL
 
 
 @torch.no_grad()
-def teacher_forced(model, ids: torch.Tensor, method: str, context: int = 0, lad=None, mac=None,
+def teacher_forced(model, ids: torch.Tensor, method: str, context: int = 0, lad=None, mac=None, tile=None,
                    keep_logits: bool = False, progress: bool = True, desc: str = ""):
     """Feed ``ids`` token by token after a full-attention prefill of ``ids[:context]``; returns
     ``(nll per scored token, logits or None, controller stats)``. Scored tokens: ``ids[context+1:]``."""
     from transformers import DynamicCache
     from tqdm import tqdm
-    ctl = _configure(method, lad, mac)
+    ctl = _configure(method, lad, mac, tile)
     ids = ids.reshape(1, -1)
     cache = DynamicCache()
     if context > 0:
@@ -228,14 +297,14 @@ def full_parallel(model, ids: torch.Tensor, context: int = 0, keep_logits: bool 
 
 
 @torch.no_grad()
-def greedy_pair(model, prompt: torch.Tensor, new_tokens: int, method: str, lad=None, mac=None,
+def greedy_pair(model, prompt: torch.Tensor, new_tokens: int, method: str, lad=None, mac=None, tile=None,
                 progress: bool = True, desc: str = ""):
     """Greedy continuations of ``prompt`` with full attention and with ``method``, sharing one
     full-attention prefill (the cache is copied). Returns ``(reference ids, method ids, stats)``."""
     import copy
     from transformers import DynamicCache
     from tqdm import tqdm
-    ctl = _configure(method, lad, mac)
+    ctl = _configure(method, lad, mac, tile)
     cache = DynamicCache()
     first = model(prompt.reshape(1, -1), past_key_values=cache, use_cache=True).logits[0, -1]
     runs = {}
@@ -255,12 +324,12 @@ def greedy_pair(model, prompt: torch.Tensor, new_tokens: int, method: str, lad=N
 
 
 @torch.no_grad()
-def greedy(model, prompt: torch.Tensor, new_tokens: int, method: str, lad=None, mac=None,
+def greedy(model, prompt: torch.Tensor, new_tokens: int, method: str, lad=None, mac=None, tile=None,
            progress: bool = True, desc: str = ""):
     """Greedy continuation (token ids) of ``prompt`` (prefilled with full attention)."""
     from transformers import DynamicCache
     from tqdm import tqdm
-    ctl = _configure(method, lad, mac)
+    ctl = _configure(method, lad, mac, tile)
     cache = DynamicCache()
     out = model(prompt.reshape(1, -1), past_key_values=cache, use_cache=True)
     tok = int(out.logits[0, -1].argmax())
@@ -276,7 +345,7 @@ def greedy(model, prompt: torch.Tensor, new_tokens: int, method: str, lad=None, 
 def summarize(ctl: Controller) -> dict:
     """Run-level stats of the controller's method."""
     t = ctl.totals
-    if ctl.method == "lad" and t.get("positions"):
+    if ctl.method in ("lad", "lad-tile") and t.get("positions"):
         hp = t["positions"]  # sum over layer-steps of positions (x heads below)
         heads = t["heads"] / max(1, t["layer_steps"])
         pos_heads = hp * heads
@@ -286,7 +355,8 @@ def summarize(ctl: Controller) -> dict:
             "active_pct": 100.0 * t["active"] / pos_heads,
             "candidates_pct": 100.0 * t["candidates"] / pos_heads,
             "false_alarm_pct": 100.0 * t["false_alarms"] / pos_heads,
-            "missed_pct": 100.0 * t["missed"] / pos_heads,
+            **({"missed_pct": 100.0 * t["missed"] / pos_heads} if "missed" in t else {}),
+            **({"saturated_elements": t["saturated"]} if "saturated" in t else {}),
             "mode_changes_pct": 100.0 * t["mode_changes"] / pos_heads,
             "keys_read_pct": 100.0 * t["keys_read"] / pos_heads,
             "values_read_pct": 100.0 * t["values_read"] / pos_heads,
@@ -331,6 +401,12 @@ def _parser(method: str) -> argparse.ArgumentParser:
     p.add_argument("--prompt-len", type=int, default=d["prompt_len"], help="prompt length in tokens")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help=f"override a {'LadConfig' if method == 'lad' else 'MacConfig'} parameter")
+    if method == "lad":
+        p.add_argument("--hardware", action="store_true",
+                       help="also run the LAD tile's bit-accurate model (golden/lad_tile.py, bit-exact with the "
+                            "RTL) for every head, and its float twin (lad-tile-float)")
+        p.add_argument("--tile-set", action="append", default=[], metavar="NAME=VALUE",
+                       help="override a LadTileConfig parameter of --hardware")
     p.add_argument("--ablate", action="store_true",
                    help="also run the ablation variant (LAD: exact scores = PWL error only; "
                         "MAC: exact prefix = merge machinery only)")
@@ -395,6 +471,16 @@ def _check_output(out: Path | None, plot_dir: Path | None) -> None:
             raise ConfigError(f"--plot {plot_dir} is not writable")
 
 
+def _pairs(items: list[str], flag: str) -> dict[str, str]:
+    out = {}
+    for pair in items:
+        if "=" not in pair:
+            raise ConfigError(f"{flag} expects NAME=VALUE, got '{pair}'")
+        k, v = pair.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
 def main(method: str, argv: list[str]) -> int:
     """``ladmac eval lad|mac [options]``: prints a table, writes JSON / PNGs; returns the exit code."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -413,13 +499,19 @@ def main(method: str, argv: list[str]) -> int:
         raise ConfigError(f"--context must be >= 0, got {args.context}")
     if args.threads < 0:
         raise ConfigError(f"--threads must be >= 0 (0 = torch default), got {args.threads}")
-    overrides = {}
-    for pair in args.set:
-        if "=" not in pair:
-            raise ConfigError(f"--set expects NAME=VALUE, got '{pair}'")
-        k, v = pair.split("=", 1)
-        overrides[k.strip()] = v.strip()
+    overrides = _pairs(args.set, "--set")
     cfg = check_config(method, overrides)
+    tile_cfg = None
+    if getattr(args, "hardware", False) or getattr(args, "tile_set", []):
+        if not args.hardware:
+            raise ConfigError("--tile-set needs --hardware")
+        tile_cfg = LadTileConfig.from_overrides(_pairs(args.tile_set, "--tile-set"))
+        if tile_cfg.head_dim != 64:
+            raise ConfigError(f"LadTileConfig: head_dim is 64 for SmolLM2, got {tile_cfg.head_dim}")
+        longest = max(args.context + args.tokens, args.prompt_len + args.new_tokens if args.prompts else 0)
+        if longest > tile_cfg.max_positions:
+            raise ConfigError(f"--hardware: a context of {longest} tokens exceeds the tile's max_positions "
+                              f"({tile_cfg.max_positions})")
     if args.model not in MODELS:
         raise ConfigError(f"unknown model '{args.model}' (known: {', '.join(MODELS)})")
     # everything that needs no model is checked before the (slow) model load
@@ -434,22 +526,25 @@ def main(method: str, argv: list[str]) -> int:
         torch.set_num_threads(args.threads)
     ids = wikitext_ids(tokenizer, need, args.data, text=text)
 
-    variants = {method: cfg}
-    if args.ablate:
-        variants[f"{method}-{'exact-scores' if method == 'lad' else 'exact-prefix'}"] = replace(
-            cfg, **({"exact_scores": True} if method == "lad" else {"exact_prefix": True}))
     kw = (lambda c: {"lad": c}) if method == "lad" else (lambda c: {"mac": c})
+    variants = {method: (method, kw(cfg))}   # name -> (attention method, its config)
+    if args.ablate:
+        variants[f"{method}-{'exact-scores' if method == 'lad' else 'exact-prefix'}"] = (method, kw(replace(
+            cfg, **({"exact_scores": True} if method == "lad" else {"exact_prefix": True}))))
+    if tile_cfg is not None:
+        variants["lad-tile-float"] = ("lad", {"lad": tile_cfg.reference()})
+        variants["lad-tile"] = ("lad-tile", {"tile": tile_cfg})
 
     results = {"method": method, "model": args.model, "command": "ladmac eval " + " ".join([method, *argv]),
-               "config": cfg.to_dict(), "args": {k: (str(v) if isinstance(v, Path) else v)
+               "config": cfg.to_dict(), **({"tile_config": tile_cfg.to_dict()} if tile_cfg else {}), "args": {k: (str(v) if isinstance(v, Path) else v)
                                                 for k, v in vars(args).items()}}
     seq = ids[:args.context + args.tokens + 1]
     nll_full, _ = full_parallel(model, seq, args.context)
     ppl = {"full": perplexity(nll_full)}
     stats = {}
     steps = {}
-    for name, c in variants.items():
-        nll, _, st = teacher_forced(model, seq, method, args.context, progress=progress, desc=f"{name} ppl", **kw(c))
+    for name, (m_name, m_kw) in variants.items():
+        nll, _, st = teacher_forced(model, seq, m_name, args.context, progress=progress, desc=f"{name} ppl", **m_kw)
         ppl[name] = perplexity(nll)
         stats[name] = st
         steps[name] = list(_CTL.steps)
@@ -457,25 +552,28 @@ def main(method: str, argv: list[str]) -> int:
     results["perplexity_delta_pct"] = {k: 100.0 * (v / ppl["full"] - 1) for k, v in ppl.items()}
     results["teacher_forced_stats"] = stats
 
-    gen = []
-    gen_stats = []
-    for i in range(args.prompts):
-        prompt = ids[i * stride:i * stride + args.prompt_len]
-        ref, out, st = greedy_pair(model, prompt, args.new_tokens, method, progress=progress,
-                                   desc=f"gen {i + 1}/{args.prompts}", **kw(cfg))
-        agree = sum(a == b for a, b in zip(out, ref)) / len(ref)
-        first = next((j for j, (a, b) in enumerate(zip(out, ref)) if a != b), len(ref))
-        gen.append({"rouge_l": rouge_l(out, ref), "token_agreement": agree, "first_divergence": first,
-                    "reference": tokenizer.decode(ref), "output": tokenizer.decode(out)})
-        gen_stats.append(st)
-    if gen:
-        results["generation"] = {
-            "prompts": args.prompts, "new_tokens": args.new_tokens, "prompt_len": args.prompt_len,
-            "prompt_stride": stride,
-            "rouge_l_mean": sum(g["rouge_l"] for g in gen) / len(gen),
-            "token_agreement_mean": sum(g["token_agreement"] for g in gen) / len(gen),
-            "identical": sum(g["first_divergence"] == args.new_tokens for g in gen),
-            "per_prompt": gen, "stats": gen_stats}
+    generated = {"generation": (method, kw(cfg))}
+    if tile_cfg is not None:
+        generated["generation_hardware"] = ("lad-tile", {"tile": tile_cfg})
+    for key, (m_name, m_kw) in generated.items():
+        gen, gen_stats = [], []
+        for i in range(args.prompts):
+            prompt = ids[i * stride:i * stride + args.prompt_len]
+            ref, out, st = greedy_pair(model, prompt, args.new_tokens, m_name, progress=progress,
+                                       desc=f"{m_name} gen {i + 1}/{args.prompts}", **m_kw)
+            agree = sum(a == b for a, b in zip(out, ref)) / len(ref)
+            first = next((j for j, (a, b) in enumerate(zip(out, ref)) if a != b), len(ref))
+            gen.append({"rouge_l": rouge_l(out, ref), "token_agreement": agree, "first_divergence": first,
+                        "reference": tokenizer.decode(ref), "output": tokenizer.decode(out)})
+            gen_stats.append(st)
+        if gen:
+            results[key] = {
+                "method": m_name, "prompts": args.prompts, "new_tokens": args.new_tokens,
+                "prompt_len": args.prompt_len, "prompt_stride": stride,
+                "rouge_l_mean": sum(g["rouge_l"] for g in gen) / len(gen),
+                "token_agreement_mean": sum(g["token_agreement"] for g in gen) / len(gen),
+                "identical": sum(g["first_divergence"] == args.new_tokens for g in gen),
+                "per_prompt": gen, "stats": gen_stats}
     results["seconds"] = time.time() - t_start
     if method == "mac":
         results["steps"] = steps[method]
@@ -499,11 +597,12 @@ def _print_table(method: str, r: dict) -> None:
     for name, st in r["teacher_forced_stats"].items():
         print(f"  stats {name}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                                 for k, v in st.items()))
-    g = r.get("generation")
-    if g:
-        print(f"  greedy generation, {g['prompts']} prompts x {g['new_tokens']} tokens: ROUGE-L "
-              f"{100 * g['rouge_l_mean']:.2f}%, token agreement {100 * g['token_agreement_mean']:.2f}%, "
-              f"identical {g['identical']}/{g['prompts']}")
+    for key in ("generation", "generation_hardware"):
+        g = r.get(key)
+        if g:
+            print(f"  greedy generation ({g['method']}), {g['prompts']} prompts x {g['new_tokens']} tokens: ROUGE-L "
+                  f"{100 * g['rouge_l_mean']:.2f}%, token agreement {100 * g['token_agreement_mean']:.2f}%, "
+                  f"identical {g['identical']}/{g['prompts']}")
     print(f"  ({r['seconds']:.0f} s)")
 
 
