@@ -62,3 +62,15 @@ def test_lad_md_rtl_equals_golden(kind, steps, seed):
     assert r["trace_candidates"] > 0 and r["active"] > 0 and r["false_alarms"] > 0 and r["mode_changes"] > 0
     assert r["halvings"] > 0 and r["x_saturated"] > 0 and r["nonzero_w"] > 0
     assert r["intervals_seen"] == list(range(SMALL.n_intervals))
+
+
+@pytest.mark.parametrize("kind, steps, seed", [("drift", 40, SEED), ("all_active", 20, SEED + 5)])
+def test_lad_ac_rtl_equals_golden(kind, steps, seed):
+    """The tile's command sequence of a drift / all-active sequence: first step (empty caches,
+    Z = 0 into RECIP), corrections, mode-change cache updates, absorptions, extreme values (v =
+    127, k = -100 in drift); probes read o of the cache terms alone."""
+    r = simulate("lad-ac", SMALL, "testbenches.tb.tb_lad_ac", seed=seed, name=kind,
+                 params={"steps": steps, "kind": kind, "probe": 0.5})
+    assert r["mismatches"] == 0 and r["steps"] == steps, r["mismatch_list"]
+    assert r["corrections"] > 0 and r["mode_change_updates"] > 0 and r["probes"] > 0
+    assert r["nonzero_outputs"] > r["beats"] // 2 and r["z_clamped"] > 0
