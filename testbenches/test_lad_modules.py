@@ -3,6 +3,8 @@ against its part of golden.lad_tile.LadTileModel (the model's per-module trace a
 module-level methods), with random stimulus (seed in the parameters), corner cases and
 random gaps / back-pressure / latency on every stream port; then the tile
 (test_lad_tile.py). Small preset: d = 32, 4 beats, 2 AC VPUs, 64 positions, 8 centers."""
+from pathlib import Path
+
 import pytest
 
 from golden.lad_tile import PRESETS
@@ -10,6 +12,7 @@ from testbenches.runner import simulate
 
 SEED = 2026
 SMALL = PRESETS["small"]
+TRACE = Path(__file__).parent / "data" / "smollm2_lad_trace.pt"   # real SmolLM2 q/k/v (layer 12 et al.)
 
 
 @pytest.mark.parametrize("kind, steps, seed", [("drift", 40, SEED), ("trace", 24, SEED + 1)])
@@ -28,9 +31,6 @@ def test_lad_eas_rtl_equals_golden(kind, steps, seed):
         assert r["zero_keys"] == 2 and r["rho_saturated"] >= 2 and r["rho_negative"] > 0 and r["joins"] > 10
         assert r["approx_saturated"] > 0
 
-
-from pathlib import Path  # noqa: E402
-TRACE = Path(__file__).parent / "data" / "smollm2_lad_trace.pt"
 
 
 @pytest.mark.parametrize("kind, steps, seed", [("drift", 64, SEED), ("all_active", 30, SEED + 2),
