@@ -1,28 +1,38 @@
 """LAD tile vs the dense PWL baseline on real SmolLM2 decode sequences: KV bytes and cycles per step.
 
-    .venv/bin/python -m benchmarks.lad_vs_dense [--contexts 512 1024 2048 4096] [--heads 3:0 12:4 25:8]
-        [--rtl-steps 512] [--plot docs/img/lad_vs_dense.png] [--out build/results/lad_vs_dense.json]
+    .venv/bin/python -m benchmarks.lad_vs_dense [--contexts 128 256 512 1024 2048 4096]
+        [--heads 3:0 12:4 25:8] [--rtl-steps 320 192 0] [--window 64]
+        [--plot docs/img/lad_vs_dense.png] [--out build/results/lad_vs_dense.json] [--reuse-rtl JSON]
 
 For each (layer, query head) the script records q, k, v of the first max(contexts) WikiText-2
 tokens (benchmarks/record_lad_trace.py), then:
 
 1. runs the bit-accurate tile model (golden/lad_tile.py, bit-exact with the RTL on every step's
    statistics) over the whole sequence: KV beats read, candidates, actives, false alarms and
-   centers at each context;
-2. runs the LAD tile RTL under Verilator on the first ``rtl-steps`` steps of the first head
-   (no stream gaps, no back-pressure, one-cycle KV memory: the tile's own cost), checking every
-   step bit-exactly, and the dense baseline RTL at the same contexts: measured cycles per step;
-3. for contexts beyond ``rtl-steps``, cycles come from a linear model of the RTL's cycle count in
-   the step's statistics (position, candidates, actives, mode changes, centers) fitted to the
-   measured steps; the fit's error on those steps is printed. Such rows are marked "model".
+   centers of every step;
+2. runs the LAD tile RTL under Verilator on the first ``rtl-steps[h]`` steps of head h (no
+   stream gaps, no back-pressure, one-cycle KV memory: the tile's own cost), checking every
+   step bit-exactly, and the dense baseline RTL at every context: measured cycles per step;
+   ``--reuse-rtl`` takes those measured cycles from an earlier run's ``--out`` JSON instead
+   (same heads and config, checked);
+3. cycles of steps beyond the simulated ones come from a linear model of the RTL's cycle
+   count in the step's statistics (position, centers before the step, candidates, actives,
+   mode changes, new center: the schedule of docs/lad-tile.md is linear in them), fitted on
+   3 of every 4 measured steps at positions >= 16 (the first steps overlap fixed latencies)
+   and checked on the 4th; both errors are printed. Such figures are marked "model".
+   (Simulating 4096 steps is ~10^8 cycles: out of reach for cocotb.)
 
-KV bytes per step: LAD reads the candidates' keys and the actives' values (``beats * lanes * 2``
-bytes each); dense reads every key and value. Both get the new token's k, v with the step.
+Per-step figures swing a lot from one step to the next (a query that attends elsewhere makes
+many positions change interval), so each row is the mean over the ``window`` steps ending at
+that context. KV bytes per step: LAD reads the candidates' keys and the actives' values
+(``beats * lanes * 2`` bytes each); dense reads every key and value. Both get the new token's
+k, v with the step.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -32,126 +42,207 @@ from golden.dense import DenseConfig
 from golden.lad_tile import LadTileConfig, LadTileModel
 from testbenches.runner import simulate
 
-FEATURES = ("position", "candidates", "active", "mode_changes", "centers")
+FEATURES = ("position", "centers_before", "candidates", "active", "mode_changes", "new_center")
+FIT_FROM = 16   # steps at positions below this are not fitted (fixed latencies overlap there)
 
 
-def golden_stats(cfg: LadTileConfig, q, k, v, contexts, desc: str):
+def golden_stats(cfg: LadTileConfig, q, k, v, desc: str) -> list[dict]:
     from tqdm import tqdm
     model = LadTileModel(cfg)
     out = []
     for i in tqdm(range(q.shape[0]), desc=desc, leave=False):
         _, st = model.step(q[i], k[i], v[i])
-        out.append(st)
+        out.append({**st, "centers_before": st["centers"] - st["new_center"]})
     return out
 
 
+def features(stats: list[dict]) -> torch.Tensor:
+    return torch.tensor([[1.0] + [float(s[f]) for f in FEATURES] for s in stats], dtype=torch.float64)
+
+
 def fit_cycles(stats: list[dict], cycles: list[int]):
-    """Least-squares cycles ~ c0 + sum c_f * feature_f over the measured steps."""
-    X = torch.tensor([[1.0] + [float(s[f]) for f in FEATURES] for s in stats], dtype=torch.float64)
-    y = torch.tensor(cycles, dtype=torch.float64)
-    coef = torch.linalg.lstsq(X, y.unsqueeze(1)).solution.squeeze(1)
-    pred = X @ coef
-    rel = ((pred - y).abs() / y.clamp_min(1)).max().item()
-    return coef, rel
+    """Least squares ``cycles ~ c0 + sum c_f feature_f`` on 3 of every 4 steps; returns the
+    coefficients and the max relative error on the fitted and on the held-out steps."""
+    X, y = features(stats), torch.tensor(cycles, dtype=torch.float64)
+    held = torch.arange(len(cycles)) % 4 == 3
+    coef = torch.linalg.lstsq(X[~held], y[~held].unsqueeze(1)).solution.squeeze(1)
+    rel = ((X @ coef - y).abs() / y.clamp_min(1))
+    return coef, rel[~held].max().item(), rel[held].max().item()
 
 
-def predict(coef, st: dict) -> float:
-    return float(coef[0] + sum(coef[j + 1] * st[f] for j, f in enumerate(FEATURES)))
+def rtl_cycles_of(args, cfg, pairs, trace, t0) -> dict[int, list[int]]:
+    """Measured LAD tile cycles per step, per head index (simulated now or from ``--reuse-rtl``)."""
+    if args.reuse_rtl:
+        old = json.loads(args.reuse_rtl.read_text())
+        if old.get("config") != cfg.to_dict():
+            sys.exit(f"ladmac: error: {args.reuse_rtl} was measured at another LadTileConfig")
+        keys = [f"{a}:{b}" for a, b in pairs]
+        return {keys.index(k): c for k, c in old["rtl_step_cycles"].items() if k in keys}
+    steps_per_head = (args.rtl_steps + [0] * len(pairs))[:len(pairs)]
+    path = (Path("build") / "results" / "lad_bench_trace.pt").resolve()   # the simulator runs elsewhere
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({n: trace[n][:, :max(steps_per_head + [1])].half() for n in trace}, path)
+    measured = {}
+    for h, steps in enumerate(steps_per_head):
+        if steps <= 0:
+            continue
+        rep = simulate("lad-tile", cfg, "testbenches.tb.tb_lad_tile", seed=7, name=f"bench{h}",
+                       params={"trace": str(path), "head": h, "steps": steps, "gap": 0.0, "stall": 0.0,
+                               "latency": [1, 1]})
+        if rep["mismatches"]:
+            sys.exit(f"ladmac: error: RTL differs from the bit-accurate model on head {pairs[h]}")
+        measured[h] = rep["step_cycles"]
+        print(f"LAD tile RTL: {steps} steps of head {pairs[h]} bit-exact; {sum(measured[h])} cycles in all "
+              f"({time.time() - t0:.0f} s so far)", flush=True)
+    return measured
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--contexts", type=int, nargs="+", default=[512, 1024, 2048, 4096])
+    parser.add_argument("--contexts", type=int, nargs="+", default=[128, 256, 512, 1024, 2048, 4096])
     parser.add_argument("--heads", nargs="+", default=["3:0", "12:4", "25:8"], help="LAYER:QUERY_HEAD pairs")
-    parser.add_argument("--rtl-steps", type=int, default=512, help="steps simulated in RTL (first head)")
+    parser.add_argument("--rtl-steps", type=int, nargs="+", default=[320, 192, 0],
+                        help="steps simulated in RTL, per head (missing = 0)")
+    parser.add_argument("--window", type=int, default=64, help="steps averaged per reported context")
+    parser.add_argument("--reuse-rtl", type=Path, default=None,
+                        help="take the measured RTL cycles from this earlier --out JSON")
     parser.add_argument("--plot", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    if min(args.contexts) < args.window:
+        sys.exit(f"ladmac: error: every context must be >= --window ({args.window})")
+    if args.reuse_rtl and not args.reuse_rtl.is_file():
+        sys.exit(f"ladmac: error: --reuse-rtl {args.reuse_rtl}: no such file")
     from benchmarks.record_lad_trace import record_heads
     t0 = time.time()
     cfg, dense_cfg = LadTileConfig(), DenseConfig()
-    top = max(args.contexts)
     pairs = tuple(tuple(int(x) for x in s.split(":")) for s in args.heads)
-    trace = record_heads(top, pairs)
+    # float16 as stored for the testbench (testbenches/data), then the tile's s16.8: RTL and model see the same
+    trace = {n: t.half().float() for n, t in record_heads(max(args.contexts), pairs).items() if n in ("q", "k", "v")}
     f = cfg.kv_format
     bytes_per_beat = cfg.lanes * cfg.kv_width // 8
-    results = {"config": cfg.to_dict(), "contexts": args.contexts, "heads": [list(p) for p in pairs], "rows": []}
+    results = {"config": cfg.to_dict(), "contexts": args.contexts, "heads": [list(p) for p in pairs],
+               "window": args.window, "rows": []}
 
-    # RTL: LAD tile on the first rtl-steps of head 0, and dense at the same contexts
-    head0 = [f.quantize(trace[n][0, :args.rtl_steps]) for n in ("q", "k", "v")]
-    path = (Path("build") / "results" / "lad_bench_trace.pt").resolve()   # the simulator runs elsewhere
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({n: trace[n][:1, :args.rtl_steps].half() for n in ("q", "k", "v")}, path)
-    rep = simulate("lad-tile", cfg, "testbenches.tb.tb_lad_tile", seed=7, name="bench",
-                   params={"trace": str(path), "head": 0, "steps": args.rtl_steps, "gap": 0.0, "stall": 0.0,
-                           "latency": [1, 1]})
-    assert rep["mismatches"] == 0, "RTL differs from the bit-accurate model"
-    rtl_cycles = rep["step_cycles"]
-    print(f"LAD tile RTL: {args.rtl_steps} steps of head {pairs[0]} bit-exact; "
-          f"{sum(rtl_cycles)} cycles in all ({time.time() - t0:.0f} s so far)", flush=True)
+    rtl_cycles = rtl_cycles_of(args, cfg, pairs, trace, t0)
     dense_cycles = {}
-    for n in sorted({c for c in args.contexts}):
+    for n in sorted(set(args.contexts)):
         d = simulate("dense", dense_cfg, "testbenches.tb.tb_dense", seed=5, name=f"bench{n}",
                      params={"steps": 1, "max_len": n, "fixed_len": n, "gap": 0.0, "stall": 0.0, "latency": [1, 1]})
         dense_cycles[n] = d["step_cycles"][0]
 
-    print("| head (layer:q) | context | LAD KV bytes/step | dense KV bytes/step | KV ratio | candidates % | "
-          "active % | false alarms % | centers | LAD cycles | dense cycles | cycle ratio |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    coef = None
+    all_stats = []
     for h, pair in enumerate(pairs):
         q, k, v = (f.quantize(trace[n][h]) for n in ("q", "k", "v"))
-        stats = golden_stats(cfg, q, k, v, args.contexts, f"golden {pair}")
-        if h == 0:
-            coef, fit_err = fit_cycles(stats[:args.rtl_steps], rtl_cycles)
-            results["cycle_model"] = {"features": ["1", *FEATURES], "coef": coef.tolist(), "max_rel_error": fit_err}
+        all_stats.append(golden_stats(cfg, q, k, v, f"golden {pair}"))
+    fit = [(st, c) for h, cyc in rtl_cycles.items() for st, c in zip(all_stats[h], cyc) if st["position"] >= FIT_FROM]
+    coef, fit_err, held_err = fit_cycles([s for s, _ in fit], [c for _, c in fit])
+    results["cycle_model"] = {"features": ["1", *FEATURES], "coef": coef.tolist(), "steps": len(fit),
+                              "fit_from_position": FIT_FROM, "max_rel_error_fit": fit_err,
+                              "max_rel_error_held_out": held_err}
+    results["rtl_step_cycles"] = {f"{pairs[h][0]}:{pairs[h][1]}": c for h, c in rtl_cycles.items()}
+    results["dense_cycles"] = dense_cycles
+
+    # every step's LAD figures: measured cycles where simulated, the model elsewhere
+    series = {}
+    for h, pair in enumerate(pairs):
+        stats, measured = all_stats[h], rtl_cycles.get(h, [])
+        model_cycles = (features(stats) @ coef).tolist()
+        series[h] = {
+            "kv_bytes": [st["kv_beats"] * bytes_per_beat for st in stats],
+            "cycles": [measured[i] if i < len(measured) else model_cycles[i] for i in range(len(stats))],
+            "candidates": [st["candidates"] for st in stats], "active": [st["active"] for st in stats],
+            "false_alarms": [st["false_alarms"] for st in stats], "centers": [st["centers"] for st in stats],
+            "measured_steps": len(measured)}
+    results["per_step"] = {f"{a}:{b}": series[h] for h, (a, b) in enumerate(pairs)}
+
+    w = args.window
+    print(f"Each row: mean over the {w} steps ending at the context (LAD), dense at the context.")
+    print("| head (layer:q) | context | LAD KV bytes/step | dense KV bytes/step | KV ratio | candidates % | "
+          "active % | false alarms % | centers | LAD cycles/step | dense cycles/step | cycle ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for h, pair in enumerate(pairs):
+        s = series[h]
         for n in args.contexts:
-            st = stats[n - 1]                     # the step whose context (keys incl. the new one) is n
-            lad_bytes = st["kv_beats"] * bytes_per_beat
+            win = range(n - w, n)               # steps at positions n-w .. n-1 (contexts n-w+1 .. n)
+            mean = lambda key: sum(s[key][i] for i in win) / w  # noqa: E731
+            share = lambda key: 100 * sum(s[key][i] / max(1, i) for i in win) / w  # noqa: E731
+            measured = n <= s["measured_steps"]
             dense_bytes = 2 * n * dense_cfg.beats * bytes_per_beat
-            measured = h == 0 and n - 1 < len(rtl_cycles)
-            lad_cyc = rtl_cycles[n - 1] if measured else predict(coef, st)
-            pos = max(1, st["position"])
-            row = {"head": list(pair), "context": n, "lad_kv_bytes": lad_bytes, "dense_kv_bytes": dense_bytes,
-                   "candidates_pct": 100 * st["candidates"] / pos, "active_pct": 100 * st["active"] / pos,
-                   "false_alarm_pct": 100 * st["false_alarms"] / pos, "centers": st["centers"],
-                   "lad_cycles": lad_cyc, "lad_cycles_measured": measured, "dense_cycles": dense_cycles[n]}
+            row = {"head": list(pair), "context": n, "lad_kv_bytes": mean("kv_bytes"), "dense_kv_bytes": dense_bytes,
+                   "candidates_pct": share("candidates"), "active_pct": share("active"),
+                   "false_alarm_pct": share("false_alarms"), "centers": s["centers"][n - 1],
+                   "lad_cycles": mean("cycles"), "lad_cycles_measured": measured, "dense_cycles": dense_cycles[n]}
             results["rows"].append(row)
-            print(f"| {pair[0]}:{pair[1]} | {n} | {lad_bytes} | {dense_bytes} | {lad_bytes / dense_bytes:.3f} | "
-                  f"{row['candidates_pct']:.1f} | {row['active_pct']:.1f} | {row['false_alarm_pct']:.1f} | "
-                  f"{st['centers']} | {lad_cyc:.0f}{'' if measured else ' (model)'} | {dense_cycles[n]} | "
-                  f"{lad_cyc / dense_cycles[n]:.3f} |", flush=True)
-    print(f"cycle model fitted on {len(rtl_cycles)} RTL steps: max relative error {results['cycle_model']['max_rel_error']:.3f}; "
-          f"coefficients {dict(zip(results['cycle_model']['features'], [round(c, 2) for c in coef.tolist()]))}")
+            print(f"| {pair[0]}:{pair[1]} | {n} | {row['lad_kv_bytes']:.0f} | {dense_bytes} | "
+                  f"{row['lad_kv_bytes'] / dense_bytes:.3f} | {row['candidates_pct']:.1f} | {row['active_pct']:.1f} | "
+                  f"{row['false_alarm_pct']:.1f} | {row['centers']} | {row['lad_cycles']:.0f}"
+                  f"{'' if measured else ' (model)'} | {dense_cycles[n]} | {row['lad_cycles'] / dense_cycles[n]:.3f} |",
+                  flush=True)
+    cm = results["cycle_model"]
+    print(f"cycle model fitted on {cm['steps']} RTL steps at positions >= {FIT_FROM} (3 of 4): max relative error "
+          f"{fit_err:.4f} fitted, {held_err:.4f} held out; coefficients "
+          f"{dict(zip(cm['features'], [round(c, 2) for c in coef.tolist()]))}")
     print(f"wall time {time.time() - t0:.0f} s")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=1))
+        args.out.write_text(json.dumps(results))
+        print(f"wrote {args.out}")
     if args.plot:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
-        for pair in pairs:
-            rows = [r for r in results["rows"] if r["head"] == list(pair)]
-            ctx = [r["context"] for r in rows]
-            axes[0].plot(ctx, [r["lad_kv_bytes"] / 1024 for r in rows], "o-", label=f"LAD L{pair[0]}H{pair[1]}")
-            axes[1].plot(ctx, [r["lad_cycles"] for r in rows], "o-", label=f"LAD L{pair[0]}H{pair[1]}")
-        rows = [r for r in results["rows"] if r["head"] == list(pairs[0])]
-        axes[0].plot([r["context"] for r in rows], [r["dense_kv_bytes"] / 1024 for r in rows], "k--", label="dense")
-        axes[1].plot([r["context"] for r in rows], [r["dense_cycles"] for r in rows], "k--", label="dense")
-        axes[0].set_ylabel("KV KiB read per step")
-        axes[1].set_ylabel("cycles per step")
-        for ax in axes:
-            ax.set_xlabel("context")
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.legend(fontsize=7)
-        fig.suptitle("LAD tile vs dense PWL baseline, SmolLM2-135M WikiText-2 (d=64, 8 lanes)", fontsize=9)
-        fig.tight_layout()
-        args.plot.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(args.plot, dpi=120)
+        plot(results, pairs, series, dense_cfg, bytes_per_beat, w, args.plot)
         print(f"wrote {args.plot}")
+
+
+def plot(results, pairs, series, dense_cfg, bytes_per_beat, w, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def moving(y):   # trailing mean over w steps
+        out, acc = [], 0.0
+        for i, x in enumerate(y):
+            acc += x - (y[i - w] if i >= w else 0.0)
+            out.append(acc / min(i + 1, w))
+        return out
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    ctx_all = None
+    for h, pair in enumerate(pairs):
+        s, color, label = series[h], f"C{h}", f"L{pair[0]} H{pair[1]}"
+        ctx = list(range(1, len(s["kv_bytes"]) + 1))
+        ctx_all = ctx
+        kv, cyc = moving(s["kv_bytes"]), moving(s["cycles"])
+        dense_kv = [2 * c * dense_cfg.beats * bytes_per_beat for c in ctx]
+        axes[0].plot(ctx, [b / 1024 for b in s["kv_bytes"]], color=color, lw=0.3, alpha=0.3)
+        axes[0].plot(ctx, [b / 1024 for b in kv], color=color, lw=1.5, label=f"LAD {label}")
+        m = s["measured_steps"]
+        if m:
+            axes[1].plot(ctx[:m], s["cycles"][:m], color=color, lw=0.4, alpha=0.5)
+            axes[1].plot(ctx[:m], cyc[:m], color=color, lw=1.8, label=f"LAD {label} (RTL)")
+        axes[1].plot(ctx[m:], cyc[m:], color=color, lw=1.2, ls=":", label=f"LAD {label} (model)")
+        axes[2].plot(ctx, [a / b for a, b in zip(kv, dense_kv)], color=color, lw=1.5, label=f"{label} KV bytes")
+    dc = results["dense_cycles"]
+    xs = sorted(dc)
+    axes[0].plot(ctx_all, [2 * c * dense_cfg.beats * bytes_per_beat / 1024 for c in ctx_all], "k--", label="dense")
+    axes[1].plot(xs, [dc[x] for x in xs], "ko--", ms=3, label="dense (RTL)")
+    for h, pair in enumerate(pairs):
+        rows = [r for r in results["rows"] if r["head"] == list(pair)]
+        axes[2].plot([r["context"] for r in rows], [r["lad_cycles"] / r["dense_cycles"] for r in rows], "s--",
+                     color=f"C{h}", mfc="white", ms=4, label=f"L{pair[0]} H{pair[1]} cycles")
+    axes[2].axhline(1.0, color="k", lw=0.8)
+    axes[0].set_ylabel("KV KiB read per step")
+    axes[1].set_ylabel("cycles per step")
+    axes[2].set_ylabel("LAD / dense")
+    for ax in axes:
+        ax.set_xlabel("context (keys incl. the new one)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.legend(fontsize=6)
+    fig.suptitle(f"LAD tile vs dense PWL baseline, SmolLM2-135M WikiText-2 (d=64, 8 lanes, 7 VPUs); "
+                 f"thick: {w}-step mean, thin: per step", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":
