@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from golden.lad_tile import LadTileConfig, LadTileModel
+from testbenches.streams import Context, start
 from testbenches.tb.tb_lad_tile import random_sequence
 
 
@@ -54,3 +55,14 @@ def beats(vec, cfg: LadTileConfig) -> list[list[int]]:
     """A d-vector as its ``beats`` transfers of ``lanes`` elements."""
     vec = list(vec)
     return [vec[b * cfg.lanes:(b + 1) * cfg.lanes] for b in range(cfg.beats)]
+
+
+async def open_bench(dut):
+    """The common opening of a module bench: its context (config, seed, parameters), the step
+    sequence run through the golden model with its trace on, clock and reset, and the bench's
+    gap and stall probabilities. Returns ``ctx, (q, k, v), model, records, cycles, (gap, stall)``."""
+    ctx = Context(LadTileConfig)
+    q, k, v = sequence(ctx.cfg, ctx.rng, ctx.params)
+    model, recs = golden_records(ctx.cfg, q, k, v)
+    cycles = await start(dut)
+    return ctx, (q, k, v), model, recs, cycles, (ctx.params.get("gap", 0.3), ctx.params.get("stall", 0.3))

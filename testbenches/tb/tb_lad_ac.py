@@ -22,8 +22,8 @@ from golden.lad_tile import LadTileConfig
 from golden.sfm import recip
 from hdl.lad.common import AC_BEATS, AC_FINISH, AC_TERMS, W_WIDTH, ac_command_layout, beat_layout, vector_layout
 from hdl.lad.eas import recip_resp_layout
-from testbenches.streams import Context, StreamMemory, StreamSink, StreamSource, pack, start, wait_until
-from testbenches.tb.lad_steps import beats, golden_records, sequence
+from testbenches.streams import StreamMemory, StreamSink, StreamSource, pack, wait_until
+from testbenches.tb.lad_steps import beats, open_bench
 
 
 def command(cfg: LadTileConfig, rng, **fields) -> dict:
@@ -40,12 +40,8 @@ def command(cfg: LadTileConfig, rng, **fields) -> dict:
 
 @cocotb.test()
 async def ac_matches_golden(dut):
-    ctx = Context(LadTileConfig)
+    ctx, (q, k, v), model, recs, cycles, (gap, stall) = await open_bench(dut)
     cfg, rng, p = ctx.cfg, ctx.rng, ctx.params
-    q, k, v = sequence(cfg, rng, p)
-    model, recs = golden_records(cfg, q, k, v)
-    cycles = await start(dut)
-    gap, stall = p.get("gap", 0.3), p.get("stall", 0.3)
 
     def sfm_recip(z):
         m_, e_ = (int(t) for t in recip(torch.tensor([z]), cfg.sfm))

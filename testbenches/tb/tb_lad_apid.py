@@ -16,22 +16,17 @@ import cocotb
 from amaranth import signed, unsigned
 from cocotb.triggers import ClockCycles
 
-from golden.lad_tile import LadTileConfig
 from hdl.lad.apid import absorb_layout, scan_layout
 from hdl.lad.common import candidate_layout
 from hdl.lad.eas import lookup_layout
-from testbenches.streams import Context, StreamMemory, StreamSink, StreamSource, start, wait_until
-from testbenches.tb.lad_steps import golden_records, sequence
+from testbenches.streams import StreamMemory, StreamSink, StreamSource, wait_until
+from testbenches.tb.lad_steps import open_bench
 
 
 @cocotb.test()
 async def apid_matches_golden(dut):
-    ctx = Context(LadTileConfig)
+    ctx, (q, k, v), _, recs, cycles, (gap, stall) = await open_bench(dut)
     cfg, rng, p = ctx.cfg, ctx.rng, ctx.params
-    q, k, v = sequence(cfg, rng, p)
-    _, recs = golden_records(cfg, q, k, v)
-    cycles = await start(dut)
-    gap, stall = p.get("gap", 0.3), p.get("stall", 0.3)
     xf, nb = cfg.sfm.x_format, cfg.beats
     approx_queue: list[int] = []
     verdicts: dict[int, dict] = {}

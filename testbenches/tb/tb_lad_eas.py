@@ -15,22 +15,17 @@ import torch
 from amaranth import signed, unsigned
 from cocotb.triggers import ClockCycles
 
-from golden.lad_tile import LadTileConfig
 from golden.sfm import recip
 from hdl.lad.common import vector_layout
 from hdl.lad.eas import key_out_layout, lookup_layout, recip_resp_layout
-from testbenches.streams import Context, StreamMemory, StreamSink, StreamSource, pack, start
-from testbenches.tb.lad_steps import golden_records, sequence
+from testbenches.streams import StreamMemory, StreamSink, StreamSource, pack
+from testbenches.tb.lad_steps import open_bench
 
 
 @cocotb.test()
 async def eas_matches_golden(dut):
-    ctx = Context(LadTileConfig)
+    ctx, (q, k, v), model, recs, cycles, (gap, stall) = await open_bench(dut)
     cfg, rng, p = ctx.cfg, ctx.rng, ctx.params
-    q, k, v = sequence(cfg, rng, p)
-    model, recs = golden_records(cfg, q, k, v)
-    cycles = await start(dut)
-    gap, stall = p.get("gap", 0.3), p.get("stall", 0.3)
     xw, rf = cfg.sfm.x_width, cfg.rho_format
     start_src = StreamSource(dut, "start", unsigned(1), cycles, rng, gap=gap)
     key_sink = StreamSink(dut, "key_out", key_out_layout(cfg), cycles, rng, stall=stall)

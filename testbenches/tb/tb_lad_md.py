@@ -20,8 +20,8 @@ from cocotb.triggers import ClockCycles
 from golden.lad_tile import LadTileConfig
 from hdl.lad.common import AC_BEATS, ac_command_layout, beat_layout, candidate_layout, vector_layout
 from hdl.lad.dense import kv_request_layout
-from testbenches.streams import Context, StreamMemory, StreamSink, StreamSource, pack, start, wait_until
-from testbenches.tb.lad_steps import beats, golden_records, sequence
+from testbenches.streams import StreamMemory, StreamSink, StreamSource, pack, wait_until
+from testbenches.tb.lad_steps import beats, open_bench
 
 
 def random_candidates(cfg: LadTileConfig, rng, count: int, positions: int) -> list[tuple[int, int, list[int]]]:
@@ -37,12 +37,8 @@ def random_candidates(cfg: LadTileConfig, rng, count: int, positions: int) -> li
 
 @cocotb.test()
 async def md_matches_golden(dut):
-    ctx = Context(LadTileConfig)
+    ctx, (q, k, v), model, recs, cycles, (gap, stall) = await open_bench(dut)
     cfg, rng, p = ctx.cfg, ctx.rng, ctx.params
-    q, k, v = sequence(cfg, rng, p)
-    model, recs = golden_records(cfg, q, k, v)
-    cycles = await start(dut)
-    gap, stall = p.get("gap", 0.3), p.get("stall", 0.3)
     xf, nb, L = cfg.sfm.x_format, cfg.beats, cfg.lanes
     steps = q.shape[0]
 
