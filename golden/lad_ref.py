@@ -21,6 +21,7 @@ from .pwl import PwlTable
 
 M_RULES = ("approx", "exact")
 RATIO_RULES = ("projection", "norm")
+FULL_TABLE_RULES = ("exact", "join")
 
 
 @dataclass(frozen=True)
@@ -31,8 +32,10 @@ class LadConfig(BlockConfig):
     center_cos: float = param(0.98, "a key joins center j when |cos(k, c_j)| >= this; else it becomes a center")
     ratio: str = param("projection", "rho of a key that joins center c: 'projection' k.c/|c|^2 (what the tile "
                                      "computes, no square root) or 'norm' sign(cos) |k|/|c| (the slides' wording)")
-    max_centers: int = param(0, "center table size (0 = unbounded); when full, a key joins its best center "
-                                "whatever the cosine")
+    max_centers: int = param(0, "center table size (0 = unbounded)")
+    full_table: str = param("join", "a key that matches no center while the table is full: 'exact' (no center; "
+                                    "a candidate at every step, its score always exact) or 'join' (joins its best "
+                                    "center whatever the cosine)")
     counter_bits: int = param(4, "bits of each per-position, per-interval saturating mode counter")
     guard_margin: float = param(0.0, "APID widens each mode interval by this much on both sides")
     exact_recent: int = param(1, "newest positions computed exactly each step before absorption (>= 1)")
@@ -53,6 +56,8 @@ class LadConfig(BlockConfig):
         self.require(self.exact_recent >= 1, f"exact_recent must be >= 1, got {self.exact_recent}")
         self.require(self.ratio in RATIO_RULES, f"ratio must be one of {RATIO_RULES}, got {self.ratio!r}")
         self.require(self.max_centers >= 0, f"max_centers must be >= 0, got {self.max_centers}")
+        self.require(self.full_table in FULL_TABLE_RULES,
+                     f"full_table must be one of {FULL_TABLE_RULES}, got {self.full_table!r}")
         self.require(self.m_rule in M_RULES, f"m_rule must be one of {M_RULES}, got {self.m_rule!r}")
         self.require(self.scale >= 0, f"scale must be >= 0, got {self.scale}")
         self.require(not self.exact_exp or self.exact_scores, "exact_exp needs exact_scores=True")
@@ -122,6 +127,7 @@ class LadHead:
         self._V = grown(self._V if old else None, d, dtype=torch.float64)
         self._center_of = grown(self._center_of if old else None, dtype=torch.long)
         self._ratio = grown(self._ratio if old else None, dtype=torch.float64)
+        self._uncentered = grown(self._uncentered if old else None, dtype=torch.bool)
         self._mode = grown(self._mode if old else None, dtype=torch.long)
         self._counters = grown(self._counters if old else None, R1, dtype=torch.int32)
         self._ones = torch.ones(H, cap, dtype=torch.int32)
@@ -156,9 +162,12 @@ class LadHead:
         j = cos.abs().argmax(-1) if Cn else torch.zeros(self.H, dtype=torch.long)
         best = cos[hs, j] if Cn else torch.zeros(self.H, dtype=torch.float64)
         join = (best.abs() >= self.cfg.center_cos) & (norm > 0)
-        if self.cfg.max_centers:                                   # table full: join the best center
-            join |= (self.n_centers >= self.cfg.max_centers) & (self.n_centers > 0)
-        new = ~join
+        full = (self.n_centers >= self.cfg.max_centers) if self.cfg.max_centers else torch.zeros_like(join)
+        uncentered = full & ~join
+        if self.cfg.full_table == "join":                          # table full: join the best center
+            join |= full & (self.n_centers > 0)
+            uncentered = torch.zeros_like(join)
+        new = ~join & ~uncentered
         if int(self.n_centers.max()) + 1 > self.centers.shape[1]:
             cap = 2 * self.centers.shape[1]
             c = torch.zeros(self.H, cap, self.cfg.head_dim, dtype=torch.float64)
@@ -166,13 +175,13 @@ class LadHead:
             cn = torch.zeros(self.H, cap, dtype=torch.float64)
             cn[:, :self.center_norm.shape[1]] = self.center_norm
             self.centers, self.center_norm = c, cn
-        slot = torch.where(join, j, self.n_centers)
+        slot = torch.where(join | uncentered, j, self.n_centers)
         cnorm = self.center_norm[hs, j].clamp_min(1e-300)
         if self.cfg.ratio == "projection":                         # k.c / |c|^2 = cos |k| / |c|
             joined = best * norm / cnorm
         else:
             joined = torch.sign(best) * norm / cnorm
-        rho = torch.where(join, joined, torch.ones_like(norm))
+        rho = torch.where(join, joined, torch.ones_like(norm)).masked_fill(uncentered, 0.0)
         nh = hs[new]
         self.centers[nh, self.n_centers[nh]] = k[nh]
         self.center_norm[nh, self.n_centers[nh]] = norm[nh]
@@ -180,6 +189,7 @@ class LadHead:
         i = self.length
         self._center_of[:, i] = slot
         self._ratio[:, i] = rho
+        self._uncentered[:, i] = uncentered
         self._K[:, i] = k
         self._V[:, i] = v
         self.length += 1
@@ -226,6 +236,9 @@ class LadHead:
         # EAS: approximate scores of absorbed positions (one dot product per center)
         qc = (self.centers @ qv).squeeze(-1)
         s_hat = self._ratio[:, :na] * qc.gather(1, self._center_of[:, :na]) * sc
+        unc = self._uncentered[:, :na]                                   # no center: always a candidate
+        if bool(unc.any()):
+            s_hat = s_hat.masked_fill(unc, -math.inf)
         if cfg.m_rule == "exact" or cfg.exact_scores:
             m = s_all.max(-1).values
         elif na:
@@ -236,7 +249,7 @@ class LadHead:
         # APID: candidates = approximate x outside the (guarded) mode interval
         x_hat = s_hat - m[:, None]
         g = cfg.guard_margin
-        cand = (x_hat < self.lo[mode] - g) | (x_hat >= self.hi[mode] + g)
+        cand = (x_hat < self.lo[mode] - g) | (x_hat >= self.hi[mode] + g) | unc
         if cfg.exact_scores:
             cand = torch.ones_like(cand)
         # MD: exact scores of candidates -> actual interval; active = actual != mode

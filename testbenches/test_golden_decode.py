@@ -176,6 +176,34 @@ def test_lad_invariants_and_exact_modes(exact_recent):
     assert totals["active"] > 0 and totals["mode_changes"] > 0 and totals["candidates"] > totals["active"] // 2
 
 
+@pytest.mark.parametrize("rule", ["join", "exact"])
+def test_lad_bounded_center_table_rules(rule):
+    """A full center table: 'join' gives every key a center (its best, whatever the cosine);
+    'exact' leaves a key that matches none without a center, a candidate at every step, never missed."""
+    q, k, v = _lad_data(SEED + 7)
+    H, n, d = k.shape
+    k = k + 0.5 * torch.randn(H, n, d, generator=torch.Generator().manual_seed(SEED))  # spread directions
+    head = LadHead(LadConfig(head_dim=d, max_centers=4, full_table=rule), H)
+    missed = cand = 0
+    for i in range(n):
+        uncentered_absorbed = int(head._uncentered[:, :head.absorbed].sum())
+        o, st = head.step(q[:, i], k[:, i], v[:, i])
+        assert torch.isfinite(o).all()
+        assert st["candidates"] >= uncentered_absorbed
+        missed += st["missed"]
+        cand += st["candidates"]
+    assert int(head.n_centers.max()) == 4
+    unc = head._uncentered[:, :n]
+    if rule == "join":
+        assert not bool(unc.any()) and (head.ratio != 0).all()
+    else:
+        assert int(unc.sum()) > n                                  # most keys find no center at cos 0.98
+        assert bool((head.ratio[unc] == 0).all()) and bool((head.ratio[~unc] != 0).all())
+    assert cand > 0
+    with pytest.raises(ConfigError, match="full_table"):
+        LadConfig(full_table="drop")
+
+
 # -- inside SmolLM2 ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def smollm2():
