@@ -3,7 +3,8 @@
     .venv/bin/python -m benchmarks.lad_table_ablation [--tokens 512]
         [--variants twin twin-rounded exact-rule tile] [--max-centers 256] [--out JSON]
 
-Teacher-forced perplexity on the first ``tokens`` tokens of WikiText-2 test (from position 0),
+Teacher-forced perplexity of ``tokens`` WikiText-2 test tokens (decoded from position 0; the same
+tokens as ``ladmac eval lad --tokens N``),
 one variant after another, each against full attention on the same tokens:
 
 - ``twin``: the float reference (golden/lad_ref.py) with the tile's parameters
@@ -77,12 +78,12 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     try:
-        if args.tokens < 2:
-            raise decode_eval.ConfigError(f"--tokens must be at least 2, got {args.tokens}")
+        if args.tokens < 1:
+            raise decode_eval.ConfigError(f"--tokens must be at least 1, got {args.tokens}")
         LadTileConfig(max_centers=args.max_centers)   # validates
         text = decode_eval.read_wikitext()
         model, tok = decode_eval.load_model()
-        ids = decode_eval.wikitext_ids(tok, args.tokens, text=text)
+        ids = decode_eval.wikitext_ids(tok, args.tokens + 1, text=text)   # as ladmac eval: N scored tokens
     except LadmacError as err:
         print(f"lad_table_ablation: error: {err}", file=sys.stderr)
         return 2

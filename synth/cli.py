@@ -60,6 +60,8 @@ def format_report(r: dict) -> str:
     lines = []
     cfg = ", ".join(f"{k}={v}" for k, v in r["config"].items())
     lines.append(f"{r['block']} ({r['preset'] or 'default'} config: {cfg})")
+    if r.get("error"):
+        lines.append(f"  {r['error']}")
     e = r.get("ecp5")
     if e:
         d = e["device"]
@@ -119,9 +121,16 @@ def main(argv: list[str]) -> int:
             get_block(name)
             cfg = make_config(name, _overrides(args.set), args.preset)
             t0 = time.time()
-            r = flow.synthesize(name, cfg, target=args.target, freq_mhz=args.freq, bitstream=args.bitstream,
-                                use_cache=args.cache, preset=args.preset,
-                                log=lambda msg: print(msg, file=sys.stderr, flush=True))
+            log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+            try:
+                r = flow.synthesize(name, cfg, target=args.target, freq_mhz=args.freq, bitstream=args.bitstream,
+                                    use_cache=args.cache, preset=args.preset, log=log)
+            except ConfigError as err:   # --all: a block that does not fit gets its row and generic count
+                if not (args.all and "does not fit" in str(err)):
+                    raise
+                r = flow.synthesize(name, cfg, target="generic", freq_mhz=args.freq, use_cache=args.cache,
+                                    preset=args.preset, log=log)
+                r["error"] = str(err)
             doc.reannotate(r)
             r["wall_s"] = round(time.time() - t0, 1)
             results.append(r)

@@ -71,6 +71,25 @@ def test_design_that_does_not_fit_exits_2_naming_the_resource(cache_dir, capsys)
     assert not any(line.startswith("ladmac: error") for line in err[:-1])
 
 
+def test_all_keeps_going_past_a_design_that_does_not_fit(cache_dir, tmp_path, monkeypatch):
+    # --all (make synth): a block that does not fit gets a "failed" row and its generic count
+    import hdl.registry as registry
+    monkeypatch.setattr(registry, "BLOCKS", {"sram": registry.BLOCKS["sram"]})
+    real = flow.synthesize
+
+    def no_fit(block, cfg, *, target="ecp5", **kw):
+        if target == "ecp5":
+            raise ConfigError(f"{block} does not fit LFE5U-85F: needs 300 DP16KD, the device has 208 (DP16KD exhausted)")
+        return real(block, cfg, target=target, **kw)
+    monkeypatch.setattr(flow, "synthesize", no_fit)
+    out = tmp_path / "synthesis.md"
+    assert cli.main(["--all", "--doc", str(out)]) == 0
+    text = out.read_text()
+    assert "| sram | failed: sram does not fit LFE5U-85F: needs 300 DP16KD" in text
+    row = [line for line in text.splitlines() if line.startswith("| sram | ") and "failed" not in line]
+    assert len(row) == 1 and int(row[0].split("|")[2]) > 0          # the generic cell count
+
+
 # -- harness --------------------------------------------------------------------------------
 class _Toy(wiring.Component):
     """a (13 bits) + b (6 bits) -> registered sum (14 bits) and a comb xor flag."""
