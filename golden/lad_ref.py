@@ -163,10 +163,9 @@ class LadHead:
         best = cos[hs, j] if Cn else torch.zeros(self.H, dtype=torch.float64)
         join = (best.abs() >= self.cfg.center_cos) & (norm > 0)
         full = (self.n_centers >= self.cfg.max_centers) if self.cfg.max_centers else torch.zeros_like(join)
-        uncentered = full & ~join
         if self.cfg.full_table == "join":                          # table full: join the best center
-            join |= full & (self.n_centers > 0)
-            uncentered = torch.zeros_like(join)
+            join |= full
+        uncentered = full & ~join                                  # rule "exact": no center, always read
         new = ~join & ~uncentered
         if int(self.n_centers.max()) + 1 > self.centers.shape[1]:
             cap = 2 * self.centers.shape[1]

@@ -125,8 +125,8 @@ def main(argv: list[str]) -> int:
             try:
                 r = flow.synthesize(name, cfg, target=args.target, freq_mhz=args.freq, bitstream=args.bitstream,
                                     use_cache=args.cache, preset=args.preset, log=log)
-            except ConfigError as err:   # --all: a block that does not fit gets its row and generic count
-                if not (args.all and "does not fit" in str(err)):
+            except flow.DoesNotFit as err:   # --all: a block that does not fit gets its row and generic count
+                if not args.all:
                     raise
                 r = flow.synthesize(name, cfg, target="generic", freq_mhz=args.freq, use_cache=args.cache,
                                     preset=args.preset, log=log)

@@ -14,7 +14,7 @@
 
 Results are cached under ``BUILD_ROOT/synth/`` keyed by block, config, target frequency,
 toolchain versions, the block's Verilog hash and this package's source; a repeated run
-reads the cached report. A design that does not fit the device raises ConfigError naming
+reads the cached report. A design that does not fit the device raises DoesNotFit (a ConfigError) naming
 the exhausted resource.
 """
 from __future__ import annotations
@@ -43,6 +43,10 @@ DEFAULT_FREQ_MHZ = 100.0
 CACHE_DIR = BUILD_ROOT / "synth"
 FLOW_VERSION = 1  # bump when the report format changes
 NEXTPNR_OPTS = ["--report", "report.json", "--timing-allow-fail", "--seed", "1"]
+
+
+class DoesNotFit(ConfigError):
+    """The design needs more of a device resource than the device has (exit 2 like any bad config)."""
 
 
 class ToolError(LadmacError):
@@ -175,7 +179,7 @@ def _fit_check(total: dict, block: str) -> None:
     dev = device_info()
     for res, have in CAPACITY.items():
         if need[res] > have:
-            raise ConfigError(f"{block} does not fit {dev['device']}: needs {need[res]} {res}, the device has "
+            raise DoesNotFit(f"{block} does not fit {dev['device']}: needs {need[res]} {res}, the device has "
                               f"{have} ({res} exhausted)")
 
 
@@ -186,10 +190,10 @@ def _nextpnr_fit_error(text: str, block: str) -> None:
         m = re.search(r"(?:uses|requires) \d+ .*?(?:of type|cells? of type) '?([A-Z0-9_]+)'?.*?(?:only has|has only|available)",
                       text)
     if m:
-        raise ConfigError(f"{block} does not fit {dev}: {m.group(1)} exhausted")
+        raise DoesNotFit(f"{block} does not fit {dev}: {m.group(1)} exhausted")
     m = re.search(r"ERROR: .*?(TRELLIS_[A-Z]+|DP16KD|MULT18X18D|ALU54B|EHXPLLL|DCCA)", text)
     if m and re.search(r"(?i)unable to place|exceed|too many|not enough|overused|no BELs", text):
-        raise ConfigError(f"{block} does not fit {dev}: {m.group(1)} exhausted")
+        raise DoesNotFit(f"{block} does not fit {dev}: {m.group(1)} exhausted")
 
 
 PHASE1 = """read_rtlil top.il

@@ -79,7 +79,7 @@ def test_all_keeps_going_past_a_design_that_does_not_fit(cache_dir, tmp_path, mo
 
     def no_fit(block, cfg, *, target="ecp5", **kw):
         if target == "ecp5":
-            raise ConfigError(f"{block} does not fit LFE5U-85F: needs 300 DP16KD, the device has 208 (DP16KD exhausted)")
+            raise flow.DoesNotFit(f"{block} does not fit LFE5U-85F: needs 300 DP16KD, the device has 208 (DP16KD exhausted)")
         return real(block, cfg, target=target, **kw)
     monkeypatch.setattr(flow, "synthesize", no_fit)
     out = tmp_path / "synthesis.md"
