@@ -9,26 +9,10 @@ import time
 from pathlib import Path
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2 (argparse prints usage + error otherwise)
-        sys.stderr.write(f"ladmac: error: {message}\n")
-        raise SystemExit(2)
-
-
-def _overrides(pairs: list[str] | None) -> dict[str, str]:
-    from golden.errors import ConfigError
-    out = {}
-    for pair in pairs or []:
-        if "=" not in pair:
-            raise ConfigError(f"--set expects NAME=VALUE, got '{pair}'")
-        name, value = pair.split("=", 1)
-        out[name.strip()] = value.strip()
-    return out
-
-
 def _config(args):
+    from golden.cli import parse_overrides
     from hdl.registry import make_config
-    return make_config(args.block, _overrides(args.set), args.preset)
+    return make_config(args.block, parse_overrides(args.set), args.preset)
 
 
 def cmd_blocks(args) -> int:
@@ -69,20 +53,22 @@ def cmd_verilog(args) -> int:
 
 
 def cmd_sim(args) -> int:
-    from testbenches.runner import TB_MODULES, simulate
+    from testbenches.runner import simulate
     cfg = _config(args)
     t0 = time.time()
-    report = simulate(args.block, cfg, TB_MODULES[args.block], seed=args.seed, name="cli",
+    report = simulate(args.block, cfg, seed=args.seed, name="cli", waves=args.waves,
                       params={"vectors": args.vectors, "steps": args.vectors})
     print(f"{args.block}: {report['vectors']} vectors, {report['mismatches']} mismatches vs the golden "
           f"model under Verilator (seed {args.seed}, {time.time() - t0:.1f} s); log {report['log']}")
+    if args.waves:
+        print(f"waveform: {report['waves']}")
     return 0 if report["mismatches"] == 0 else 1
 
 
 def cmd_demo(args) -> int:
     from golden.paths import BUILD_ROOT
     from hdl.registry import BLOCKS, generate_verilog
-    from testbenches.runner import TB_MODULES, simulate
+    from testbenches.runner import simulate
     out_dir = BUILD_ROOT / "verilog"
     out_dir.mkdir(parents=True, exist_ok=True)
     print(f"1. Verilog for every block at its default config -> {out_dir}/")
@@ -97,7 +83,7 @@ def cmd_demo(args) -> int:
     print(f"2. cocotb + Verilator check of '{block}' against the golden model (200 random vectors + corners,"
           " random gaps and back-pressure)")
     t0 = time.time()
-    report = simulate(block, cfg, TB_MODULES[block], seed=1, name="demo", params={"vectors": 200})
+    report = simulate(block, cfg, seed=1, name="demo", params={"vectors": 200})
     print(f"   {report['vectors']} vectors, {report['mismatches']} mismatches, {report['cycles']} cycles "
           f"simulated in {time.time() - t0:.1f} s; log {report['log']}")
     print("Done. `ladmac blocks` lists the parameters; `ladmac verilog BLOCK --set NAME=VALUE -o FILE` "
@@ -119,14 +105,15 @@ def cmd_synth(rest: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from golden.cli import Parser, add_overrides
     from hdl.registry import BLOCKS
-    parser = _Parser(prog="ladmac", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = Parser(prog="ladmac", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     sub.add_parser("blocks", help="list every block with its parameters and defaults")
 
     def block_args(p):
         p.add_argument("block", help=f"one of: {', '.join(BLOCKS)}")
-        p.add_argument("--set", action="append", metavar="NAME=VALUE", help="override a config parameter")
+        add_overrides(p)
         p.add_argument("--preset", help="start from a named preset instead of the defaults")
 
     p = sub.add_parser("verilog", help="emit Verilog for a block")
@@ -137,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     block_args(p)
     p.add_argument("--vectors", type=int, default=1000)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--waves", action="store_true", help="record an FST waveform (Verilator --trace-fst)")
     sub.add_parser("demo", help="the main job on built-in defaults: Verilog for every block + one cocotb check")
     p = sub.add_parser("eval", help="run LAD / MAC / AttnCache inside real LLMs (see `ladmac eval METHOD -h`)",
                        add_help=False)

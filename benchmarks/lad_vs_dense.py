@@ -115,7 +115,8 @@ def main() -> None:
         sys.exit(f"ladmac: error: --reuse-rtl {args.reuse_rtl}: no such file")
     from benchmarks.record_lad_trace import record_heads
     t0 = time.time()
-    cfg, dense_cfg = LadTileConfig(), DenseConfig()
+    cfg = LadTileConfig()
+    dense_cfg = cfg.dense()
     pairs = tuple(tuple(int(x) for x in s.split(":")) for s in args.heads)
     # float16 as stored for the testbench (testbenches/data), then the tile's s16.8: RTL and model see the same
     trace = {n: t.half().float() for n, t in record_heads(max(args.contexts), pairs).items() if n in ("q", "k", "v")}

@@ -13,7 +13,7 @@ and, in a second file, one head's post-RoPE ``q`` and its KV head's ``k``, ``v``
 - ``q_pre``: pre-RoPE queries of the first KV group's query heads, (tokens, 3, 64);
 - ``merge_cases``: raw (MacUnitConfig default formats) merge/removal transactions built
   from that layer's real partial softmax states (prefix, band and tail key ranges of
-  ALGORITHMS.md §2 at S = 256 for decode positions), with the float result of each:
+  docs/algorithms.md §2 at S = 256 for decode positions), with the float result of each:
   ``expect_o`` and ``expect_lse`` (the exact softmax over the merged or remaining keys).
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""AttnCache golden model (ALGORITHMS.md section 3): prefill attention-map memoization.
+"""AttnCache golden model (docs/algorithms.md section 3): prefill attention-map memoization.
 
 Computes: the feature projector (layer-0 attention input -> zero-pad/crop to ``max_len``
 rows -> adaptive max-pool -> Linear -> BatchNorm -> Linear, 128-d), its Siamese training

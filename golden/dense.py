@@ -1,4 +1,4 @@
-"""Dense PWL attention baseline (the LAD tile's reference point, ALGORITHMS.md §1.1):
+"""Dense PWL attention baseline (the LAD tile's reference point, docs/algorithms.md §1.1):
 config, bit-accurate model and float twin.
 
 One head, one decode step over positions ``0..n-1`` of the KV cache, with LAD's
@@ -13,6 +13,7 @@ q, k, v and o share one format (``kv_width``, ``kv_frac``).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import cached_property
@@ -28,24 +29,26 @@ SCALE_FRAC = 16
 
 
 @dataclass(frozen=True)
-class DenseConfig(BlockConfig):
+class HeadConfig(BlockConfig):
+    """What every one-head attention block shares (the dense baseline and the LAD tile): the head's
+    shape, the q/k/v/o number format, the context it holds and the PWL exp. Subclasses add their
+    own parameters and checks; ``sfm`` is theirs (its reciprocal width depends on the block)."""
     head_dim: int = param(64, "d: head dimension")
-    lanes: int = param(8, "VPU lanes (head_dim/lanes must be at least 4)")
+    lanes: int = param(8, "VPU lanes: one beat carries this many elements of q, k, v, o")
     kv_width: int = param(16, "bits of a signed q, k, v or o element")
     kv_frac: int = param(8, "fraction bits of q, k, v and o")
-    max_positions: int = param(4096, "largest context (score buffer depth)")
-    intervals: int = param(8, "PWL intervals (SFM)")
-    cutoff: float = param(-8.0, "PWL cutoff (SFM)")
+    max_positions: int = param(4096, "largest context the block holds")
+    intervals: int = param(8, "R: finite PWL intervals over [cutoff, 0] (plus the zero interval)")
+    cutoff: float = param(-8.0, "e_R: below this x = s - m contributes nothing")
+
+    min_beats = 2   # head_dim / lanes at least this
 
     def validate(self):
         self.require(1 <= self.lanes <= 64, f"lanes must be 1..64, got {self.lanes}")
-        self.require(self.head_dim % self.lanes == 0 and self.head_dim // self.lanes >= 4,
+        self.require(self.head_dim % self.lanes == 0 and self.head_dim // self.lanes >= self.min_beats,
                      f"head_dim ({self.head_dim}) must be a multiple of lanes ({self.lanes}) with at least "
-                     "4 beats per vector")
-        self.require(4 <= self.kv_width <= 20, f"kv_width must be 4..20, got {self.kv_width}")
-        self.require(0 <= self.kv_frac < self.kv_width, f"kv_frac must be 0..kv_width-1, got {self.kv_frac}")
+                     f"{self.min_beats} beats per vector")
         self.require(2 <= self.max_positions <= 1 << 16, f"max_positions must be 2..65536, got {self.max_positions}")
-        self.sfm  # validates the PWL parameters
 
     @property
     def beats(self) -> int:
@@ -58,6 +61,31 @@ class DenseConfig(BlockConfig):
     @property
     def position_width(self) -> int:
         return max(1, self.max_positions.bit_length())
+
+    @property
+    def scale_raw(self) -> int:
+        """1/sqrt(d) as a raw constant with SCALE_FRAC fraction bits."""
+        return round(2 ** SCALE_FRAC / math.sqrt(self.head_dim))
+
+    @property
+    def score_shift(self) -> int:
+        """Right shift from dot * scale (frac 2*kv_frac + 16) to the SFM's x format."""
+        return 2 * self.kv_frac + SCALE_FRAC - self.sfm.x_frac
+
+    def head_fields(self) -> dict:
+        """This config's HeadConfig fields (to derive another head block's config from it)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(HeadConfig)}
+
+
+@dataclass(frozen=True)
+class DenseConfig(HeadConfig):
+    min_beats = 4   # the score buffer's pipeline needs four beats per vector
+
+    def validate(self):
+        super().validate()
+        self.require(4 <= self.kv_width <= 20, f"kv_width must be 4..20, got {self.kv_width}")
+        self.require(0 <= self.kv_frac < self.kv_width, f"kv_frac must be 0..kv_width-1, got {self.kv_frac}")
+        self.sfm  # validates the PWL parameters
 
     @cached_property
     def sfm(self) -> SfmConfig:
@@ -75,15 +103,6 @@ class DenseConfig(BlockConfig):
         width = max(self.kv_width, 17)
         acc = max(2 * width + 2 + max(1, (self.head_dim - 1).bit_length()), 17 + self.kv_width + self.position_width + 1)
         return VpuConfig(lanes=self.lanes, in_width=width, acc_width=acc, axpy_shift=0)
-
-    @property
-    def scale_raw(self) -> int:
-        return round(2 ** SCALE_FRAC / math.sqrt(self.head_dim))
-
-    @property
-    def score_shift(self) -> int:
-        """Right shift from dot * scale (frac 2*kv_frac + 16) to the SFM's x format."""
-        return 2 * self.kv_frac + SCALE_FRAC - self.sfm.x_frac
 
 
 PRESETS = {

@@ -1,4 +1,4 @@
-"""Float reference of LAD decoding for one attention head (ALGORITHMS.md §1).
+"""Float reference of LAD decoding for one attention head (docs/algorithms.md §1).
 
 Each :meth:`LadHead.step` runs the tile's modules in order: EAS (directional centers,
 approximate scores ``s^_i = rho_i q.c_j(i) / sqrt(d)``, §1.4), the reference ``m``,

@@ -1,4 +1,4 @@
-"""LAD tile: config and bit-accurate model of one head's decode steps (ALGORITHMS.md §1).
+"""LAD tile: config and bit-accurate model of one head's decode steps (docs/algorithms.md §1).
 
 Mirrors the float reference ``golden.lad_ref.LadHead`` step for step, with the integer
 formats of docs/lad-tile.md; ``LadTileConfig.reference()`` is the float twin's config.
@@ -14,7 +14,7 @@ RTL (hdl/lad/) does exactly this. Raw formats (``real = raw * 2**-frac``):
 - ``N`` (frac 23) and ``Z`` (frac 15), as in the dense baseline, so ``o = N * RECIP(Z)``
   is the same rounding.
 
-One step at position ``n`` (eq. numbers are ALGORITHMS.md sections):
+One step at position ``n`` (eq. numbers are docs/algorithms.md sections):
 
 1. EAS (§1.4): ``qcs_j = score(q, c_j)`` for every center; for ``k_n``:
    ``t_j = round_shift(dot_j**2 * rc_j, mf + e_j)`` ≈ ``cos_j**2 |k|**2`` with
@@ -45,20 +45,18 @@ leave the state unchanged and report ``overflow`` with ``o = 0``.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import cached_property
 
 import torch
 
-from .config import BlockConfig, param
-from .dense import score_raw
+from .config import param
+from .dense import SCALE_FRAC, DenseConfig, HeadConfig, score_raw
 from .fixedpoint import FixedFormat, round_shift, saturate
 from .lad_ref import LadConfig
 from .sfm import SfmConfig, exp_pwl, recip
 from .vpu import VpuConfig
 
-SCALE_FRAC = 16       # score scale 1/sqrt(d) as a raw constant (as golden.dense)
 COS_FRAC = 16         # center_cos**2 as a raw constant
 CACHE_FRAC = 24       # A, B, C, D
 COEF_FRAC = 16        # a, b, alpha, beta, E, F (the SFM's coefficient format)
@@ -67,32 +65,23 @@ Z_FRAC = 15
 
 
 @dataclass(frozen=True)
-class LadTileConfig(BlockConfig):
-    head_dim: int = param(64, "d: head dimension")
-    lanes: int = param(8, "VPU lanes: one beat carries this many elements of q, k, v, o")
+class LadTileConfig(HeadConfig):
+    """The tile: HeadConfig (shape, q/k/v/o format, context = metadata SRAM depth, PWL) plus LAD's own
+    parameters. Derived widths of the AC datapath live here so that RTL and model read one value."""
     vpus: int = param(7, "VPUs in the pool: 2 for EAS (q.c and k.c), 1 for MD, the rest for AC's q.A rows")
-    max_positions: int = param(4096, "positions the metadata SRAM holds; a longer context overflows")
     max_centers: int = param(256, "center table entries; when full, keys join their best center")
-    intervals: int = param(8, "R: finite PWL intervals over [cutoff, 0] (plus the zero interval)")
-    cutoff: float = param(-8.0, "e_R: below this x = s - m contributes nothing")
     center_cos: float = param(0.98, "a key joins its best center when |cos| >= this")
     counter_bits: int = param(4, "bits of each per-position, per-interval saturating mode counter")
     guard_margin: float = param(0.0, "APID widens each mode interval by this much on both sides")
-    kv_width: int = param(16, "bits of a signed q, k, v or o element")
-    kv_frac: int = param(8, "fraction bits of q, k, v and o")
     rho_width: int = param(20, "bits of the signed center ratio rho")
     rho_frac: int = param(12, "fraction bits of rho")
     cache_dot_frac: int = param(12, "fraction bits of A and D as operands of the q.A / q.D dot products")
 
     def validate(self):
-        self.require(1 <= self.lanes <= 64, f"lanes must be 1..64, got {self.lanes}")
-        self.require(self.head_dim % self.lanes == 0 and self.head_dim // self.lanes >= 2,
-                     f"head_dim ({self.head_dim}) must be a multiple of lanes ({self.lanes}) with at least "
-                     "2 beats per vector")
+        super().validate()
         self.require(4 <= self.vpus <= 64, f"vpus must be 4..64 (EAS 2, MD 1, AC at least 1), got {self.vpus}")
         self.require(self.head_dim % self.ac_vpus == 0,
                      f"head_dim ({self.head_dim}) must be a multiple of the AC VPUs (vpus - 3 = {self.ac_vpus})")
-        self.require(2 <= self.max_positions <= 1 << 16, f"max_positions must be 2..65536, got {self.max_positions}")
         self.require(1 <= self.max_centers <= self.max_positions,
                      f"max_centers must be 1..max_positions, got {self.max_centers}")
         self.require(0.0 < self.center_cos <= 1.0, f"center_cos must be in (0, 1], got {self.center_cos}")
@@ -109,24 +98,12 @@ class LadTileConfig(BlockConfig):
 
     # -- derived ------------------------------------------------------------------------
     @property
-    def beats(self) -> int:
-        return self.head_dim // self.lanes
-
-    @property
     def ac_vpus(self) -> int:
         return self.vpus - 3
 
     @property
-    def kv_format(self) -> FixedFormat:
-        return FixedFormat(self.kv_width, self.kv_frac)
-
-    @property
     def rho_format(self) -> FixedFormat:
         return FixedFormat(self.rho_width, self.rho_frac)
-
-    @property
-    def position_width(self) -> int:
-        return max(1, self.max_positions.bit_length())
 
     @property
     def center_width(self) -> int:
@@ -153,18 +130,29 @@ class LadTileConfig(BlockConfig):
         return VpuConfig(lanes=self.lanes, in_width=self.kv_width,
                          acc_width=2 * self.kv_width + 2 + max(1, (self.head_dim - 1).bit_length()), axpy_shift=0)
 
+    # AC datapath widths (docs/lad-tile.md, formats as built): one place for RTL and model.
+    ac_operand_width = 30   # A_r, D_r as q.A / q.D operands; the AXPY scalars alpha, beta, g, w
+    ac_acc_width = 62       # N, A, B, C, D lanes (saturating)
+    ef_width = 40           # E, F (frac 16, saturating)
+    g_width = 24            # g_l = round_shift(alpha v_l, G_SHIFT): frac 16
+
     @cached_property
     def ac_vpu(self) -> VpuConfig:
-        """AC: q.A_r / q.D_r dots (30-bit operands) and the AXPYs into N, B, C, D, A (62-bit lanes)."""
-        return VpuConfig(lanes=self.lanes, in_width=30, acc_width=62, axpy_shift=0)
+        """AC: q.A_r / q.D_r dots and the AXPYs into N, B, C, D, A."""
+        return VpuConfig(lanes=self.lanes, in_width=self.ac_operand_width, acc_width=self.ac_acc_width, axpy_shift=0)
 
     @property
-    def scale_raw(self) -> int:
-        return round(2 ** SCALE_FRAC / math.sqrt(self.head_dim))
+    def ef_format(self) -> FixedFormat:
+        return FixedFormat(self.ef_width, 0)
 
     @property
-    def score_shift(self) -> int:
-        return 2 * self.kv_frac + SCALE_FRAC - self.sfm.x_frac
+    def g_shift(self) -> int:
+        """Right shift of alpha * v (frac COEF_FRAC + kv_frac) to g's frac 16."""
+        return COEF_FRAC + self.kv_frac - 16
+
+    def dense(self) -> DenseConfig:
+        """The dense baseline at this tile's shape, formats, context and PWL (same KV bandwidth)."""
+        return DenseConfig(**self.head_fields())
 
     @property
     def cos2_raw(self) -> int:
@@ -323,12 +311,12 @@ class LadTileModel:
         if alpha.numel() == 0:
             return
         acc = self.cfg.ac_vpu.acc_format
-        g = round_shift(alpha[:, None] * v, COEF_FRAC + self.cfg.kv_frac - 16)   # (P, d): g_l, frac 16
+        g = round_shift(alpha[:, None] * v, self.cfg.g_shift)   # (P, d): g_l, frac 16
         self.A = _sat_add_sequence(self.A, g[:, :, None] * k[:, None, :], acc)
         self.B = _sat_add_sequence(self.B, alpha[:, None] * v, acc)
         self.C = _sat_add_sequence(self.C, beta[:, None] * v, acc)
         self.D = _sat_add_sequence(self.D, alpha[:, None] * k, acc)
-        ef = FixedFormat(40, 0)
+        ef = self.cfg.ef_format
         self.E = int(_sat_add_sequence(torch.tensor(self.E), alpha, ef))
         self.F = int(_sat_add_sequence(torch.tensor(self.F), beta, ef))
 

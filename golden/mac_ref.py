@@ -1,4 +1,4 @@
-"""Float reference of MAC-Attention decoding for one layer (ALGORITHMS.md §2).
+"""Float reference of MAC-Attention decoding for one layer (docs/algorithms.md §2).
 
 Attention states are ``(o, lse)``: normalised output and natural-log sum-exp.
 :func:`merge_states` is ⊕ (online-softmax merge), :func:`downdate_states` is ⊖ (removal,

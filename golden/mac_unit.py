@@ -1,4 +1,4 @@
-"""MAC unit (ALGORITHMS.md §2): config and bit-accurate models of its two RTL blocks.
+"""MAC unit (docs/algorithms.md §2): config and bit-accurate models of its two RTL blocks.
 
 **Match** — per query head a ring window of the last ``window`` pre-RoPE queries
 (slot = position mod window). A new query ``q`` (signed ``q_width`` bits, ``q_frac``

@@ -1,4 +1,4 @@
-"""Piecewise-linear exp of LAD (ALGORITHMS.md §1.1): intervals, coefficients, lookup.
+"""Piecewise-linear exp of LAD (docs/algorithms.md §1.1): intervals, coefficients, lookup.
 
 ``exp(x)`` for ``x <= 0`` is replaced by ``p(x) = a_r x + b_r`` on interval ``r``:
 interval 0 is ``[e_1, +inf)`` (x > 0, a running max that was underestimated, uses

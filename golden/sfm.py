@@ -1,6 +1,6 @@
 """Special-function unit (SFM): config, coefficient tables, bit-accurate model, float twins.
 
-Three operations (ALGORITHMS.md §1.1, the normalisation ``o = N/Z`` of §1.2, and the
+Three operations (docs/algorithms.md §1.1, the normalisation ``o = N/Z`` of §1.2, and the
 online-softmax merge/removal of §2):
 
 - ``EXP``: piecewise-linear ``exp(x)`` for ``x <= 0`` (``golden.pwl.PwlTable``). The

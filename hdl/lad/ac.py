@@ -1,4 +1,4 @@
-"""AC: attention computation from the caches (ALGORITHMS.md §1.2-1.3, 1.5; golden/lad_tile.py
+"""AC: attention computation from the caches (docs/algorithms.md §1.2-1.3, 1.5; golden/lad_tile.py
 steps 3, 5 and 6).
 
 Owns caches A (``ac_vpus`` SRAM banks, row ``l`` in bank ``l mod P``, ``beats`` words per row),
@@ -19,7 +19,7 @@ from amaranth import Array, Cat, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from golden.lad_tile import CACHE_FRAC, COEF_FRAC, LadTileConfig
+from golden.lad_tile import COEF_FRAC, LadTileConfig
 from golden.sram import SramConfig
 from golden.vpu import OP_AXPY, OP_DOT
 
@@ -29,7 +29,6 @@ from ..lib.vpu import Vpu
 from .common import AC_BEATS, AC_FINISH, AC_TERMS, ac_command_layout, beat_layout, vector_layout
 from .eas import recip_resp_layout
 
-G_SHIFT = COEF_FRAC + 8 - 16   # g = alpha v (frac 24) rounded to frac 16
 
 
 class Ac(wiring.Component):
@@ -49,7 +48,7 @@ class Ac(wiring.Component):
         cfg, m = self.cfg, Module()
         L, nb, d, P = cfg.lanes, cfg.beats, cfg.head_dim, cfg.ac_vpus
         vc = cfg.ac_vpu
-        aw, ow, kw = vc.acc_width, vc.in_width, cfg.kv_width
+        aw, ow, kw, gw = vc.acc_width, vc.in_width, cfg.kv_width, cfg.g_width
         zw, mf = cfg.z_width, cfg.sfm.mantissa_frac
         rows = d // P                      # rows per bank
         words = rows * nb
@@ -63,9 +62,9 @@ class Ac(wiring.Component):
         # N, B, C, D, g: flat registers addressed one beat (lanes elements) at a time
         N, B, C, D = (Signal(d * aw, name=name) for name in ("n", "b", "c", "d"))
         qa = Signal(d * aw)                 # q.A_r rows, shifted in P at a time
-        g, g_work = Signal(d * 24), Signal(d * 24)
+        g, g_work = Signal(d * gw), Signal(d * gw)
         k_buf = Array(Signal(L * kw, name=f"k_beat{b}") for b in range(nb))
-        E, F = Signal(signed(40)), Signal(signed(40))
+        E, F = Signal(signed(cfg.ef_width)), Signal(signed(cfg.ef_width))
         Z = Signal(signed(zw))
         m.d.comb += self.z.eq(Z)
         m_ref = Signal(signed(cfg.sfm.x_width))
@@ -101,26 +100,26 @@ class Ac(wiring.Component):
                                 b_new.append(saturate(lane(B, in_b, i) + av, signed(aw)))
                                 c_new.append(saturate(lane(C, in_b, i) + c.beta * c.v[i], signed(aw)))
                                 d_new.append(saturate(lane(D, in_b, i) + c.alpha * c.k[i], signed(aw)))
-                                g_new.append(round_shift(av, G_SHIFT)[:24])
+                                g_new.append(round_shift(av, cfg.g_shift)[:gw])
                             with m.If(c.accumulate):
                                 m.d.sync += N.word_select(in_b, L * aw).eq(Cat(*n_new))
                             with m.If(c.update):
                                 m.d.sync += [B.word_select(in_b, L * aw).eq(Cat(*b_new)),
                                              C.word_select(in_b, L * aw).eq(Cat(*c_new)),
                                              D.word_select(in_b, L * aw).eq(Cat(*d_new)),
-                                             g.word_select(in_b, L * 24).eq(Cat(*g_new))]
+                                             g.word_select(in_b, L * gw).eq(Cat(*g_new))]
                             with m.If(c.update):
                                 m.d.sync += k_buf[in_b].eq(c.k)
                             with m.If(in_b == 0):
                                 with m.If(c.accumulate):
                                     m.d.sync += Z.eq(saturate(Z + c.w, signed(zw)))
                                 with m.If(c.update):
-                                    m.d.sync += [E.eq(saturate(E + c.alpha, signed(40))),
-                                                 F.eq(saturate(F + c.beta, signed(40)))]
+                                    m.d.sync += [E.eq(saturate(E + c.alpha, signed(cfg.ef_width))),
+                                                 F.eq(saturate(F + c.beta, signed(cfg.ef_width)))]
                             m.d.sync += in_b.eq(Mux(in_b == nb - 1, 0, in_b + 1))
                             with m.If((in_b == nb - 1) & c.update):
                                 m.d.sync += [issue.eq(0), resp_cnt.eq(0), out_cnt.eq(0),
-                                             g_work.eq(Cat(g[:(d - L) * 24], Cat(*g_new)) if nb > 1 else Cat(*g_new))]
+                                             g_work.eq(Cat(g[:(d - L) * gw], Cat(*g_new)) if nb > 1 else Cat(*g_new))]
                                 m.next = "UPDATE"
                         with m.Case(AC_FINISH):
                             m.next = "RECIP"
@@ -181,7 +180,7 @@ class Ac(wiring.Component):
                     m.d.comb += [req.valid.eq(issue < words), req.payload.addr.eq(issue), resp.ready.eq(1)]
                     vi = vpus[p].i
                     m.d.comb += [vi.valid.eq(resp.valid), vi.payload.op.eq(OP_AXPY), vi.payload.last.eq(1),
-                                 vi.payload.scalar.eq(g_work[p * 24:(p + 1) * 24].as_signed()), vpus[p].o.ready.eq(1)]
+                                 vi.payload.scalar.eq(g_work[p * gw:(p + 1) * gw].as_signed()), vpus[p].o.ready.eq(1)]
                     for i in range(L):
                         m.d.comb += [vi.payload.a[i].eq(k_sel[i * kw:(i + 1) * kw].as_signed()),
                                      vi.payload.acc[i].eq(resp.payload[i * aw:(i + 1) * aw].as_signed())]
@@ -193,7 +192,7 @@ class Ac(wiring.Component):
                 with m.If(ports[0][1].valid):
                     m.d.sync += resp_cnt.eq(resp_cnt + 1)
                     with m.If(beat == nb - 1):   # next row: the next P scalars
-                        m.d.sync += g_work.eq(g_work >> (P * 24))
+                        m.d.sync += g_work.eq(g_work >> (P * gw))
                 with m.If(vpus[0].o.valid):
                     m.d.sync += out_cnt.eq(out_cnt + 1)
                     with m.If(out_cnt == words - 1):

@@ -1,4 +1,4 @@
-"""APID: active-position identification (ALGORITHMS.md §1.4; golden/lad_tile.py steps 2 and 4).
+"""APID: active-position identification (docs/algorithms.md §1.4; golden/lad_tile.py steps 2 and 4).
 
 Owns the per-position metadata SRAM (mode, counters, center, rho) and a buffer of this
 step's approximate scores. ``scan`` with ``classify = 0`` (pass A) reads every absorbed

@@ -1,6 +1,6 @@
 """Layouts and small datapath pieces shared by the LAD tile's modules (golden/lad_tile.py).
 
-``interval_of`` is the SFM's interval compare (ALGORITHMS.md §1.1), ``bump_counters`` the
+``interval_of`` is the SFM's interval compare (docs/algorithms.md §1.1), ``bump_counters`` the
 saturating mode counters of §1.4 (``golden.lad_tile.bump_counters``), ``score_of`` the
 scaled score of a dot product (``LadTileModel.score``).
 """

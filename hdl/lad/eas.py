@@ -1,4 +1,4 @@
-"""EAS: directional centers and approximate scores (ALGORITHMS.md §1.4; golden/lad_tile.py steps 1-2).
+"""EAS: directional centers and approximate scores (docs/algorithms.md §1.4; golden/lad_tile.py steps 1-2).
 
 ``start`` runs one step: two VPUs take ``q.k_n`` (the new position's exact score) and
 ``|k_n|^2``, then read every center ``c_j`` once from the centers SRAM, beat by beat,

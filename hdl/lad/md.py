@@ -1,4 +1,4 @@
-"""MD: mode discrepancy of candidates (ALGORITHMS.md §1.3-1.4; golden/lad_tile.py step 5).
+"""MD: mode discrepancy of candidates (docs/algorithms.md §1.3-1.4; golden/lad_tile.py step 5).
 
 For each candidate from APID: read ``k_i`` over the KV port (``kv_req``/``kv_resp``), the
 exact ``x_i = sat(score(q, k_i) - m)`` on one VPU, its interval ``r_i``; bump the counter

@@ -1,4 +1,4 @@
-"""LAD tile: one attention head's decode steps (ALGORITHMS.md §1; golden.lad_tile.LadTileModel).
+"""LAD tile: one attention head's decode steps (docs/algorithms.md §1; golden.lad_tile.LadTileModel).
 
 The step sequencer of docs/lad-tile.md around EAS, APID, MD and AC (each a component with
 its own SRAM banks and share of the VPU pool) and one SFM:

@@ -1,7 +1,7 @@
 """SFM: piecewise-linear exp (with the interval index), reciprocal, and accurate exp (EXP2).
 
 Implements golden/sfm.py bit for bit; the interval boundaries, PWL coefficients and
-reciprocal line table are computed there (ALGORITHMS.md §1.1) and become constants here.
+reciprocal line table are computed there (docs/algorithms.md §1.1) and become constants here.
 Five pipeline stages that stall together (one result per cycle): 1. the interval of
 ``x`` (parallel compares against the boundaries), the leading one of ``z``, the product
 ``-x log2 e``; 2. normalise ``z`` / round ``u``, slice the table index and offset;

@@ -1,1 +1,1 @@
-"""MAC unit (Match-Amend-Complete, ALGORITHMS.md §2): Match, Merge and the MacUnit top."""
+"""MAC unit (Match-Amend-Complete, docs/algorithms.md §2): Match, Merge and the MacUnit top."""

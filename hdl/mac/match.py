@@ -1,6 +1,6 @@
 """Match unit: ring windows of pre-RoPE queries, best earlier query by squared L2 distance.
 
-Implements golden.mac_unit.MatchModel bit for bit (ALGORITHMS.md §2, "Match"). A query
+Implements golden.mac_unit.MatchModel bit for bit (docs/algorithms.md §2, "Match"). A query
 arrives as ``head_dim/lanes`` beats on ``query``; the unit streams every valid slot of
 that head's ring from an SRAM bank (oldest position first) through the VPU's SQDIST,
 keeps the strict minimum (so ties go to the lower position), emits

@@ -1,6 +1,6 @@
 """Merge unit: online-softmax merge (⊕) and removal (⊖) of two attention states.
 
-Implements golden.mac_unit.merge_bits bit for bit (ALGORITHMS.md §2: the "⊕" that joins
+Implements golden.mac_unit.merge_bits bit for bit (docs/algorithms.md §2: the "⊕" that joins
 prefix, band and tail, and the "⊖" downdate that stores cache entries without the last
 S keys). A transaction is ``head_dim/lanes`` beats on ``i``; the scalars (op, m1, s1, m2,
 s2) are read from its first beat while it waits. Scalar phase, one SFM shared in turn:

@@ -1,5 +1,5 @@
 """MacUnit top: the Match unit and the Merge unit side by side behind stream ports
-(ALGORITHMS.md §2). The decode controller outside the unit sends each new pre-RoPE
+(docs/algorithms.md §2). The decode controller outside the unit sends each new pre-RoPE
 query to ``match_query``, reads the decision from ``match_result``, and on a hit sends
 the prefix/band/tail states through ``merge_in`` (⊕) and the cache downdate (⊖)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""cocotb: LAD AC (hdl/lad/ac.py) alone == golden.lad_tile.LadTileModel's AC (ALGORITHMS.md §1.2 cache
+"""cocotb: LAD AC (hdl/lad/ac.py) alone == golden.lad_tile.LadTileModel's AC (docs/algorithms.md §1.2 cache
 terms N = qA/sqrt(d) - mB + C, Z = qD/sqrt(d) - mE + F; §1.3 corrections N += w v, Z += w;
 §1.4 mode-change and §1.5 absorption cache updates; o = N RECIP(Z)), bit-exact.
 

@@ -1,4 +1,4 @@
-"""cocotb: LAD APID (hdl/lad/apid.py) alone == golden.lad_tile.LadTileModel's APID (ALGORITHMS.md §1.4:
+"""cocotb: LAD APID (hdl/lad/apid.py) alone == golden.lad_tile.LadTileModel's APID (docs/algorithms.md §1.4:
 x^_i = s^_i - m against the guarded bounds of mode r*_i; quiet positions bump their mode
 counter, halving on saturation; candidates to MD), bit-exact.
 

@@ -1,4 +1,4 @@
-"""cocotb: LAD EAS (hdl/lad/eas.py) alone == golden.lad_tile.LadTileModel's EAS (ALGORITHMS.md §1.4:
+"""cocotb: LAD EAS (hdl/lad/eas.py) alone == golden.lad_tile.LadTileModel's EAS (docs/algorithms.md §1.4:
 center update of k_n, rho, s_n; s^_i = rho_i q.c_j(i) / sqrt(d)), bit-exact.
 
 The bench plays the tile sequencer and the SFM: per golden step it sets q, k_n, sends

@@ -1,4 +1,4 @@
-"""cocotb: LAD MD (hdl/lad/md.py) alone == golden.lad_tile.LadTileModel.md_decide (ALGORITHMS.md
+"""cocotb: LAD MD (hdl/lad/md.py) alone == golden.lad_tile.LadTileModel.md_decide (docs/algorithms.md
 §1.3-1.4: exact x_i = s_i - m, interval r_i, false alarm / active, counter of r_i bumped with
 halving, mode change, alpha_i, beta_i, w_i = alpha_i x_i + beta_i), bit-exact.
 

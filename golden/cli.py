@@ -1,0 +1,43 @@
+"""The one command-line layer every ``ladmac`` command shares: an argparse parser whose errors
+are one line (``ConfigError`` → exit 2 at the top level) and the one ``--set NAME=VALUE``
+override parser that edits any :class:`golden.config.BlockConfig`."""
+from __future__ import annotations
+
+import argparse
+
+from .errors import ConfigError
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error raises :class:`ConfigError` (one line, exit 2) instead of
+    printing the usage block and exiting by itself."""
+
+    def error(self, message):
+        raise ConfigError(message)
+
+
+def add_overrides(parser: argparse.ArgumentParser, what: str = "a config parameter") -> None:
+    """The ``--set NAME=VALUE`` option (repeatable), read back with :func:`parse_overrides`."""
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help=f"override {what}")
+
+
+def parse_overrides(pairs: list[str] | None) -> dict[str, str]:
+    """``["a=1", "b = x"]`` → ``{"a": "1", "b": "x"}``; a pair without ``=`` is a ConfigError."""
+    out = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise ConfigError(f"--set expects NAME=VALUE, got '{pair}'")
+        name, value = pair.split("=", 1)
+        out[name.strip()] = value.strip()
+    return out
+
+
+def configure(base, pairs: list[str] | None):
+    """``base`` (a config instance) with the ``--set`` pairs applied, validated; unknown names or
+    bad values raise ConfigError naming the parameter."""
+    overrides = parse_overrides(pairs)
+    if not overrides:
+        return base
+    values = {k: str(v) for k, v in base.to_dict().items()}
+    values.update(overrides)
+    return type(base).from_overrides(values)
