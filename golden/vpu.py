@@ -18,12 +18,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from amaranth.lib import enum
 
 from .config import BlockConfig, param
 from .fixedpoint import FixedFormat, round_shift, saturate
 
-OP_DOT, OP_SQDIST, OP_AXPY = 0, 1, 2
-OP_NAMES = {OP_DOT: "dot", OP_SQDIST: "sqdist", OP_AXPY: "axpy"}
+class VpuOp(enum.IntEnum, shape=2):
+    """VPU operation (the ``op`` field of a VPU input beat)."""
+    DOT = 0      # sum over beats of a*b
+    SQDIST = 1   # sum over beats of (a-b)^2
+    AXPY = 2     # per lane: acc + round_shift(scalar*a, axpy_shift)
+
+
+OP_DOT, OP_SQDIST, OP_AXPY = VpuOp.DOT, VpuOp.SQDIST, VpuOp.AXPY   # TODO remove once testbenches use VpuOp
 
 
 @dataclass(frozen=True)
@@ -70,7 +77,7 @@ def to_beats(vector: torch.Tensor, lanes: int) -> torch.Tensor:
 
 def reduce_beats(op: int, a_beats: torch.Tensor, b_beats: torch.Tensor, cfg: VpuConfig) -> int:
     """Bit-accurate DOT / SQDIST over beats ``(n, lanes)``: saturating accumulate per beat."""
-    terms = a_beats * b_beats if op == OP_DOT else (a_beats - b_beats) ** 2
+    terms = a_beats * b_beats if op == VpuOp.DOT else (a_beats - b_beats) ** 2
     acc = 0
     for beat_sum in terms.sum(-1).tolist():
         acc = saturate(acc + beat_sum, cfg.acc_format)
@@ -85,7 +92,7 @@ def axpy(scalar: int, a: torch.Tensor, acc: torch.Tensor, cfg: VpuConfig) -> tor
 def reduce_float(op: int, a: torch.Tensor, b: torch.Tensor) -> float:
     """Float twin of :func:`reduce_beats` (no saturation)."""
     a, b = a.double(), b.double()
-    return float((a * b).sum() if op == OP_DOT else ((a - b) ** 2).sum())
+    return float((a * b).sum() if op == VpuOp.DOT else ((a - b) ** 2).sum())
 
 
 def axpy_float(scalar: float, a: torch.Tensor, acc: torch.Tensor, cfg: VpuConfig) -> torch.Tensor:

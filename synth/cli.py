@@ -15,19 +15,15 @@ import sys
 import time
 from pathlib import Path
 
+from golden.cli import Parser, add_overrides, parse_overrides
 from golden.errors import ConfigError, LadmacError
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise ConfigError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="ladmac synth", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="ladmac synth", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("block", nargs="?", help="block name (see `ladmac blocks`)")
     p.add_argument("--all", action="store_true", help="every block at its default config")
-    p.add_argument("--set", action="append", metavar="NAME=VALUE", help="override a config parameter")
+    add_overrides(p)
     p.add_argument("--preset", help="start from a named preset")
     p.add_argument("--target", default="ecp5", choices=["ecp5", "generic"],
                    help="ecp5: harness + yosys + nextpnr on the ULX3S 85F (and the generic count); "
@@ -39,16 +35,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also build the ULX3S bitstream through Amaranth's build script (YoWASP tools)")
     p.add_argument("--no-cache", dest="cache", action="store_false", help="ignore cached results")
     return p
-
-
-def _overrides(pairs):
-    out = {}
-    for pair in pairs or []:
-        if "=" not in pair:
-            raise ConfigError(f"--set expects NAME=VALUE, got '{pair}'")
-        name, value = pair.split("=", 1)
-        out[name.strip()] = value.strip()
-    return out
 
 
 def _pct(used, have):
@@ -119,7 +105,7 @@ def main(argv: list[str]) -> int:
         results = []
         for name in names:
             get_block(name)
-            cfg = make_config(name, _overrides(args.set), args.preset)
+            cfg = make_config(name, parse_overrides(args.set), args.preset)
             t0 = time.time()
             log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
             try:

@@ -21,12 +21,12 @@ from amaranth.lib.wiring import In, Out
 
 from golden.lad_tile import COEF_FRAC, LadTileConfig
 from golden.sram import SramConfig
-from golden.vpu import OP_AXPY, OP_DOT
+from golden.vpu import VpuOp
 
-from ..lib.arith import round_shift, saturate
+from ..lib.arith import incr, round_shift, saturate
 from ..lib.sram import SramBank
 from ..lib.vpu import Vpu
-from .common import AC_BEATS, AC_FINISH, AC_TERMS, ac_command_layout, beat_layout, vector_layout
+from .common import AcOp, ac_command_layout, beat_layout, vector_layout
 from .eas import recip_resp_layout
 
 
@@ -88,10 +88,10 @@ class Ac(wiring.Component):
                 c = self.cmd.payload
                 with m.If(self.cmd.valid):
                     with m.Switch(c.op):
-                        with m.Case(AC_TERMS):
+                        with m.Case(AcOp.TERMS):
                             m.d.sync += [m_ref.eq(c.m), issue.eq(0), resp_cnt.eq(0), out_cnt.eq(0)]
                             m.next = "TERMS"
-                        with m.Case(AC_BEATS):
+                        with m.Case(AcOp.BEATS):
                             n_new, b_new, c_new, d_new, g_new = [], [], [], [], []
                             for i in range(L):
                                 av = Signal(signed(COEF_FRAC + 2 + kw), name=f"alpha_v{i}")
@@ -116,12 +116,12 @@ class Ac(wiring.Component):
                                 with m.If(c.update):
                                     m.d.sync += [E.eq(saturate(E + c.alpha, signed(cfg.ef_width))),
                                                  F.eq(saturate(F + c.beta, signed(cfg.ef_width)))]
-                            m.d.sync += in_b.eq(Mux(in_b == nb - 1, 0, in_b + 1))
+                            m.d.sync += in_b.eq(incr(in_b, nb))
                             with m.If((in_b == nb - 1) & c.update):
                                 m.d.sync += [issue.eq(0), resp_cnt.eq(0), out_cnt.eq(0),
                                              g_work.eq(Cat(g[:(d - L) * gw], Cat(*g_new)) if nb > 1 else Cat(*g_new))]
                                 m.next = "UPDATE"
-                        with m.Case(AC_FINISH):
+                        with m.Case(AcOp.FINISH):
                             m.next = "RECIP"
 
             with m.State("TERMS"):   # q.A_r[l]: P rows at a time, one beat per cycle, shifted into qa
@@ -131,7 +131,7 @@ class Ac(wiring.Component):
                     req, resp = ports[p]
                     m.d.comb += [req.valid.eq(issue < words), req.payload.addr.eq(issue), resp.ready.eq(1)]
                     vi = vpus[p].i
-                    m.d.comb += [vi.valid.eq(resp.valid), vi.payload.op.eq(OP_DOT), vi.payload.last.eq(beat == nb - 1),
+                    m.d.comb += [vi.valid.eq(resp.valid), vi.payload.op.eq(VpuOp.DOT), vi.payload.last.eq(beat == nb - 1),
                                  vpus[p].o.ready.eq(1)]
                     for i in range(L):
                         a_lane = resp.payload[i * aw:(i + 1) * aw].as_signed()
@@ -157,7 +157,7 @@ class Ac(wiring.Component):
             with m.State("TERMS_Z"):   # Z from q.D_r on VPU 0
                 m.d.comb += self.busy.eq(1)
                 vi = vpus[0].i
-                m.d.comb += [vi.valid.eq(issue < nb), vi.payload.op.eq(OP_DOT), vi.payload.last.eq(issue == nb - 1),
+                m.d.comb += [vi.valid.eq(issue < nb), vi.payload.op.eq(VpuOp.DOT), vi.payload.last.eq(issue == nb - 1),
                              vpus[0].o.ready.eq(1)]
                 for i in range(L):
                     m.d.comb += [vi.payload.a[i].eq(saturate(round_shift(lane(D, issue, i), cfg.cache_dot_shift), signed(ow))),
@@ -179,7 +179,7 @@ class Ac(wiring.Component):
                     req, resp = ports[p]
                     m.d.comb += [req.valid.eq(issue < words), req.payload.addr.eq(issue), resp.ready.eq(1)]
                     vi = vpus[p].i
-                    m.d.comb += [vi.valid.eq(resp.valid), vi.payload.op.eq(OP_AXPY), vi.payload.last.eq(1),
+                    m.d.comb += [vi.valid.eq(resp.valid), vi.payload.op.eq(VpuOp.AXPY), vi.payload.last.eq(1),
                                  vi.payload.scalar.eq(g_work[p * gw:(p + 1) * gw].as_signed()), vpus[p].o.ready.eq(1)]
                     for i in range(L):
                         m.d.comb += [vi.payload.a[i].eq(k_sel[i * kw:(i + 1) * kw].as_signed()),

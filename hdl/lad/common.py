@@ -7,7 +7,7 @@ scaled score of a dot product (``LadTileModel.score``).
 from __future__ import annotations
 
 from amaranth import Array, Const, Mux, Signal, signed, unsigned
-from amaranth.lib import data
+from amaranth.lib import data, enum
 
 from golden.lad_tile import LadTileConfig, mode_bounds
 
@@ -52,7 +52,7 @@ def ac_command_layout(cfg: LadTileConfig) -> data.StructLayout:
     ``update`` adds ``(alpha, beta, k, v)`` to caches A-F; ``FINISH``: o = N RECIP(Z) on ``out``."""
     xw = cfg.sfm.x_width
     return data.StructLayout({
-        "op": unsigned(2),
+        "op": AcOp,
         "m": signed(xw),
         "w": signed(W_WIDTH),
         "alpha": signed(cfg.sfm.coef_frac + 2),
@@ -64,7 +64,14 @@ def ac_command_layout(cfg: LadTileConfig) -> data.StructLayout:
     })
 
 
-AC_TERMS, AC_BEATS, AC_FINISH = 0, 1, 2
+class AcOp(enum.IntEnum, shape=2):
+    """AC command (docs/lad-tile.md): cache terms, one beat of k and v, or finish o = N / Z."""
+    TERMS = 0
+    BEATS = 1
+    FINISH = 2
+
+
+AC_TERMS, AC_BEATS, AC_FINISH = AcOp.TERMS, AcOp.BEATS, AcOp.FINISH   # TODO remove once testbenches use AcOp
 
 
 

@@ -11,16 +11,16 @@ with the step's statistics (``m``, ``Z``, KV beats read, cycles).
 """
 from __future__ import annotations
 
-from amaranth import Array, Module, Mux, Signal, signed, unsigned
+from amaranth import Array, Module, Signal, signed, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from golden.dense import DenseConfig
-from golden.sfm import OP_EXP, OP_RECIP
+from golden.sfm import SfmOp
 from golden.sram import SramConfig
-from golden.vpu import OP_AXPY, OP_DOT
+from golden.vpu import VpuOp
 
-from ..lib.arith import round_shift, saturate
+from ..lib.arith import incr, round_shift, saturate
 from ..lib.sfm import Sfm
 from ..lib.sram import SramBank
 from ..lib.vpu import Vpu
@@ -98,7 +98,7 @@ class DenseAttention(wiring.Component):
                 m.d.comb += self.query.ready.eq(1)
                 with m.If(self.query.valid):
                     m.d.sync += [query_buf[load_beat].eq(self.query.payload.q),
-                                 load_beat.eq(Mux(load_beat == nb - 1, 0, load_beat + 1))]
+                                 load_beat.eq(incr(load_beat, nb))]
                     with m.If(load_beat == 0):
                         m.d.sync += length.eq(self.query.payload.length)
                     with m.If(load_beat == nb - 1):
@@ -113,18 +113,18 @@ class DenseAttention(wiring.Component):
                 m.d.comb += [self.kv_req.valid.eq(req_pos < length), self.kv_req.payload.value.eq(0),
                              self.kv_req.payload.position.eq(req_pos), self.kv_req.payload.beat.eq(req_beat)]
                 with m.If(self.kv_req.valid & self.kv_req.ready):
-                    m.d.sync += req_beat.eq(Mux(req_beat == nb - 1, 0, req_beat + 1))
+                    m.d.sync += req_beat.eq(incr(req_beat, nb))
                     with m.If(req_beat == nb - 1):
                         m.d.sync += req_pos.eq(req_pos + 1)
                 # key beats -> VPU DOT with the buffered query beat
                 m.d.comb += [vpu.i.valid.eq(self.kv_resp.valid), self.kv_resp.ready.eq(vpu.i.ready),
-                             vpu.i.payload.op.eq(OP_DOT), vpu.i.payload.last.eq(resp_beat == nb - 1)]
+                             vpu.i.payload.op.eq(VpuOp.DOT), vpu.i.payload.last.eq(resp_beat == nb - 1)]
                 qb = query_buf[resp_beat]
                 for l in range(cfg.lanes):
                     m.d.comb += [vpu.i.payload.a[l].eq(self.kv_resp.payload[l]),
                                  vpu.i.payload.b[l].eq(qb[l * cfg.kv_width:(l + 1) * cfg.kv_width].as_signed())]
                 with m.If(vpu.i.valid & vpu.i.ready):
-                    m.d.sync += resp_beat.eq(Mux(resp_beat == nb - 1, 0, resp_beat + 1))
+                    m.d.sync += resp_beat.eq(incr(resp_beat, nb))
                 # scores -> score SRAM, running max
                 score = Signal(signed(xw))
                 m.d.comb += [vpu.o.ready.eq(1),
@@ -148,7 +148,7 @@ class DenseAttention(wiring.Component):
                     m.d.sync += score_pos.eq(score_pos + 1)
                 x = score_resp.payload.as_signed() - running_max
                 m.d.comb += [sfm.i.valid.eq(score_resp.valid), score_resp.ready.eq(sfm.i.ready),
-                             sfm.i.payload.op.eq(OP_EXP), sfm.i.payload.x.eq(saturate(x, signed(xw))),
+                             sfm.i.payload.op.eq(SfmOp.EXP), sfm.i.payload.x.eq(saturate(x, signed(xw))),
                              p_fifo.w_data.eq(sfm.o.payload.value), p_fifo.w_en.eq(sfm.o.valid),
                              sfm.o.ready.eq(p_fifo.w_rdy)]
                 with m.If(sfm.o.valid & sfm.o.ready):
@@ -157,14 +157,14 @@ class DenseAttention(wiring.Component):
                 m.d.comb += [self.kv_req.valid.eq(req_pos < length), self.kv_req.payload.value.eq(1),
                              self.kv_req.payload.position.eq(req_pos), self.kv_req.payload.beat.eq(req_beat)]
                 with m.If(self.kv_req.valid & self.kv_req.ready):
-                    m.d.sync += req_beat.eq(Mux(req_beat == nb - 1, 0, req_beat + 1))
+                    m.d.sync += req_beat.eq(incr(req_beat, nb))
                     with m.If(req_beat == nb - 1):
                         m.d.sync += req_pos.eq(req_pos + 1)
                 # value beats + p -> VPU AXPY into N
                 both = self.kv_resp.valid & p_fifo.r_rdy
                 m.d.comb += [vpu.i.valid.eq(both), self.kv_resp.ready.eq(vpu.i.ready & p_fifo.r_rdy),
                              p_fifo.r_en.eq(vpu.i.ready & self.kv_resp.valid & (resp_beat == nb - 1)),
-                             vpu.i.payload.op.eq(OP_AXPY), vpu.i.payload.last.eq(1),
+                             vpu.i.payload.op.eq(VpuOp.AXPY), vpu.i.payload.last.eq(1),
                              vpu.i.payload.scalar.eq(p_fifo.r_data)]
                 acc_word = numer[resp_beat]
                 aw = vpu_cfg.acc_width
@@ -172,11 +172,11 @@ class DenseAttention(wiring.Component):
                     m.d.comb += [vpu.i.payload.a[l].eq(self.kv_resp.payload[l]),
                                  vpu.i.payload.acc[l].eq(acc_word[l * aw:(l + 1) * aw].as_signed())]
                 with m.If(vpu.i.valid & vpu.i.ready):
-                    m.d.sync += resp_beat.eq(Mux(resp_beat == nb - 1, 0, resp_beat + 1))
+                    m.d.sync += resp_beat.eq(incr(resp_beat, nb))
                 m.d.comb += vpu.o.ready.eq(1)
                 with m.If(vpu.o.valid):
                     m.d.sync += [numer[done_beat].eq(vpu.o.payload.vec),
-                                 done_beat.eq(Mux(done_beat == nb - 1, 0, done_beat + 1))]
+                                 done_beat.eq(incr(done_beat, nb))]
                     with m.If(done_beat == nb - 1):
                         m.d.sync += done_pos.eq(done_pos + 1)
                         with m.If(done_pos == length - 1):
@@ -184,7 +184,7 @@ class DenseAttention(wiring.Component):
 
             with m.State("RECIP"):
                 m.d.sync += cycles.eq(cycles + 1)
-                m.d.comb += [sfm.i.valid.eq(1), sfm.i.payload.op.eq(OP_RECIP), sfm.i.payload.z.eq(z_sum)]
+                m.d.comb += [sfm.i.valid.eq(1), sfm.i.payload.op.eq(SfmOp.RECIP), sfm.i.payload.z.eq(z_sum)]
                 with m.If(sfm.i.ready):
                     m.next = "RECIP_WAIT"
             with m.State("RECIP_WAIT"):

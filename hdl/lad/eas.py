@@ -12,15 +12,15 @@ RECIP of ``|c_j|^2`` picks the best center (first maximum). ``k_n`` joins it whe
 """
 from __future__ import annotations
 
-from amaranth import Array, Cat, Module, Mux, Signal, signed, unsigned
+from amaranth import Array, Cat, Module, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from golden.lad_tile import COS_FRAC, LadTileConfig
 from golden.sram import SramConfig
-from golden.vpu import OP_DOT
+from golden.vpu import VpuOp
 
-from ..lib.arith import round_shift, saturate
+from ..lib.arith import incr, round_shift, saturate
 from ..lib.sram import SramBank
 from ..lib.vpu import Vpu
 from .common import score_of, vector_layout
@@ -99,7 +99,6 @@ class Eas(wiring.Component):
         best_rc = Signal(rl)
         kdot = Signal(signed(cfg.score_vpu.acc_width))
         kdot_j = Signal(cfg.center_width)
-        kdot_pending = Signal()
         write_b = Signal(range(nb))
         new_rc = Signal(rl)
         result = Signal(key_out_layout(cfg))
@@ -124,10 +123,10 @@ class Eas(wiring.Component):
                     m.next = "SELF"
             with m.State("SELF"):   # q.k_n and k_n.k_n, one beat per cycle
                 for vpu, other in ((vpu_q, q_beats[req_b]), (vpu_k, k_beats[req_b])):
-                    m.d.comb += [vpu.i.valid.eq(1), vpu.i.payload.op.eq(OP_DOT), vpu.i.payload.last.eq(req_b == nb - 1),
+                    m.d.comb += [vpu.i.valid.eq(1), vpu.i.payload.op.eq(VpuOp.DOT), vpu.i.payload.last.eq(req_b == nb - 1),
                                  vpu.i.payload.a.eq(k_beats[req_b]), vpu.i.payload.b.eq(other), vpu.o.ready.eq(1)]
                 with m.If(vpu_q.i.ready):
-                    m.d.sync += req_b.eq(Mux(req_b == nb - 1, 0, req_b + 1))
+                    m.d.sync += req_b.eq(incr(req_b, nb))
                     with m.If(req_b == nb - 1):
                         m.next = "SELF_WAIT"
             with m.State("SELF_WAIT"):
@@ -138,16 +137,16 @@ class Eas(wiring.Component):
             with m.State("SCAN"):   # every center: q.c_j and k_n.c_j in lockstep
                 m.d.comb += [c_req.valid.eq(req_j < count), c_req.payload.addr.eq(req_j * nb + req_b)]
                 with m.If(c_req.valid & c_req.ready):
-                    m.d.sync += req_b.eq(Mux(req_b == nb - 1, 0, req_b + 1))
+                    m.d.sync += req_b.eq(incr(req_b, nb))
                     with m.If(req_b == nb - 1):
                         m.d.sync += req_j.eq(req_j + 1)
                 for vpu, other in ((vpu_q, q_beats[resp_b]), (vpu_k, k_beats[resp_b])):
-                    m.d.comb += [vpu.i.valid.eq(c_resp.valid), vpu.i.payload.op.eq(OP_DOT),
+                    m.d.comb += [vpu.i.valid.eq(c_resp.valid), vpu.i.payload.op.eq(VpuOp.DOT),
                                  vpu.i.payload.last.eq(resp_b == nb - 1), vpu.i.payload.a.eq(c_resp.payload),
                                  vpu.i.payload.b.eq(other), vpu.o.ready.eq(1)]
                 m.d.comb += c_resp.ready.eq(vpu_q.i.ready)
                 with m.If(c_resp.valid & c_resp.ready):
-                    m.d.sync += resp_b.eq(Mux(resp_b == nb - 1, 0, resp_b + 1))
+                    m.d.sync += resp_b.eq(incr(resp_b, nb))
                 # a center's dots: its score to the score SRAM, k_n.c_j waits for the center's recip
                 out_j = Signal(range(cfg.max_centers + 1))
                 with m.If(vpu_q.o.valid):

@@ -10,17 +10,17 @@ changes (counter of ``r_i`` above the mode's). Counts actives, false alarms, mod
 """
 from __future__ import annotations
 
-from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth import Array, Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from golden.lad_tile import LadTileConfig
-from golden.vpu import OP_DOT
+from golden.vpu import VpuOp
 
-from ..lib.arith import round_shift, saturate
+from ..lib.arith import incr, round_shift, saturate
 from ..lib.vpu import Vpu
 from .dense import kv_request_layout
-from .common import (AC_BEATS, W_WIDTH, ac_command_layout, beat_layout, bump_counters, candidate_layout, interval_of,
+from .common import (W_WIDTH, AcOp, ac_command_layout, beat_layout, bump_counters, candidate_layout, interval_of,
                      score_of, vector_layout)
 
 
@@ -78,11 +78,11 @@ class Md(wiring.Component):
                 with m.If(self.kv_req.valid & self.kv_req.ready):
                     m.d.sync += req_b.eq(req_b + 1)
                 m.d.comb += [vpu.i.valid.eq(self.kv_resp.valid), self.kv_resp.ready.eq(vpu.i.ready),
-                             vpu.i.payload.op.eq(OP_DOT), vpu.i.payload.last.eq(resp_b == nb - 1),
+                             vpu.i.payload.op.eq(VpuOp.DOT), vpu.i.payload.last.eq(resp_b == nb - 1),
                              vpu.i.payload.a.eq(self.kv_resp.payload), vpu.i.payload.b.eq(q_beats[resp_b]),
                              vpu.o.ready.eq(1)]
                 with m.If(self.kv_resp.valid & self.kv_resp.ready):
-                    m.d.sync += [k_buf[resp_b].eq(self.kv_resp.payload), resp_b.eq(Mux(resp_b == nb - 1, 0, resp_b + 1))]
+                    m.d.sync += [k_buf[resp_b].eq(self.kv_resp.payload), resp_b.eq(incr(resp_b, nb))]
                 with m.If(vpu.o.valid):
                     xv = saturate(score_of(vpu.o.payload.dot, cfg) - self.m, signed(xw))
                     m.d.sync += [x.eq(xv), r.eq(interval_of(xv, cfg))]
@@ -118,11 +118,11 @@ class Md(wiring.Component):
                     m.d.sync += req_b.eq(req_b + 1)
                 cmd = self.corr.payload
                 m.d.comb += [self.corr.valid.eq(self.kv_resp.valid), self.kv_resp.ready.eq(self.corr.ready),
-                             cmd.op.eq(AC_BEATS), cmd.w.eq(w), cmd.alpha.eq(alpha), cmd.beta.eq(beta),
+                             cmd.op.eq(AcOp.BEATS), cmd.w.eq(w), cmd.alpha.eq(alpha), cmd.beta.eq(beta),
                              cmd.accumulate.eq(1), cmd.update.eq(change), cmd.k.eq(k_buf[resp_b]),
                              cmd.v.eq(self.kv_resp.payload)]
                 with m.If(self.corr.valid & self.corr.ready):
-                    m.d.sync += resp_b.eq(Mux(resp_b == nb - 1, 0, resp_b + 1))
+                    m.d.sync += resp_b.eq(incr(resp_b, nb))
                     with m.If(resp_b == nb - 1):
                         m.next = "IDLE"
         return m

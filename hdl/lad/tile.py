@@ -13,18 +13,18 @@ PWL value (SFM EXP) into N, Z; 7. AC FINISH: ``o`` on ``out`` with the step's st
 """
 from __future__ import annotations
 
-from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth import Array, Cat, Const, Module, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from golden.lad_tile import LadTileConfig
-from golden.sfm import OP_EXP, OP_RECIP
+from golden.sfm import SfmOp
 
-from ..lib.arith import saturate
+from ..lib.arith import incr, saturate
 from ..lib.sfm import Sfm
 from .ac import Ac
 from .apid import Apid
-from .common import AC_BEATS, AC_FINISH, AC_TERMS, beat_layout
+from .common import AcOp, beat_layout
 from .dense import kv_request_layout
 from .eas import Eas
 from .md import Md
@@ -108,7 +108,7 @@ class LadTile(wiring.Component):
                 with m.If(self.step_in.valid):
                     p = self.step_in.payload
                     m.d.sync += [q_buf[beat].eq(p.q), k_buf[beat].eq(p.k), v_buf[beat].eq(p.v),
-                                 beat.eq(Mux(beat == nb - 1, 0, beat + 1))]
+                                 beat.eq(incr(beat, nb))]
                     with m.If(beat == nb - 1):
                         m.d.sync += [kv_beats.eq(0), cycles.eq(0), absorb_sent.eq(0)]
                         m.d.sync += [s.eq(c) for s, c in zip(snap, counts)]
@@ -123,7 +123,7 @@ class LadTile(wiring.Component):
                     m.next = "EAS_WAIT"
             with m.State("EAS_WAIT"):
                 m.d.sync += cycles.eq(cycles + 1)
-                m.d.comb += [sfm.i.valid.eq(eas.recip_req.valid), sfm.i.payload.op.eq(OP_RECIP),
+                m.d.comb += [sfm.i.valid.eq(eas.recip_req.valid), sfm.i.payload.op.eq(SfmOp.RECIP),
                              sfm.i.payload.z.eq(eas.recip_req.payload), eas.recip_req.ready.eq(sfm.i.ready),
                              eas.recip_resp.valid.eq(sfm.o.valid), sfm.o.ready.eq(eas.recip_resp.ready),
                              eas.recip_resp.payload.mantissa.eq(sfm.o.payload.value),
@@ -149,7 +149,7 @@ class LadTile(wiring.Component):
                     m.next = "TERMS"
             with m.State("TERMS"):
                 m.d.sync += cycles.eq(cycles + 1)
-                m.d.comb += [ac.cmd.valid.eq(1), cmd.op.eq(AC_TERMS), cmd.m.eq(m_ref)]
+                m.d.comb += [ac.cmd.valid.eq(1), cmd.op.eq(AcOp.TERMS), cmd.m.eq(m_ref)]
                 with m.If(ac.cmd.ready):
                     m.d.sync += stats.candidates.eq(0)
                     with m.If(n == 0):
@@ -177,7 +177,7 @@ class LadTile(wiring.Component):
             with m.State("NEW_EXP"):   # the new position: (p_n, r_n) = EXP(sat(s_n - m))
                 m.d.sync += cycles.eq(cycles + 1)
                 x_new = saturate(key.s_new - m_ref, signed(xw))
-                m.d.comb += [sfm.i.valid.eq(1), sfm.i.payload.op.eq(OP_EXP), sfm.i.payload.x.eq(x_new)]
+                m.d.comb += [sfm.i.valid.eq(1), sfm.i.payload.op.eq(SfmOp.EXP), sfm.i.payload.x.eq(x_new)]
                 with m.If(sfm.i.ready):
                     m.next = "NEW_EXP_WAIT"
             with m.State("NEW_EXP_WAIT"):
@@ -188,19 +188,19 @@ class LadTile(wiring.Component):
                     m.next = "NEW_BEATS"
             with m.State("NEW_BEATS"):
                 m.d.sync += cycles.eq(cycles + 1)
-                m.d.comb += [ac.cmd.valid.eq(1), cmd.op.eq(AC_BEATS), cmd.w.eq(p_new), cmd.accumulate.eq(1),
+                m.d.comb += [ac.cmd.valid.eq(1), cmd.op.eq(AcOp.BEATS), cmd.w.eq(p_new), cmd.accumulate.eq(1),
                              cmd.update.eq(0), cmd.v.eq(v_buf[beat])]
                 with m.If(ac.cmd.ready):
-                    m.d.sync += beat.eq(Mux(beat == nb - 1, 0, beat + 1))
+                    m.d.sync += beat.eq(incr(beat, nb))
                     with m.If(beat == nb - 1):
                         m.next = "FINISH"
             with m.State("FINISH"):
                 m.d.sync += cycles.eq(cycles + 1)
-                m.d.comb += [ac.cmd.valid.eq(1), cmd.op.eq(AC_FINISH)]
+                m.d.comb += [ac.cmd.valid.eq(1), cmd.op.eq(AcOp.FINISH)]
                 with m.If(ac.cmd.ready):
                     m.next = "FINISH_WAIT"
             with m.State("FINISH_WAIT"):
-                m.d.comb += [sfm.i.valid.eq(ac.recip_req.valid), sfm.i.payload.op.eq(OP_RECIP),
+                m.d.comb += [sfm.i.valid.eq(ac.recip_req.valid), sfm.i.payload.op.eq(SfmOp.RECIP),
                              sfm.i.payload.z.eq(ac.recip_req.payload), ac.recip_req.ready.eq(sfm.i.ready),
                              ac.recip_resp.valid.eq(sfm.o.valid), sfm.o.ready.eq(ac.recip_resp.ready),
                              ac.recip_resp.payload.mantissa.eq(sfm.o.payload.value),
@@ -218,18 +218,18 @@ class LadTile(wiring.Component):
                 for field, count, s in zip(("active", "false_alarms", "mode_changes"), counts, snap):
                     m.d.comb += self.out.payload[field].eq(count - s)
                 with m.If(self.out.valid & self.out.ready):
-                    m.d.sync += beat.eq(Mux(beat == nb - 1, 0, beat + 1))
+                    m.d.sync += beat.eq(incr(beat, nb))
                     with m.If(beat == nb - 1):
                         m.next = "ABSORB"
             with m.State("ABSORB"):   # position n joins the caches with its interval as mode
-                m.d.comb += [ac.cmd.valid.eq(1), cmd.op.eq(AC_BEATS), cmd.alpha.eq(slopes[r_new]),
+                m.d.comb += [ac.cmd.valid.eq(1), cmd.op.eq(AcOp.BEATS), cmd.alpha.eq(slopes[r_new]),
                              cmd.beta.eq(intercepts[r_new]), cmd.accumulate.eq(0), cmd.update.eq(1),
                              cmd.k.eq(k_buf[beat]), cmd.v.eq(v_buf[beat]),
                              apid.absorb.valid.eq(~absorb_sent), *absorb_payload]
                 with m.If(apid.absorb.valid & apid.absorb.ready):
                     m.d.sync += absorb_sent.eq(1)
                 with m.If(ac.cmd.ready):
-                    m.d.sync += beat.eq(Mux(beat == nb - 1, 0, beat + 1))
+                    m.d.sync += beat.eq(incr(beat, nb))
                 with m.If((beat == nb - 1) & ac.cmd.ready & (absorb_sent | apid.absorb.ready)):
                     m.d.sync += n.eq(n + 1)
                     m.next = "LOAD"
@@ -245,7 +245,7 @@ class LadTile(wiring.Component):
                 m.d.comb += [self.out.valid.eq(1), self.out.payload.position.eq(n), self.out.payload.overflow.eq(1),
                              self.out.payload.centers.eq(eas.centers)]
                 with m.If(self.out.ready):
-                    m.d.sync += beat.eq(Mux(beat == nb - 1, 0, beat + 1))
+                    m.d.sync += beat.eq(incr(beat, nb))
                     with m.If(beat == nb - 1):
                         m.next = "LOAD"
         return m

@@ -43,3 +43,9 @@ def stall_all_enable(output_stream) -> Value:
     """Clock enable of a pipeline that stops as a whole when its output is stalled:
     the pipeline advances unless the output holds a payload the consumer has not taken."""
     return ~output_stream.valid | output_stream.ready
+
+
+def incr(value: Value, modulo: int) -> Value:
+    """``value + 1``, wrapping to 0 after ``modulo - 1`` (a beat, slot or bank counter; as
+    ``amaranth.lib.fifo``'s ``_incr``)."""
+    return Mux(value == modulo - 1, 0, value + 1)

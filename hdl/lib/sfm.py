@@ -13,14 +13,14 @@ from amaranth import Array, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from golden.sfm import EXPONENT_WIDTH, OP_EXP, OP_EXP2, OP_RECIP, SfmConfig
+from golden.sfm import EXPONENT_WIDTH, SfmConfig, SfmOp
 
 from .arith import round_shift, saturate, stall_all_enable
 
 
 def sfm_in_layout(cfg: SfmConfig) -> data.StructLayout:
     return data.StructLayout({
-        "op": unsigned(2),
+        "op": SfmOp,
         "x": signed(cfg.x_width),
         "z": unsigned(cfg.recip_in_width),
     })
@@ -90,7 +90,7 @@ class Sfm(wiring.Component):
         s2_index, s2_offset = stage("s2_index", cfg.table_index_bits), stage("s2_offset", offset_width)
         with m.If(ce):
             m.d.sync += [s2_valid.eq(s1_valid), s2_op.eq(s1_op), s2_x.eq(s1_x), s2_interval.eq(s1_interval)]
-            with m.If(s1_op == OP_EXP2):
+            with m.If(s1_op == SfmOp.EXP2):
                 m.d.sync += [
                     s2_exponent.eq(Mux(u_int > kmax, kmax, u_int)), s2_special.eq(u_int > kmax),
                     s2_index.eq(u[cfg.table_delta_bits:cfg.table_offset_shift]),
@@ -113,7 +113,7 @@ class Sfm(wiring.Component):
             ("valid", 1), ("op", 2), ("x", signed(cfg.x_width)), ("interval", cfg.interval_width),
             ("exponent", EXPONENT_WIDTH), ("special", 1), ("offset", offset_width),
             ("slope", coef), ("intercept", coef), ("c0", mant), ("c1", mant))}
-        is_exp2 = s2_op == OP_EXP2
+        is_exp2 = s2_op == SfmOp.EXP2
         with m.If(ce):
             m.d.sync += [s3["valid"].eq(s2_valid), s3["op"].eq(s2_op), s3["x"].eq(s2_x),
                          s3["interval"].eq(s2_interval), s3["exponent"].eq(s2_exponent),
@@ -140,12 +140,12 @@ class Sfm(wiring.Component):
         out = self.o.payload
         with m.If(ce):
             m.d.sync += self.o.valid.eq(s4["valid"])
-            with m.If(s4["op"] == OP_EXP):
+            with m.If(s4["op"] == SfmOp.EXP):
                 m.d.sync += [out.value.eq(exp_value), out.exponent.eq(0), out.interval.eq(s4["interval"])]
             with m.Else():
                 m.d.sync += [out.value.eq(mantissa), out.interval.eq(0), out.exponent.eq(s4["exponent"])]
-                with m.If(s4["special"] & (s4["op"] == OP_RECIP)):
+                with m.If(s4["special"] & (s4["op"] == SfmOp.RECIP)):
                     m.d.sync += [out.value.eq(max_mantissa), out.exponent.eq(0)]
-                with m.If(s4["special"] & (s4["op"] == OP_EXP2)):
+                with m.If(s4["special"] & (s4["op"] == SfmOp.EXP2)):
                     m.d.sync += out.value.eq(0)
         return m

@@ -13,14 +13,14 @@ from amaranth import Module, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from golden.vpu import OP_AXPY, OP_DOT, OP_SQDIST, VpuConfig
+from golden.vpu import VpuConfig, VpuOp
 
 from .arith import round_shift, saturate, stall_all_enable
 
 
 def vpu_in_layout(cfg: VpuConfig) -> data.StructLayout:
     return data.StructLayout({
-        "op": unsigned(2),
+        "op": VpuOp,
         "last": unsigned(1),
         "scalar": signed(cfg.in_width),
         "a": data.ArrayLayout(signed(cfg.in_width), cfg.lanes),
@@ -66,9 +66,9 @@ class Vpu(wiring.Component):
                 diff = Signal(signed(w + 1), name=f"diff{l}")
                 m.d.comb += diff.eq(p.a[l] - p.b[l])
                 with m.Switch(p.op):
-                    with m.Case(OP_DOT):
+                    with m.Case(VpuOp.DOT):
                         m.d.sync += s1_prod[l].eq(p.a[l] * p.b[l])
-                    with m.Case(OP_SQDIST):
+                    with m.Case(VpuOp.SQDIST):
                         m.d.sync += s1_prod[l].eq(diff * diff)
                     with m.Default():
                         m.d.sync += s1_prod[l].eq(p.scalar * p.a[l])
@@ -88,8 +88,8 @@ class Vpu(wiring.Component):
         acc_next = Signal(signed(cfg.acc_width))
         m.d.comb += acc_next.eq(saturate(acc + s2_beat_sum, signed(cfg.acc_width)))
         with m.If(ce):
-            m.d.sync += self.o.valid.eq(s2_valid & ((s2_op == OP_AXPY) | s2_last))
-            with m.If(s2_valid & (s2_op != OP_AXPY)):
+            m.d.sync += self.o.valid.eq(s2_valid & ((s2_op == VpuOp.AXPY) | s2_last))
+            with m.If(s2_valid & (s2_op != VpuOp.AXPY)):
                 m.d.sync += [self.o.payload.dot.eq(acc_next), acc.eq(acc_next)]
                 with m.If(s2_last):
                     m.d.sync += acc.eq(0)

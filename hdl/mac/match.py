@@ -16,7 +16,9 @@ from amaranth.lib.wiring import In, Out
 
 from golden.mac_unit import MacUnitConfig
 from golden.sram import SramConfig
-from golden.vpu import OP_SQDIST
+from golden.vpu import VpuOp
+
+from ..lib.arith import incr
 
 from ..lib.sram import SramBank
 from ..lib.vpu import Vpu
@@ -84,12 +86,12 @@ class MatchUnit(wiring.Component):
         # Read responses feed the VPU (SQDIST against the buffered query beat).
         m.d.comb += [
             vpu.i.valid.eq(resp.valid), resp.ready.eq(vpu.i.ready),
-            vpu.i.payload.op.eq(OP_SQDIST), vpu.i.payload.last.eq(read_beat == nb - 1),
+            vpu.i.payload.op.eq(VpuOp.SQDIST), vpu.i.payload.last.eq(read_beat == nb - 1),
             vpu.i.payload.a.eq(resp.payload), vpu.i.payload.b.eq(query_buf[read_beat]),
             vpu.o.ready.eq(1),
         ]
         with m.If(vpu.i.valid & vpu.i.ready):
-            m.d.sync += read_beat.eq(Mux(read_beat == nb - 1, 0, read_beat + 1))
+            m.d.sync += read_beat.eq(incr(read_beat, nb))
 
         max_distance = (1 << (cfg.vpu.acc_width - 1)) - 1
         with m.FSM():
@@ -97,7 +99,7 @@ class MatchUnit(wiring.Component):
                 m.d.comb += self.query.ready.eq(1)
                 with m.If(self.query.valid):
                     m.d.sync += [query_buf[load_beat].eq(self.query.payload.q),
-                                 load_beat.eq(Mux(load_beat == nb - 1, 0, load_beat + 1))]
+                                 load_beat.eq(incr(load_beat, nb))]
                     with m.If(load_beat == 0):
                         m.d.sync += head.eq(self.query.payload.head)
                     with m.If(load_beat == nb - 1):
@@ -118,13 +120,13 @@ class MatchUnit(wiring.Component):
                 m.d.comb += [req.valid.eq(issue_count < filled),
                              req.payload.addr.eq(ring_address(issue_slot, issue_beat))]
                 with m.If(req.valid & req.ready):
-                    m.d.sync += issue_beat.eq(Mux(issue_beat == nb - 1, 0, issue_beat + 1))
+                    m.d.sync += issue_beat.eq(incr(issue_beat, nb))
                     with m.If(issue_beat == nb - 1):
                         m.d.sync += [issue_count.eq(issue_count + 1),
-                                     issue_slot.eq(Mux(issue_slot == window - 1, 0, issue_slot + 1))]
+                                     issue_slot.eq(incr(issue_slot, window))]
                 with m.If(vpu.o.valid):
                     m.d.sync += [result_count.eq(result_count + 1),
-                                 result_slot.eq(Mux(result_slot == window - 1, 0, result_slot + 1))]
+                                 result_slot.eq(incr(result_slot, window))]
                     with m.If(vpu.o.payload.dot.as_unsigned() < best_distance):
                         m.d.sync += [best_distance.eq(vpu.o.payload.dot), best_slot.eq(result_slot),
                                      best_index.eq(result_count)]
@@ -150,7 +152,7 @@ class MatchUnit(wiring.Component):
                 with m.If(write_beat == nb - 1):
                     slot = write_slots[head]
                     m.d.sync += [positions[head].eq(positions[head] + 1),
-                                 write_slots[head].eq(Mux(slot == window - 1, 0, slot + 1)),
+                                 write_slots[head].eq(incr(slot, window)),
                                  filled_slots[head].eq(Mux(filled_slots[head] == window, window,
                                                            filled_slots[head] + 1))]
                     m.next = "LOAD"

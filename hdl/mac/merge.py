@@ -18,7 +18,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from golden.mac_unit import OP_DOWNDATE, MacUnitConfig
-from golden.sfm import OP_EXP2, OP_RECIP
+from golden.sfm import SfmOp
 
 from ..lib.arith import round_shift, saturate, stall_all_enable
 from ..lib.sfm import Sfm
@@ -102,7 +102,7 @@ class MergeUnit(wiring.Component):
                                  x.eq(Mux(neg_abs < x_min, x_min, neg_abs)), s1.eq(p.s1), s2.eq(p.s2)]
                     m.next = "EXP_REQUEST"
             with m.State("EXP_REQUEST"):
-                m.d.comb += [sfm.i.valid.eq(1), sfm.i.payload.op.eq(OP_EXP2), sfm.i.payload.x.eq(x)]
+                m.d.comb += [sfm.i.valid.eq(1), sfm.i.payload.op.eq(SfmOp.EXP2), sfm.i.payload.x.eq(x)]
                 with m.If(sfm.i.ready):
                     m.next = "EXP_WAIT"
             with m.State("EXP_WAIT"):
@@ -128,7 +128,7 @@ class MergeUnit(wiring.Component):
                 with m.Else():
                     m.next = "RECIP_REQUEST"
             with m.State("RECIP_REQUEST"):
-                m.d.comb += [sfm.i.valid.eq(1), sfm.i.payload.op.eq(OP_RECIP), sfm.i.payload.z.eq(s_out)]
+                m.d.comb += [sfm.i.valid.eq(1), sfm.i.payload.op.eq(SfmOp.RECIP), sfm.i.payload.z.eq(s_out)]
                 with m.If(sfm.i.ready):
                     m.next = "RECIP_WAIT"
             with m.State("RECIP_WAIT"):
