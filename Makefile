@@ -29,7 +29,7 @@ test: $(STAMP)
 	$(VENV)/bin/python -m pytest -n $(JOBS) testbenches
 
 # The suite in a fresh clone of HEAD with nothing beside it (what CI runs): proves the
-# repository stands alone (no ../shared, every dependency installed by these files).
+# repository stands alone (no sibling folders, every dependency installed by these files).
 test-clone:
 	d=$$(mktemp -d) && git clone -q . $$d/ladmac && $(MAKE) -C $$d/ladmac test
 

@@ -34,9 +34,9 @@ def test_a_flipped_byte_or_missing_file_is_a_data_error(tmp_path):
     with pytest.raises(DataError, match="does not match its checksum"):
         paths._verified(root, "sst2/dev.tsv")
     assert paths._verified(root, "stsb/sts-dev.csv").is_file()   # the others still verify
-    (root / "stsb" / "sts-dev.csv").unlink()
+    (root / "wikitext2" / "test.txt").unlink()
     with pytest.raises(DataError, match="missing"):
-        paths._verified(root, "stsb/sts-dev.csv")
+        paths._verified(root, "wikitext2/test.txt")
     with pytest.raises(DataError, match="not listed"):
         paths._verified(root, "stsb/other.csv")
 
@@ -44,11 +44,13 @@ def test_a_flipped_byte_or_missing_file_is_a_data_error(tmp_path):
 def test_no_tracked_file_reads_outside_the_repository():
     files = subprocess.run(["git", "ls-files"], cwd=paths.PROJECT_ROOT, capture_output=True, text=True,
                            check=True).stdout.split()
+    sibling = "shared"   # the folder beside the checkout that data and notes once came from
+    patterns = ("../" + sibling, f'"{sibling}"', "PROJECT_ROOT" + ".parent")
     offenders = []
     for name in files:
         if not name.endswith((".py", "Makefile", ".toml", ".cfg")) and not name.startswith(".ci/"):
             continue
         text = (paths.PROJECT_ROOT / name).read_text()
-        if "../shared" in text or '"shared"' in text or "PROJECT_ROOT.parent" in text:
+        if any(p in text for p in patterns):
             offenders.append(name)
     assert files and offenders == []
