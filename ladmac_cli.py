@@ -99,6 +99,11 @@ def cmd_eval(args, rest: list[str]) -> int:
     return main(args.method, rest)
 
 
+def cmd_sweep(rest: list[str]) -> int:
+    from golden.sweep import main
+    return main(rest)
+
+
 def cmd_synth(rest: list[str]) -> int:
     from synth.cli import main
     return main(rest)
@@ -131,6 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("method", choices=["lad", "mac", "attncache"])
     sub.add_parser("synth", help="synthesise a block for ECP5 / generic cells (see `ladmac synth -h`)",
                    add_help=False)
+    sub.add_parser("sweep", help="design sweep of LAD inside SmolLM2 through Ray (see `ladmac sweep lad -h`)",
+                   add_help=False)
     return parser
 
 
@@ -144,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_eval(args, rest)
         if argv[:1] == ["synth"]:
             return cmd_synth(argv[1:])
+        if argv[:1] == ["sweep"]:
+            return cmd_sweep(argv[1:])
         args = parser.parse_args(argv)
         if getattr(args, "block", None) is not None:
             from hdl.registry import get_block

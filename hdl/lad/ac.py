@@ -20,14 +20,12 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from golden.lad_tile import COEF_FRAC, LadTileConfig
-from golden.sram import SramConfig
 from golden.vpu import VpuOp
 
 from ..lib.arith import incr, round_shift, saturate
 from ..lib.sram import SramBank
 from ..lib.vpu import Vpu
-from .common import AcOp, ac_command_layout, beat_layout, vector_layout
-from .eas import recip_resp_layout
+from .common import AcOp, ac_command_layout, beat_layout, recip_resp_layout, sram_banks, vector_layout
 
 
 
@@ -53,7 +51,7 @@ class Ac(wiring.Component):
         rows = d // P                      # rows per bank
         words = rows * nb
         vpus = [Vpu(vc) for _ in range(P)]
-        banks = [SramBank(SramConfig(depth=max(2, words), width=L * aw)) for _ in range(P)]
+        banks = [SramBank(sram_banks(cfg)[f"ac.a{p}"]) for p in range(P)]
         for p in range(P):
             m.submodules[f"vpu{p}"] = vpus[p]
             m.submodules[f"a_bank{p}"] = banks[p]

@@ -16,11 +16,10 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from golden.lad_tile import LadTileConfig
-from golden.sram import SramConfig
 
 from ..lib.arith import saturate
 from ..lib.sram import SramBank
-from .common import bump_counters, candidate_layout, meta_layout, outside_mode
+from .common import bump_counters, candidate_layout, meta_layout, outside_mode, sram_banks
 from .eas import lookup_layout
 
 
@@ -53,9 +52,9 @@ class Apid(wiring.Component):
         cfg, m = self.cfg, Module()
         xw = cfg.sfm.x_width
         ml = meta_layout(cfg)
-        depth = cfg.max_positions
-        m.submodules.meta_mem = meta = SramBank(SramConfig(depth=depth, width=ml.size))
-        m.submodules.approx_mem = amem = SramBank(SramConfig(depth=depth, width=xw))
+        banks = sram_banks(cfg)
+        m.submodules.meta_mem = meta = SramBank(banks["apid.metadata"])
+        m.submodules.approx_mem = amem = SramBank(banks["apid.approx_scores"])
         meta_req, meta_resp = meta.read_port(0)
         a_req, a_resp = amem.read_port(0)
 

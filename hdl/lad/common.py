@@ -10,6 +10,7 @@ from amaranth import Array, Const, Mux, Signal, signed, unsigned
 from amaranth.lib import data, enum
 
 from golden.lad_tile import LadTileConfig, mode_bounds
+from golden.sram import SramConfig
 
 from ..lib.arith import round_shift, saturate
 
@@ -44,6 +45,37 @@ def candidate_layout(cfg: LadTileConfig) -> data.StructLayout:
         "mode": unsigned(cfg.sfm.interval_width),
         "counters": data.ArrayLayout(unsigned(cfg.counter_bits), cfg.n_intervals),
     })
+
+
+def recip_resp_layout(cfg: LadTileConfig) -> data.StructLayout:
+    """An SFM RECIP result: 1/z = mantissa * 2**-(mantissa_frac + exponent)."""
+    return data.StructLayout({"mantissa": unsigned(cfg.sfm.mantissa_frac + 1),
+                              "exponent": unsigned(cfg.sfm.exponent_width)})
+
+
+def sram_banks(cfg: LadTileConfig) -> dict[str, SramConfig]:
+    """Every SRAM bank of the tile, by module: the one sizing that the modules build and that
+    reports (``sram_bits``, docs/lad-tile.md's SRAM map, design sweeps) count.
+
+    EAS: centers (``beats`` words per center), their scores q.c_j and 1/|c_j|^2; APID: each
+    position's metadata (mode, counters, center, rho) and approximate score; AC: cache A, row
+    ``l`` in bank ``l mod (vpus - 3)``, one word per beat of ``ac_acc_width``-bit lanes."""
+    L, nb, d, P = cfg.lanes, cfg.beats, cfg.head_dim, cfg.ac_vpus
+    xw = cfg.sfm.x_width
+    a_words = max(2, d // P * nb)
+    return {
+        "eas.centers": SramConfig(depth=cfg.max_centers * nb, width=L * cfg.kv_width),
+        "eas.center_scores": SramConfig(depth=max(2, cfg.max_centers), width=xw),
+        "eas.center_recips": SramConfig(depth=max(2, cfg.max_centers), width=recip_resp_layout(cfg).size),
+        "apid.metadata": SramConfig(depth=cfg.max_positions, width=meta_layout(cfg).size),
+        "apid.approx_scores": SramConfig(depth=cfg.max_positions, width=xw),
+        **{f"ac.a{p}": SramConfig(depth=a_words, width=L * cfg.ac_acc_width) for p in range(P)},
+    }
+
+
+def sram_bits(cfg: LadTileConfig) -> int:
+    """Total SRAM bits of the tile (all banks of :func:`sram_banks`)."""
+    return sum(bank.depth * bank.width for bank in sram_banks(cfg).values())
 
 
 def ac_command_layout(cfg: LadTileConfig) -> data.StructLayout:

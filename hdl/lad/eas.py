@@ -17,13 +17,12 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from golden.lad_tile import COS_FRAC, LadTileConfig
-from golden.sram import SramConfig
 from golden.vpu import VpuOp
 
 from ..lib.arith import incr, round_shift, saturate
 from ..lib.sram import SramBank
 from ..lib.vpu import Vpu
-from .common import score_of, vector_layout
+from .common import recip_resp_layout, score_of, sram_banks, vector_layout
 
 
 def key_out_layout(cfg: LadTileConfig) -> data.StructLayout:
@@ -33,11 +32,6 @@ def key_out_layout(cfg: LadTileConfig) -> data.StructLayout:
 
 def lookup_layout(cfg: LadTileConfig) -> data.StructLayout:
     return data.StructLayout({"center": unsigned(cfg.center_width), "rho": signed(cfg.rho_width)})
-
-
-def recip_resp_layout(cfg: LadTileConfig) -> data.StructLayout:
-    return data.StructLayout({"mantissa": unsigned(cfg.sfm.mantissa_frac + 1),
-                              "exponent": unsigned(cfg.sfm.exponent_width)})
 
 
 class Eas(wiring.Component):
@@ -57,14 +51,15 @@ class Eas(wiring.Component):
 
     def elaborate(self, platform):
         cfg, m = self.cfg, Module()
-        L, nb, kw = cfg.lanes, cfg.beats, cfg.kv_width
+        L, nb = cfg.lanes, cfg.beats
         xw, mf = cfg.sfm.x_width, cfg.sfm.mantissa_frac
         rl = recip_resp_layout(cfg)
         m.submodules.vpu_q = vpu_q = Vpu(cfg.score_vpu)
         m.submodules.vpu_k = vpu_k = Vpu(cfg.score_vpu)
-        m.submodules.center_mem = cmem = SramBank(SramConfig(depth=cfg.max_centers * nb, width=L * kw))
-        m.submodules.score_mem = smem = SramBank(SramConfig(depth=max(2, cfg.max_centers), width=xw))
-        m.submodules.recip_mem = rmem = SramBank(SramConfig(depth=max(2, cfg.max_centers), width=rl.size))
+        banks = sram_banks(cfg)
+        m.submodules.center_mem = cmem = SramBank(banks["eas.centers"])
+        m.submodules.score_mem = smem = SramBank(banks["eas.center_scores"])
+        m.submodules.recip_mem = rmem = SramBank(banks["eas.center_recips"])
         c_req, c_resp = cmem.read_port(0)
         s_req, s_resp = smem.read_port(0)
         r_req, r_resp = rmem.read_port(0)

@@ -1,0 +1,215 @@
+"""Design sweeps: ``ladmac sweep lad --set NAME=V1,V2,... [--hardware]``.
+
+Every point of the grid (the product of the ``--set`` value lists) is one independent
+``ladmac eval lad`` run inside SmolLM2 (teacher-forced WikiText-2, no generation), executed as
+a Ray task: local by default (one CPU per point, ``--workers`` at a time), on a Ray cluster with
+``--address``. Each point's JSON is kept under ``OUT/points/`` keyed by its arguments, so an
+interrupted sweep resumes where it stopped (``--fresh`` recomputes). The sweep writes
+``OUT/sweep.json``, a Markdown table ``OUT/sweep.md`` and a Pareto plot ``OUT/pareto.png``:
+perplexity change vs keys + values read (% of dense), coloured by the tile's SRAM (with
+``--hardware``: the bit-accurate LAD tile, whose SRAM banks are sized by
+``hdl.lad.common.sram_banks``; without: the float reference ``LadConfig``).
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .cli import Parser
+from .errors import ConfigError
+
+POINT_FORMAT = 1   # bump when a point's JSON changes meaning
+
+
+def grid(pairs: list[str]) -> list[dict[str, str]]:
+    """``["a=1,2", "b=x"]`` -> ``[{"a": "1", "b": "x"}, {"a": "2", "b": "x"}]``."""
+    axes = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ConfigError(f"--set expects NAME=V1,V2,..., got '{pair}'")
+        name, values = (s.strip() for s in pair.split("=", 1))
+        vals = [v.strip() for v in values.split(",") if v.strip()]
+        if not name or not vals:
+            raise ConfigError(f"--set expects NAME=V1,V2,..., got '{pair}'")
+        if name in axes:
+            raise ConfigError(f"--set {name} given twice")
+        axes[name] = vals
+    return [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())] or [{}]
+
+
+def point_config(point: dict[str, str], hardware: bool):
+    """The config a point evaluates (validated here, before any run starts)."""
+    from .cli import configure
+    from .lad_ref import LadConfig
+    from .lad_tile import LadTileConfig
+    base = LadTileConfig() if hardware else LadConfig()
+    return configure(base, [f"{k}={v}" for k, v in point.items()])
+
+
+def point_command(point: dict[str, str], args) -> list[str]:
+    cmd = [sys.executable, "-m", "ladmac_cli", "eval", "lad", "--tokens", str(args.tokens), "--context",
+           str(args.context), "--prompts", "0", "--no-progress", "--threads", "1"]
+    if args.hardware:
+        cmd += ["--hardware", "--only-hardware"]
+    for k, v in point.items():
+        cmd += ["--set", f"{k}={v}"]
+    return cmd
+
+
+def point_key(point: dict[str, str], args) -> str:
+    text = json.dumps({"format": POINT_FORMAT, "point": point, "hardware": args.hardware, "tokens": args.tokens,
+                       "context": args.context}, sort_keys=True)
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def run_point(cmd: list[str], out: str, cwd: str) -> dict:
+    """One point: the eval command writing ``out``; returns what it wrote, or its error."""
+    t0 = time.time()
+    tmp = out + ".tmp"
+    done = subprocess.run(cmd + ["--out", tmp], capture_output=True, text=True, cwd=cwd)
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
+        return {"error": f"exit {done.returncode}: {tail}", "seconds": time.time() - t0}
+    Path(tmp).replace(out)
+    return json.loads(Path(out).read_text())
+
+
+def summarize(point: dict[str, str], result: dict, hardware: bool) -> dict:
+    """One table row: perplexity and its change, keys/values read, SRAM of the point's tile."""
+    row = {"point": point}
+    if "error" in result:
+        return {**row, "error": result["error"]}
+    variant = "lad-tile" if hardware else "lad"
+    st = result["teacher_forced_stats"][variant]
+    row.update(perplexity=result["perplexity"][variant], full=result["perplexity"]["full"],
+               delta_pct=result["perplexity_delta_pct"][variant], keys_read_pct=st["keys_read_pct"],
+               values_read_pct=st["values_read_pct"], kv_read_pct=(st["keys_read_pct"] + st["values_read_pct"]) / 2,
+               centers_mean=st["centers_per_head_mean"], seconds=result.get("seconds"))
+    if hardware:
+        from hdl.lad.common import sram_bits
+        row["sram_kib"] = sram_bits(point_config(point, True)) / 8192
+    return row
+
+
+def pareto(rows: list[dict], keys: tuple[str, ...]) -> list[bool]:
+    """For each row: no other row is at least as good on every key (smaller is better) and better on one."""
+    ok = [r for r in rows if "error" not in r]
+
+    def dominated(r):
+        return any(all(o[k] <= r[k] for k in keys) and any(o[k] < r[k] for k in keys) for o in ok if o is not r)
+    return ["error" not in r and not dominated(r) for r in rows]
+
+
+def write_table(rows: list[dict], front: list[bool], path: Path, hardware: bool) -> None:
+    names = sorted({k for r in rows for k in r["point"]})
+    head = names + ["perplexity", "vs full", "keys read", "values read", "centers/head"] + \
+        (["SRAM KiB"] if hardware else []) + ["Pareto"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r, f in zip(rows, front):
+        cells = [r["point"].get(n, "") for n in names]
+        if "error" in r:
+            cells += [r["error"]] + [""] * (len(head) - len(names) - 2) + [""]
+        else:
+            cells += [f"{r['perplexity']:.3f}", f"{r['delta_pct']:+.2f}%", f"{r['keys_read_pct']:.1f}%",
+                      f"{r['values_read_pct']:.1f}%", f"{r['centers_mean']:.0f}"]
+            cells += [f"{r['sram_kib']:.0f}"] if hardware else []
+            cells += ["yes" if f else ""]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def plot(rows: list[dict], front: list[bool], path: Path, hardware: bool, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    ok = [(r, f) for r, f in zip(rows, front) if "error" not in r]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    x = [r["kv_read_pct"] for r, _ in ok]
+    y = [r["delta_pct"] for r, _ in ok]
+    c = [r["sram_kib"] if hardware else r["centers_mean"] for r, _ in ok]
+    sc = ax.scatter(x, y, c=c, cmap="viridis", s=40, zorder=3)
+    fig.colorbar(sc, ax=ax, label="tile SRAM (KiB)" if hardware else "centers per head (mean)")
+    for (r, f), xi, yi in zip(ok, x, y):
+        if f:
+            ax.scatter([xi], [yi], s=140, facecolors="none", edgecolors="red", zorder=4)
+        ax.annotate(",".join(f"{k}={v}" for k, v in r["point"].items()), (xi, yi), fontsize=6,
+                    xytext=(3, 3), textcoords="offset points")
+    ax.axhline(1.0, color="grey", ls="--", lw=0.8)
+    ax.axhline(-1.0, color="grey", ls="--", lw=0.8)
+    ax.set_xlabel("keys + values read (% of dense, mean of the two)")
+    ax.set_ylabel("perplexity vs full attention (%)")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def _parser() -> Parser:
+    p = Parser(prog="ladmac sweep lad", description=__doc__.splitlines()[0])
+    p.add_argument("method", choices=["lad"])
+    p.add_argument("--set", action="append", default=[], metavar="NAME=V1,V2,...",
+                   help="a config parameter and its values (the grid is the product of all --set)")
+    p.add_argument("--hardware", action="store_true",
+                   help="sweep the LAD tile's bit-accurate model (LadTileConfig); default: the float LadConfig")
+    p.add_argument("--tokens", type=int, default=512, help="teacher-forced WikiText-2 tokens per point (512)")
+    p.add_argument("--context", type=int, default=0, help="tokens prefilled with full attention first (0)")
+    p.add_argument("--out", type=Path, default=Path("build/sweep/lad"), help="folder of points, table and plot")
+    p.add_argument("--workers", type=int, default=1, help="points run at once on the local machine (1)")
+    p.add_argument("--address", default=None, help="a Ray cluster's address (default: a local Ray instance)")
+    p.add_argument("--fresh", action="store_true", help="recompute points that are already cached")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    if args.tokens < 1 or args.context < 0 or args.workers < 1:
+        raise ConfigError("--tokens and --workers must be >= 1 and --context >= 0")
+    points = grid(args.set)
+    for point in points:   # every point's config is valid before anything runs
+        point_config(point, args.hardware)
+    (args.out / "points").mkdir(parents=True, exist_ok=True)
+    root = str(Path(__file__).resolve().parent.parent)
+    jobs = {}
+    results: dict[int, dict] = {}
+    for i, point in enumerate(points):
+        out = args.out / "points" / f"{point_key(point, args)}.json"
+        if out.exists() and not args.fresh:
+            results[i] = json.loads(out.read_text())
+        else:
+            jobs[i] = (point_command(point, args), str(out))
+    print(f"sweep: {len(points)} points, {len(results)} cached, {len(jobs)} to run", file=sys.stderr)
+    if jobs:
+        import ray
+        from tqdm import tqdm
+        ray.init(address=args.address, num_cpus=None if args.address else args.workers,
+                 include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+        try:
+            task = ray.remote(num_cpus=1)(run_point)
+            pending = {task.remote(cmd, out, root): i for i, (cmd, out) in jobs.items()}
+            with tqdm(total=len(pending), desc="sweep points", file=sys.stderr) as bar:
+                while pending:
+                    ready, _ = ray.wait(list(pending), num_returns=1)
+                    for ref in ready:
+                        results[pending.pop(ref)] = ray.get(ref)
+                        bar.update(1)
+        finally:
+            ray.shutdown()
+    rows = [summarize(points[i], results[i], args.hardware) for i in range(len(points))]
+    keys = ("delta_pct", "kv_read_pct") + (("sram_kib",) if args.hardware else ())
+    front = pareto(rows, keys)
+    title = (f"LAD {'tile (bit-accurate)' if args.hardware else 'float reference'} in SmolLM2-135M, "
+             f"{args.tokens} WikiText-2 tokens" + (f" after {args.context}" if args.context else ""))
+    (args.out / "sweep.json").write_text(json.dumps({"title": title, "rows": rows, "pareto": front,
+                                                     "command": "ladmac sweep " + " ".join(argv)}, indent=1))
+    write_table(rows, front, args.out / "sweep.md", args.hardware)
+    plot(rows, front, args.out / "pareto.png", args.hardware, title)
+    print(title)
+    print((args.out / "sweep.md").read_text())
+    print(f"wrote {args.out / 'sweep.json'}, {args.out / 'sweep.md'}, {args.out / 'pareto.png'}")
+    failed = sum("error" in r for r in rows)
+    return 1 if failed else 0
