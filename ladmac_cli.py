@@ -100,7 +100,7 @@ def cmd_eval(args, rest: list[str]) -> int:
 
 
 def cmd_sweep(rest: list[str]) -> int:
-    from golden.sweep import main
+    from benchmarks.sweep import main
     return main(rest)
 
 

@@ -20,8 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from .cli import Parser
-from .errors import ConfigError
+from golden.cli import Parser
+from golden.errors import ConfigError
 
 POINT_FORMAT = 1   # bump when a point's JSON changes meaning
 
@@ -44,9 +44,9 @@ def grid(pairs: list[str]) -> list[dict[str, str]]:
 
 def point_config(point: dict[str, str], hardware: bool):
     """The config a point evaluates (validated here, before any run starts)."""
-    from .cli import configure
-    from .lad_ref import LadConfig
-    from .lad_tile import LadTileConfig
+    from golden.cli import configure
+    from golden.lad_ref import LadConfig
+    from golden.lad_tile import LadTileConfig
     base = LadTileConfig() if hardware else LadConfig()
     return configure(base, [f"{k}={v}" for k, v in point.items()])
 

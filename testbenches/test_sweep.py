@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from golden.sweep import grid, pareto
+from benchmarks.sweep import grid, pareto
 from ladmac_cli import main
 
 
