@@ -24,17 +24,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from golden.errors import LadmacError
+from golden.errors import ConfigError, LadmacError
 from golden.lad_ref import LadHead
 from golden.lad_tile import LadTileConfig
-from golden.llm import decode_eval
+from golden.llm.data import read_wikitext, wikitext_ids
+from golden.llm.hooks import Controller
+from golden.llm.metrics import perplexity
+from golden.llm.runs import load_model, teacher_forced
 
 VARIANTS = ("twin", "twin-rounded", "exact-rule", "tile")
 
@@ -51,21 +53,19 @@ class RoundedLadHead(LadHead):
         return self._round(o), stats
 
 
-def run_variant(model, ids, name: str, max_centers: int) -> dict:
+def run_variant(ctl: Controller, ids, name: str, max_centers: int) -> dict:
     tile = LadTileConfig(max_centers=max_centers)
     twin = tile.reference()
     kw = {"twin": ("lad", {"lad": twin}), "twin-rounded": ("lad", {"lad": twin}),
           "exact-rule": ("lad", {"lad": dataclasses.replace(twin, full_table="exact")}),
           "tile": ("lad-tile", {"tile": tile})}[name]
-    head_class = decode_eval.LadHead
-    decode_eval.LadHead = RoundedLadHead if name == "twin-rounded" else LadHead
+    ctl.lad_head = RoundedLadHead if name == "twin-rounded" else LadHead
     try:
         t0 = time.time()
-        nll, _, stats = decode_eval.teacher_forced(model, ids, kw[0], desc=name, **kw[1])
+        nll, _, stats = teacher_forced(ctl, ids, kw[0], desc=name, **kw[1])
     finally:
-        decode_eval.LadHead = head_class
-    row = {"variant": name, "max_centers": max_centers, "ppl": math.exp(sum(nll) / len(nll)),
-           "wall_s": round(time.time() - t0, 1)}
+        ctl.lad_head = LadHead
+    row = {"variant": name, "max_centers": max_centers, "ppl": perplexity(nll), "wall_s": round(time.time() - t0, 1)}
     row.update({k: v for k, v in stats.items() if isinstance(v, (int, float))})
     return row
 
@@ -79,21 +79,22 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         if args.tokens < 1:
-            raise decode_eval.ConfigError(f"--tokens must be at least 1, got {args.tokens}")
+            raise ConfigError(f"--tokens must be at least 1, got {args.tokens}")
         LadTileConfig(max_centers=args.max_centers)   # validates
-        text = decode_eval.read_wikitext()
-        model, tok = decode_eval.load_model()
-        ids = decode_eval.wikitext_ids(tok, args.tokens + 1, text=text)   # as ladmac eval: N scored tokens
+        text = read_wikitext()
+        model, tok = load_model()
+        ids = wikitext_ids(tok, args.tokens + 1, text=text)   # as ladmac eval: N scored tokens
     except LadmacError as err:
         print(f"lad_table_ablation: error: {err}", file=sys.stderr)
         return 2
-    nll, _, _ = decode_eval.teacher_forced(model, ids, "full", desc="full")
-    full = math.exp(sum(nll) / len(nll))
+    ctl = Controller(model)
+    nll, _, _ = teacher_forced(ctl, ids, "full", desc="full")
+    full = perplexity(nll)
     rows = [{"variant": "full", "ppl": full}]
     print(f"{'variant':<14}{'ppl':>9}{'vs full':>9}{'keys read':>11}{'missed':>8}{'wall s':>8}", flush=True)
     print(f"{'full':<14}{full:>9.3f}", flush=True)
     for name in args.variants:
-        r = run_variant(model, ids, name, args.max_centers)
+        r = run_variant(ctl, ids, name, args.max_centers)
         r["vs_full_pct"] = 100 * (r["ppl"] / full - 1)
         rows.append(r)
         missed = f"{r['missed_pct']:.2f}%" if "missed_pct" in r else "n/a"

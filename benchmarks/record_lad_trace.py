@@ -28,7 +28,7 @@ def record_heads(tokens: int, pairs=DEFAULT_PAIRS) -> dict:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    from golden.llm.decode_eval import wikitext_ids
+    from golden.llm.data import wikitext_ids
     from golden.llm.smollm2 import load_smollm2
 
     model, tokenizer = load_smollm2()

@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.record_mac_trace [--tokens 640] [--layer 12]
         [--out testbenches/data/smollm2_mac_trace.pt]
 
-Runs SmolLM2 once over the first ``tokens`` tokens of ../shared/data/wikitext2/test.txt
+Runs SmolLM2 once over the first ``tokens`` tokens of WikiText-2 test (data/wikitext2/test.txt)
 with a recording attention function (transformers' AttentionInterface) and a forward
 hook on ``q_proj`` of one layer, and stores:
 
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from golden.mac_unit import OP_DOWNDATE, OP_MERGE, MacUnitConfig, state_to_raw
-from golden.paths import DATA_ROOT, PROJECT_ROOT
+from golden.paths import PROJECT_ROOT
 
 DEFAULT_OUT = PROJECT_ROOT / "testbenches" / "data" / "smollm2_mac_trace.pt"
 DEFAULT_HEAD_OUT = PROJECT_ROOT / "testbenches" / "data" / "smollm2_head_trace.pt"
@@ -41,16 +41,16 @@ def range_state(scores: torch.Tensor, values: torch.Tensor, lo: int, hi: int):
     return m, s, o, m + math.log(s)
 
 
-def record(tokens: int, layer: int, band: int = 256, cases_per_kind: int = 60, seed: int = 0) -> dict:
+def record(tokens: int, layer: int, band: int | None = None, cases_per_kind: int = 60, seed: int = 0) -> dict:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    from golden.llm.data import wikitext_ids
     from golden.llm.smollm2 import load_smollm2
 
     model, tokenizer = load_smollm2()
-    text = (DATA_ROOT / "wikitext2" / "test.txt").read_text()[:20000]
-    ids = tokenizer(text, return_tensors="pt").input_ids[:, :tokens]
+    ids = wikitext_ids(tokenizer, tokens).reshape(1, -1)
     captured = {}
 
     def recording_attention(module, query, key, value, attention_mask, **kw):
@@ -71,6 +71,7 @@ def record(tokens: int, layer: int, band: int = 256, cases_per_kind: int = 60, s
     q_pre = captured["q_pre"].reshape(ids.shape[1], -1, d)[:, :3]
 
     cfg = MacUnitConfig()
+    band = cfg.reference().band if band is None else band   # S of the float reference the cases mirror
     gen = torch.Generator().manual_seed(seed)
     q, k, v, scaling = captured["q"], captured["k"], captured["v"], captured["scaling"]
     groups = q.shape[0] // k.shape[0]

@@ -56,9 +56,9 @@ class AttnCacheConfig(BlockConfig):
     ivf_nlist: int = param(32, "IVF lists (capped at n/39 of the stored inputs)")
     ivf_nprobe: int = param(8, "IVF lists probed per query")
     k: int = param(8, "neighbours fetched per lookup; the nearest of equal token length is the candidate")
-    pairs: int = param(20000, "Siamese training pairs")
+    pairs: int = param(10000, "Siamese training pairs")
     same_len_frac: float = param(0.5, "fraction of training pairs drawn among inputs of equal token length")
-    epochs: int = param(40, "training epochs over the pairs")
+    epochs: int = param(20, "training epochs over the pairs")
     batch_size: int = param(64, "training batch (paper: 64)")
     lr: float = param(0.001, "Adam learning rate")
     seed: int = param(0, "seed of pair sampling and projector initialisation")
@@ -401,12 +401,15 @@ class AttnCache:
                                                                               prepend=True))
         self._handles.append(self.model.register_forward_pre_hook(self._model_pre))
         self._handles.append(self.model.register_forward_hook(self._model_post))
+        # RoPE runs inside the attention module before the interface's function is called, and no
+        # interface or hook can skip it; on a hit its inputs are the skipped projections' empty
+        # tensors, so the modeling module's apply_rotary_pos_emb is wrapped (per cache, a closure;
+        # restored by detach) to pass them through. Models without RoPE (BERT) are not touched.
         modeling = sys.modules.get(type(self.attn_modules[0]).__module__)
         if modeling is not None and hasattr(modeling, "apply_rotary_pos_emb"):
             original = modeling.apply_rotary_pos_emb
-            if not getattr(original, "_ladmac_wrapped", False):
-                modeling.apply_rotary_pos_emb = _skippable_rope(original)
-                self._patched.append((modeling, "apply_rotary_pos_emb", original))
+            modeling.apply_rotary_pos_emb = _skippable_rope(original, self)
+            self._patched.append((modeling, "apply_rotary_pos_emb", original))
 
     def detach(self):
         for handle in self._handles:
@@ -414,8 +417,9 @@ class AttnCache:
         for obj, name, original in self._patched:
             if original is None:
                 del obj.__dict__[name]
-            else:
+            elif getattr(getattr(obj, name), "_ladmac_cache", None) is self:
                 setattr(obj, name, original)
+            # else another cache wrapped ours: ours stays below it and passes through (no hit_maps)
         for mod in self.attn_modules:
             mod.__dict__.pop("_ladmac_attncache", None)
         try:
@@ -430,18 +434,13 @@ class AttnCache:
 
     # -- hooks -----------------------------------------------------------------------------
     def _model_pre(self, module, args):
-        global _ACTIVE_HIT
         self.hit_maps, self.recorded, self.pooled = None, [], None
         self.last = {"hit": False, "entry": -1, "sim": float("-inf"), "attn_s": 0.0, "lookup_s": 0.0}
-        _ACTIVE_HIT = False
 
     def _model_post(self, module, args, output):
-        global _ACTIVE_HIT
-        _ACTIVE_HIT = False
         self.hit_maps = None
 
     def _layer0_pre(self, module, args, kwargs):
-        global _ACTIVE_HIT
         hidden = kwargs.get("hidden_states", args[0] if args else None)
         if self.mode == "off":
             return None
@@ -458,7 +457,6 @@ class AttnCache:
             if entry >= 0 and (self.mode == "force" or sim >= self.theta):
                 self.hit_maps = self.store.fetch(entry)
                 self.last["hit"] = True
-                _ACTIVE_HIT = True
         self.last["lookup_s"] += time.perf_counter() - t0
         return None
 
@@ -469,11 +467,10 @@ class AttnCache:
         self.last["attn_s"] += time.perf_counter() - self._attn_t0
 
 
-_ACTIVE_HIT = False
-
-
 def _skippable(linear: nn.Linear, cache: AttnCache):
-    """Instance forward for q/k projections: on a hit returns uninitialised memory (never read)."""
+    """Instance forward for q/k projections: on a hit returns uninitialised memory (never read).
+    (The attention interface receives q and k already projected: skipping the projections, the
+    point of a hit, needs this per-instance forward; the Linear class itself is not touched.)"""
     original = type(linear).forward
 
     def forward(x):
@@ -483,12 +480,13 @@ def _skippable(linear: nn.Linear, cache: AttnCache):
     return forward
 
 
-def _skippable_rope(original):
+def _skippable_rope(original, cache: AttnCache):
+    """``apply_rotary_pos_emb`` that passes q, k through while ``cache`` serves a hit."""
     def apply_rotary_pos_emb(q, k, *args, **kwargs):
-        if _ACTIVE_HIT:
+        if cache.hit_maps is not None:
             return q, k
         return original(q, k, *args, **kwargs)
-    apply_rotary_pos_emb._ladmac_wrapped = True
+    apply_rotary_pos_emb._ladmac_cache = cache
     return apply_rotary_pos_emb
 
 

@@ -61,6 +61,16 @@ class LadConfig(BlockConfig):
         self.require(self.m_rule in M_RULES, f"m_rule must be one of {M_RULES}, got {self.m_rule!r}")
         self.require(self.scale >= 0, f"scale must be >= 0, got {self.scale}")
         self.require(not self.exact_exp or self.exact_scores, "exact_exp needs exact_scores=True")
+        for name in ("pwl_cutoff", "guard_margin", "scale"):
+            self.require(math.isfinite(getattr(self, name)), f"{name} must be finite, got {getattr(self, name)}")
+        try:
+            pwl = self.pwl
+            usable = all(math.isfinite(x) for x in (*pwl.slopes, *pwl.intercepts, pwl.max_relative_error))
+            why = "non-finite coefficients"
+        except (ArithmeticError, ValueError) as err:
+            usable, why = False, str(err)
+        self.require(usable, f"no usable PWL table for pwl_intervals={self.pwl_intervals}, "
+                             f"pwl_cutoff={self.pwl_cutoff} ({why})")
 
     @property
     def pwl(self) -> PwlTable:

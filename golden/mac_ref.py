@@ -128,7 +128,6 @@ class MacLayerState:
 
     def _scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """Scores of query heads ``q (Hq, ..., d)`` against their group's keys ``k (Hkv, L, d)``: ``(Hq, ..., L)``."""
-        g = self.hq // self.hkv
         qg = q.double().reshape(self.hkv, -1, self.d)
         return (qg @ k.double().transpose(1, 2)).reshape(self.hq, *q.shape[1:-1], k.shape[1]) * self.scale
 

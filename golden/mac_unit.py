@@ -30,6 +30,7 @@ import torch
 
 from .config import BlockConfig, param
 from .fixedpoint import FixedFormat, round_shift, saturate
+from .mac_ref import MacConfig
 from .sfm import SfmConfig, exp2, recip
 from .vpu import VpuConfig
 
@@ -124,6 +125,12 @@ class MacUnitConfig(BlockConfig):
     def sfm(self) -> SfmConfig:
         return SfmConfig(x_width=self.score_width, x_frac=self.score_frac, recip_in_width=self.sum_width,
                          mantissa_frac=self.mantissa_frac)
+
+    def reference(self) -> MacConfig:
+        """The float reference (golden.mac_ref.MacConfig) of this unit: same window, match threshold
+        tau and cancellation bound 2^-cancel_bits; band, sinks and min_context are the decoder's
+        (MacConfig's defaults)."""
+        return MacConfig(window=self.window, tau=self.tau, cancel_bound=2.0 ** -self.cancel_bits)
 
 
 PRESETS = {

@@ -17,9 +17,9 @@ from golden.attncache import (AttnCache, AttnCacheConfig, MapStore, build_index,
 from golden.errors import ConfigError, DataError, LadmacError
 from golden.llm import attncache_eval as ev
 from golden.llm.minilm import load_minilm, mean_pool
-from golden.paths import DATA_ROOT
+from golden.paths import data_file
 
-STSB = DATA_ROOT / "stsb" / "sts-dev.csv"
+STSB = data_file(ev.STSB)
 N_TRAIN, N_TEST = 300, 150
 
 
@@ -252,7 +252,25 @@ def test_malformed_stsb_rows(tmp_path):
     with pytest.raises(ConfigError, match="unknown model"):
         ev.main(["--model", "gpt9"])
     with pytest.raises(LadmacError):
-        ev.main(["--theta"])
+        ev.main(["--set"])
+
+
+def test_eval_config_defaults_are_the_configs_own(monkeypatch):
+    """``eval attncache`` runs AttnCacheConfig's defaults (SmolLM2: pooled from more rows) and
+    changes a parameter only through ``--set``; bad values fail before a model is loaded."""
+    assert ev.eval_config("minilm") == AttnCacheConfig()
+    assert ev.eval_config("smollm2") == AttnCacheConfig(max_len=96, pool_rows=48)
+    assert ev.eval_config("minilm", ["epochs=3", "theta=0.95"]) == AttnCacheConfig(epochs=3, theta=0.95)
+    assert ev.eval_config("smollm2", ["index=ivf"]) == AttnCacheConfig(max_len=96, pool_rows=48, index="ivf")
+
+    def no_model(*a, **k):
+        raise AssertionError("bad input must be rejected before the model is loaded")
+    monkeypatch.setattr(ev, "Encoder", no_model)
+    for argv, fragment in ((["--set", "pool_rows=100"], "pool_rows"), (["--set", "bogus=1"], "unknown parameter"),
+                           (["--epochs", "3"], "unrecognized arguments"), (["--theta", "0.9"], "unrecognized"),
+                           (["--model", "gpt9"], "unknown model")):
+        with pytest.raises(ConfigError, match=fragment):
+            ev.main([*argv, "--no-progress"])
 
 
 def test_label_and_config_rules():

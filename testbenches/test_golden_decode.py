@@ -1,6 +1,7 @@
 """Float references of LAD (golden/lad_ref.py) and MAC (golden/mac_ref.py) on their own and inside
-SmolLM2-135M decoding (golden/llm/decode_eval.py): exactness with the approximations disabled,
-merge/downdate algebra incl. cancellation, and the perplexity cost of each method."""
+SmolLM2-135M decoding (golden/llm/: hooks, runs, metrics; ``ladmac eval`` in decode_eval.py): exactness
+with the approximations disabled, merge/downdate algebra incl. cancellation, the perplexity cost of each
+method, and the command line's checks (before the model loads)."""
 from __future__ import annotations
 
 import math
@@ -113,6 +114,17 @@ def test_match_ties_to_lower_position_and_threshold():
     assert MacConfig().threshold(64) == pytest.approx(math.sqrt(128) * 0.55)
 
 
+def test_mac_unit_reference_config_is_derived():
+    """The bit-accurate unit's float twin carries its window, tau and cancellation bound."""
+    from golden.mac_unit import PRESETS, MacUnitConfig
+    assert MacUnitConfig().reference() == MacConfig()               # the defaults agree
+    unit = MacUnitConfig(window=24, head_dim=32, heads=3, lanes=8, tau=0.3, cancel_bits=4)
+    ref = unit.reference()
+    assert (ref.window, ref.tau, ref.cancel_bound) == (24, 0.3, 1 / 16)
+    assert ref.band == MacConfig().band and ref.min_context == MacConfig().min_context
+    assert PRESETS["tiny"].reference().window == 8
+
+
 def test_configs_reject_bad_values():
     with pytest.raises(ConfigError, match="center_cos"):
         LadConfig(center_cos=1.5)
@@ -209,43 +221,51 @@ def smollm2():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    from golden.llm.decode_eval import load_model, wikitext_ids
+    from golden.llm.data import wikitext_ids
+    from golden.llm.hooks import Controller
+    from golden.llm.runs import load_model
     model, tokenizer = load_model()
+    before = model.config._attn_implementation
+    ctl = Controller(model)
+    assert model.config._attn_implementation == ctl.name != before
     ids = wikitext_ids(tokenizer, 2048 + 64 + 1)
-    yield model, ids
+    yield ctl, ids
+    ctl.detach()
+    assert model.config._attn_implementation == before and not hasattr(model, "_ladmac_controller")
     torch.set_num_threads(threads)
 
 
 def test_disabled_approximations_equal_full_attention(smollm2):
-    from golden.llm.decode_eval import teacher_forced
-    model, ids = smollm2
+    from golden.llm.runs import teacher_forced
+    ctl, ids = smollm2
     seq = ids[:29]
-    _, ref, _ = teacher_forced(model, seq, "full", context=8, keep_logits=True, progress=False)
-    assert ref.std() > 1.0 and ref.shape == (20, model.config.vocab_size)
-    _, lad, st = teacher_forced(model, seq, "lad", context=8, lad=LadConfig(**FULL_ATTENTION),
+    _, ref, _ = teacher_forced(ctl, seq, "full", context=8, keep_logits=True, progress=False)
+    assert ref.std() > 1.0 and ref.shape == (20, ctl.model.config.vocab_size)
+    _, lad, st = teacher_forced(ctl, seq, "lad", context=8, lad=LadConfig(**FULL_ATTENTION),
                                 keep_logits=True, progress=False)
     assert (lad - ref).abs().max() < 2e-3
     assert st["layer_steps"] == 20 * 30
     small = dict(min_context=16, window=16, band=8)
-    _, mac, st = teacher_forced(model, seq, "mac", context=8, mac=MacConfig(exact_prefix=True, **small),
+    _, mac, st = teacher_forced(ctl, seq, "mac", context=8, mac=MacConfig(exact_prefix=True, **small),
                                 keep_logits=True, progress=False)
     assert (mac - ref).abs().max() < 2e-3
     assert st["hit_rate"] > 0.2 and st["skip_ratio"] > 0.05    # the hit path (merges) really ran
-    _, mac, st = teacher_forced(model, seq, "mac", context=8, mac=MacConfig(reuse=False, **small),
+    _, mac, st = teacher_forced(ctl, seq, "mac", context=8, mac=MacConfig(reuse=False, **small),
                                 keep_logits=True, progress=False)
     assert (mac - ref).abs().max() < 2e-3 and st["skip_ratio"] == 0.0
     # and with reuse on, the output really changes (the test could fail)
-    _, mac, st = teacher_forced(model, seq, "mac", context=8, mac=MacConfig(**small), keep_logits=True,
+    _, mac, st = teacher_forced(ctl, seq, "mac", context=8, mac=MacConfig(**small), keep_logits=True,
                                 progress=False)
     assert (mac - ref).abs().max() > 1e-2 and st["hit_rate"] > 0.2
 
 
 def test_lad_perplexity_within_1pct_on_512_tokens(smollm2):
-    from golden.llm.decode_eval import full_parallel, perplexity, teacher_forced
-    model, ids = smollm2
+    from golden.llm.metrics import perplexity
+    from golden.llm.runs import full_parallel, teacher_forced
+    ctl, ids = smollm2
     seq = ids[:513]
-    nll_full, _ = full_parallel(model, seq)
-    nll_lad, _, st = teacher_forced(model, seq, "lad", progress=False)
+    nll_full, _ = full_parallel(ctl, seq)
+    nll_lad, _, st = teacher_forced(ctl, seq, "lad", progress=False)
     assert len(nll_lad) == len(nll_full) == 512
     p_full, p_lad = perplexity(nll_full), perplexity(nll_lad)
     assert 5 < p_full < 200                                          # sane baseline
@@ -258,14 +278,15 @@ def test_lad_tile_bit_accurate_model_inside_smollm2(smollm2):
     """The hardware's numerics on the real model: every head of every layer runs the tile's
     bit-accurate model (bit-exact with the RTL), after a prompt the tile decodes itself."""
     from golden.lad_tile import LadTileConfig
-    from golden.llm.decode_eval import full_parallel, perplexity, teacher_forced
-    model, ids = smollm2
+    from golden.llm.metrics import perplexity
+    from golden.llm.runs import full_parallel, teacher_forced
+    ctl, ids = smollm2
     context, tokens = 8, 40
     seq = ids[:context + tokens + 1]
     tile = LadTileConfig()
-    nll_full, _ = full_parallel(model, seq, context)
-    nll_twin, _, _ = teacher_forced(model, seq, "lad", context, lad=tile.reference(), progress=False)
-    nll_tile, logits, st = teacher_forced(model, seq, "lad-tile", context, tile=tile, keep_logits=True,
+    nll_full, _ = full_parallel(ctl, seq, context)
+    nll_twin, _, _ = teacher_forced(ctl, seq, "lad", context, lad=tile.reference(), progress=False)
+    nll_tile, logits, st = teacher_forced(ctl, seq, "lad-tile", context, tile=tile, keep_logits=True,
                                           progress=False)
     assert len(nll_tile) == len(nll_full) == tokens and logits.std() > 1.0
     p_full, p_twin, p_tile = perplexity(nll_full), perplexity(nll_twin), perplexity(nll_tile)
@@ -279,11 +300,12 @@ def test_lad_tile_bit_accurate_model_inside_smollm2(smollm2):
 
 
 def test_mac_engaged_at_2048_with_perplexity_within_2pct(smollm2):
-    from golden.llm.decode_eval import full_parallel, perplexity, teacher_forced
-    model, ids = smollm2
+    from golden.llm.metrics import perplexity
+    from golden.llm.runs import full_parallel, teacher_forced
+    ctl, ids = smollm2
     seq = ids[:2048 + 48 + 1]
-    nll_full, _ = full_parallel(model, seq, context=2048)
-    nll_mac, _, st = teacher_forced(model, seq, "mac", context=2048, progress=False)
+    nll_full, _ = full_parallel(ctl, seq, context=2048)
+    nll_mac, _, st = teacher_forced(ctl, seq, "mac", context=2048, progress=False)
     assert len(nll_mac) == len(nll_full) == 48
     p_full, p_mac = perplexity(nll_full), perplexity(nll_mac)
     assert st["engaged_steps"] == 48 and st["hit_rate"] > 0 and st["skip_ratio"] > 0
@@ -292,7 +314,7 @@ def test_mac_engaged_at_2048_with_perplexity_within_2pct(smollm2):
 
 
 def test_rouge_l():
-    from golden.llm.decode_eval import lcs_length, rouge_l
+    from golden.llm.metrics import lcs_length, rouge_l
     assert lcs_length([1, 2, 3, 4], [2, 4, 3]) == 2
     assert rouge_l([1, 2, 3], [1, 2, 3]) == 1.0
     assert rouge_l([1, 2, 3], [4, 5]) == 0.0
@@ -332,9 +354,16 @@ def data_files(tmp_path):
     ("mac", ["--set", "window=0"], "window must be >= 1"),
     ("lad", ["--tokens", "0"], "--tokens must be positive"),
     ("lad", ["--threads", "-1"], "--threads must be >= 0"),
-    ("lad", ["--tile-set", "vpus=5"], "--tile-set needs --hardware"),
-    ("lad", ["--hardware", "--tile-set", "lanes=7"], "must be a multiple of lanes"),
-    ("lad", ["--hardware", "--tile-set", "max_positions=256", "--tokens", "300"], "exceeds the tile's max_positions"),
+    ("lad", ["--set", "vpus=5"], "unknown parameter 'vpus' for LadConfig"),
+    ("lad", ["--hardware", "--set", "exact_scores=true"], "unknown parameter 'exact_scores' for LadTileConfig"),
+    ("lad", ["--hardware", "--set", "lanes=7"], "must be a multiple of lanes"),
+    ("lad", ["--hardware", "--set", "head_dim=32", "--set", "lanes=8", "--set", "vpus=5"], "head_dim is 64"),
+    ("lad", ["--hardware", "--set", "max_positions=256", "--tokens", "300"], "exceeds the tile's max_positions"),
+    ("lad", ["--tile-set", "vpus=5"], "unrecognized arguments: --tile-set"),
+    ("mac", ["--context", "8192"], "max_position_embeddings 8192"),
+    ("mac", ["--context", "8000", "--tokens", "192"], "needs 8193 positions"),
+    ("lad", ["--tokens", "9000"], "max_position_embeddings 8192"),
+    ("mac", ["--prompt-len", "8190", "--new-tokens", "8"], "max_position_embeddings 8192"),
     ("mac", ["--hardware"], "unrecognized arguments"),
     ("mac", ["--frobnicate"], "unrecognized arguments"),
     ("lad", ["--out", "{folder}"], "is a directory"),
@@ -359,9 +388,34 @@ def test_eval_bad_input_exits_2_with_one_line(method, argv, fragment, data_files
     assert err.startswith("ladmac: error: ")
 
 
+def test_eval_set_edits_the_method_config(monkeypatch):
+    """``--set`` edits LadConfig (eval lad), LadTileConfig (eval lad --hardware; the float twin is
+    its reference()) or MacConfig (eval mac), starting from the config's own defaults."""
+    from golden.lad_tile import LadTileConfig
+    from golden.llm.decode_eval import build_parser, method_configs
+
+    def configs(method, argv):
+        return method_configs(method, build_parser(method).parse_args(argv))
+    assert configs("lad", []) == (LadConfig(), None)
+    assert configs("lad", ["--set", "center_cos=0.9", "--set", "max_centers=32"]) == \
+        (LadConfig(center_cos=0.9, max_centers=32), None)
+    assert configs("lad", ["--hardware", "--set", "max_centers=128"]) == \
+        (LadConfig(), LadTileConfig(max_centers=128))
+    assert configs("mac", ["--set", "window=64", "--set", "reuse=false"]) == (MacConfig(window=64, reuse=False), None)
+    assert configs("mac", []) == (MacConfig(), None)
+
+
+def test_max_positions_read_without_loading_the_model():
+    from golden.llm.runs import max_positions
+    from golden.llm.smollm2 import max_position_embeddings
+    assert max_positions() == max_position_embeddings() == 8192      # SmolLM2-135M's 8k context
+    with pytest.raises(ConfigError, match="unknown model"):
+        max_positions("gpt2")
+
+
 def test_read_wikitext_accepts_text_and_names_the_file(tmp_path):
     from golden.errors import DataError
-    from golden.llm.decode_eval import read_wikitext
+    from golden.llm.data import read_wikitext
     good = tmp_path / "test.txt"
     good.write_text(" = Title = \n" + "the quick brown fox jumps . " * 40)
     assert read_wikitext(good).startswith(" = Title")

@@ -9,8 +9,6 @@ not depend on theta). Embeddings: MiniLM mean pooling; SmolLM2 prompt-based
 (``This sentence: "..." means in one word:"``, last token's final hidden state)."""
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
 import shutil
@@ -18,11 +16,21 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..attncache import AttnCacheConfig
+from ..cli import Parser, add_overrides, configure
 from ..errors import ConfigError, DataError
-from ..paths import DATA_ROOT
+from ..paths import data_file
+from .plots import attncache_plots
+from .report import check_outputs, write_json
 
 DEFAULT_THETAS = (1.0, 0.9999, 0.999, 0.995, 0.99, 0.98, 0.95, 0.9, 0.8, 0.0)
 PROMPT = 'This sentence: "{}" means in one word:"'
+STSB = "stsb/sts-dev.csv"
+# The config each model starts from (``--set`` edits it): AttnCacheConfig's defaults for MiniLM;
+# SmolLM2's prompt-wrapped sentences are longer, so its layer-0 input is pooled from more rows.
+MODEL_CONFIGS = {"minilm": AttnCacheConfig(),
+                 "smollm2": AttnCacheConfig(max_len=96, pool_rows=48)}
+MODELS = tuple(MODEL_CONFIGS)
 
 
 # ----------------------------------------------------------------------------- data
@@ -83,15 +91,11 @@ class Encoder:
             self.model, self.tok = load_minilm()
             self.base = self.model
             self._pool = mean_pool
-            hidden = self.model.config.hidden_size
-            self.defaults = dict(max_len=64, pool_rows=32, pool_cols=min(96, hidden))
         elif name == "smollm2":
             from .smollm2 import load_smollm2
             self.model, self.tok = load_smollm2(dtype=torch.float32)
             self.model.eval()
             self.base = getattr(self.model, "model", self.model)
-            hidden = self.model.config.hidden_size
-            self.defaults = dict(max_len=96, pool_rows=48, pool_cols=min(96, hidden))
         else:
             raise ConfigError(f"unknown model '{name}' (known: minilm, smollm2)")
 
@@ -120,7 +124,6 @@ def spearman_x100(emb: dict, pairs) -> float:
 def evaluate(enc: Encoder, cache, store, test_pairs, theta: float, thetas, progress: bool = True) -> dict:
     """Per unique test sentence: full / AttnCache at theta / forced candidate, timed side by side."""
     import numpy as np
-    import torch
     from tqdm import tqdm
     sentences = list(dict.fromkeys(s for _, a, b in test_pairs for s in (a, b)))
     cache.use_store(store, theta)
@@ -205,55 +208,16 @@ def print_table(result: dict) -> None:
           "timings (hit: AttnCache time; miss: full time + lookup time)")
 
 
-def plot(result: dict, folder) -> list[str]:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    rows = [r for r in result["sweep"] if r["theta"] > 0]
-    th = [r["theta"] for r in rows]
-    x = [1.0 - t + 1e-5 for t in th]
-    paths = []
-    for key, ylabel, fname in (("spearman", "STS-B Spearman x100", "spearman"),
-                               ("hit_rate", "hit rate", "hitrate")):
-        fig, ax = plt.subplots(figsize=(5, 3.4))
-        ax.plot(x, [r[key] for r in rows], "o-", label="AttnCache")
-        if key == "spearman":
-            ax.axhline(result["full_spearman"], color="gray", ls="--", label="full model")
-            ax.legend()
-        ax.set_xscale("log")
-        ax.set_xticks(x)
-        ax.set_xticklabels([f"{t:g}" for t in th], rotation=45, fontsize=7)
-        ax.set_xlabel("theta (similarity = 1 - squared L2 of features)")
-        ax.set_ylabel(ylabel)
-        ax.set_title(f"AttnCache, {result['model']}, STS-B dev")
-        fig.tight_layout()
-        path = folder / f"attncache_{result['model']}_{fname}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(str(path))
-    return paths
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise ConfigError(f"eval attncache: {message}")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="ladmac eval attncache", description=__doc__.splitlines()[0])
+def build_parser() -> Parser:
+    p = Parser(prog="ladmac eval attncache", description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--model", default="minilm", help="minilm (default) or smollm2")
-    p.add_argument("--theta", type=float, default=0.99, help="hit threshold of the timed run (default 0.99)")
+    add_overrides(p, "an AttnCacheConfig parameter (theta, epochs, pairs, index, seed, ...; "
+                     "base: the model's entry of MODEL_CONFIGS)")
     p.add_argument("--thetas", default=",".join(f"{t:g}" for t in DEFAULT_THETAS), help="comma list for the sweep")
     p.add_argument("--train", type=int, default=1000, help="STS-B dev pairs whose sentences form the database")
     p.add_argument("--test", type=int, default=None, help="test pairs (default: all the rest)")
-    p.add_argument("--epochs", type=int, default=None, help="projector training epochs")
-    p.add_argument("--pairs", type=int, default=None, help="Siamese training pairs")
-    p.add_argument("--index", default="hnsw", help="hnsw or ivf")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: steadier timings)")
-    p.add_argument("--data", default=None, help="STS-B dev file (default DATA_ROOT/stsb/sts-dev.csv)")
+    p.add_argument("--data", default=None, help=f"STS-B dev file (default data/{STSB})")
     p.add_argument("--store", default=None, help="keep the map store here (default: a temp folder, removed)")
     p.add_argument("--out", default=None, help="write results JSON here")
     p.add_argument("--plot", default=None, help="write PNG plots (Spearman, hit rate vs theta) into this folder")
@@ -261,32 +225,33 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def eval_config(model: str, pairs: list[str] | None = None):
+    """The run's AttnCacheConfig: the model's base config with the ``--set`` pairs applied."""
+    if model not in MODEL_CONFIGS:
+        raise ConfigError(f"unknown model '{model}' (known: {', '.join(MODELS)})")
+    return configure(MODEL_CONFIGS[model], pairs)
+
+
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if args.model not in ("minilm", "smollm2"):
-        raise ConfigError(f"unknown model '{args.model}' (known: minilm, smollm2)")
+    args = build_parser().parse_args(argv)
+    cfg = eval_config(args.model, args.set)
     try:
         thetas = [float(t) for t in args.thetas.split(",") if t.strip()]
     except ValueError:
         raise ConfigError(f"--thetas expects numbers separated by commas, got '{args.thetas}'") from None
     if args.threads < 1:
         raise ConfigError("--threads must be >= 1")
-    rows = load_stsb(args.data or DATA_ROOT / "stsb" / "sts-dev.csv")
-    train, test = split_pairs(rows, args.train, args.test, args.seed)
+    rows = load_stsb(args.data or data_file(STSB))
+    train, test = split_pairs(rows, args.train, args.test, cfg.seed)
+    check_outputs(args.out, args.plot)
 
     import torch
-    from ..attncache import AttnCache, AttnCacheConfig, build_store
+    from ..attncache import AttnCache, build_store
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     enc = Encoder(args.model)
     load_s = time.perf_counter() - t0
-    overrides = dict(enc.defaults, theta=args.theta, index=args.index, seed=args.seed)
-    if args.epochs is not None:
-        overrides["epochs"] = args.epochs
-    if args.pairs is not None:
-        overrides["pairs"] = args.pairs
-    cfg = AttnCacheConfig(**{**{"epochs": 20, "pairs": 10000}, **overrides})
     cache = AttnCache(enc.base, cfg)
     db_sentences = list(dict.fromkeys(s for _, a, b in train for s in (a, b)))
     tmp = None
@@ -296,7 +261,7 @@ def main(argv: list[str]) -> int:
         store = build_store(cache, enc.embed, db_sentences, root, progress=args.progress)
         store.manifest["texts"] = db_sentences
         build_s = time.perf_counter() - t0
-        res = evaluate(enc, cache, store, test, args.theta, thetas, progress=args.progress)
+        res = evaluate(enc, cache, store, test, cfg.theta, thetas, progress=args.progress)
     finally:
         cache.detach()
         if tmp:
@@ -308,11 +273,8 @@ def main(argv: list[str]) -> int:
               if store.manifest["train_loss"] else None, **res}
     print_table(result)
     if args.plot:
-        result["plots"] = plot(result, args.plot)
+        result["plots"] = attncache_plots(result, args.plot)
         print("plots: " + ", ".join(result["plots"]))
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1))
-        print(f"wrote {out}")
+        write_json(args.out, result)
     return 0

