@@ -8,11 +8,10 @@ import math
 
 import cocotb
 import torch
-from cocotb.triggers import ClockCycles
 
 from golden.mac_unit import MacUnitConfig, MatchModel
 from hdl.mac.match import match_query_layout, match_result_layout
-from testbenches.streams import Context, StreamSink, StreamSource, start
+from testbenches.streams import Bench, split_beats
 
 
 def vector_with_squared_norm(target: int, d: int, rng) -> list[int]:
@@ -59,35 +58,42 @@ def trace_queries(cfg: MacUnitConfig, path: str, limit: int) -> list[tuple[int, 
     return [(h, raw[t, h].tolist()) for t in range(min(limit, raw.shape[0])) for h in range(cfg.heads)]
 
 
-@cocotb.test()
-async def match_matches_golden(dut):
-    ctx = Context(MacUnitConfig)
-    cfg, rng, p = ctx.cfg, ctx.rng, ctx.params
-    cycles = await start(dut)
-    src = StreamSource(dut, "query", match_query_layout(cfg), cycles, rng, gap=p.get("gap", 0.3))
-    sink = StreamSink(dut, "result", match_result_layout(cfg), cycles, rng, stall=p.get("stall", 0.3))
+def queries_of(bench: Bench) -> list[tuple[int, list[int]]]:
+    """The run's (head, query) sequence: ``trace`` (vectors positions of every head) or synthetic."""
+    p = bench.params
     if p.get("trace"):
-        queries = trace_queries(cfg, p["trace"], p.get("vectors", 100))
-    else:
-        queries = synthetic_queries(cfg, rng, p.get("vectors", 1000), p.get("heads_used"))
+        return trace_queries(bench.cfg, p["trace"], bench.vectors(100))
+    return synthetic_queries(bench.cfg, bench.rng, bench.vectors(1000), p.get("heads_used"))
+
+
+def expect_matches(cfg: MacUnitConfig, queries, src, sink) -> list[dict]:
+    """Queue every query's beats on ``src`` and its golden result on ``sink``; returns the results."""
     model = MatchModel(cfg)
     want = []
-    for head, q in queries:
-        for b in range(cfg.beats):
-            src.put({"head": head, "q": q[b * cfg.lanes:(b + 1) * cfg.lanes]})
+    for n, (head, q) in enumerate(queries):
+        src.put(*({"head": head, "q": beat} for beat in split_beats(q, cfg.lanes)))
         r = model.query(head, torch.tensor(q))
         want.append({"hit": int(r.hit), "slot": r.slot, "position": r.position, "distance": r.distance})
-    start_cycle = cycles.now
-    await sink.wait_for(len(want), timeout_cycles=len(want) * (cfg.window + 4) * cfg.beats * 4 + 10000)
-    await ClockCycles(dut.clk, 20)
-    assert len(sink.received) == len(want)
-    mismatches = [f"#{n} head {queries[n][0]}: rtl {got} golden {w}"
-                  for n, ((_, got), w) in enumerate(zip(sink.received, want)) if got != w]
-    hits = sum(w["hit"] for w in want)
-    at_threshold = sum(1 for w in want if w["distance"] == cfg.threshold_raw)
-    ctx.report.update(vectors=len(want), mismatches=len(mismatches), hits=hits, at_threshold=at_threshold,
-                      cycles=cycles.now - start_cycle,
-                      distances=[w["distance"] for w in want], hits_list=[w["hit"] for w in want],
-                      result_cycles=[c for c, _ in sink.received])
-    ctx.write_report()
-    assert not mismatches, f"seed {ctx.seed}: {len(mismatches)} mismatches, first: {mismatches[:3]}"
+        sink.expect(want[-1], inputs=f"query {n}, head {head}")
+    return want
+
+
+def match_timeout(cfg: MacUnitConfig, queries) -> int:
+    return len(queries) * (cfg.window + 4) * cfg.beats * 4 + 10000
+
+
+def match_report(cfg: MacUnitConfig, want: list[dict], sink) -> dict:
+    return {"hits": sum(w["hit"] for w in want), "at_threshold": sum(1 for w in want if w["distance"] == cfg.threshold_raw),
+            "distances": [w["distance"] for w in want], "hits_list": [w["hit"] for w in want],
+            "result_cycles": [c for c, _ in sink.received]}
+
+
+@cocotb.test()
+async def match_matches_golden(dut):
+    bench = await Bench.start(dut, MacUnitConfig)
+    cfg = bench.cfg
+    src, sink = bench.source("query", match_query_layout(cfg)), bench.sink("result", match_result_layout(cfg))
+    queries = queries_of(bench)
+    want = expect_matches(cfg, queries, src, sink)
+    await bench.drain(timeout_cycles=match_timeout(cfg, queries))
+    bench.finish(vectors=len(want), **match_report(cfg, want, sink))

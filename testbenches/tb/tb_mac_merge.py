@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import cocotb
 import torch
-from cocotb.triggers import ClockCycles
 
 from golden.mac_unit import OP_DOWNDATE, OP_MERGE, MacUnitConfig, merge_bits
 from hdl.mac.merge import merge_in_layout, merge_out_layout
-from testbenches.streams import Context, StreamSink, StreamSource, start
+from testbenches.streams import Bench, split_beats
 
 
 def random_state(cfg, rng):
@@ -46,39 +45,49 @@ def synthetic_cases(cfg, rng, n):
     return cases
 
 
-@cocotb.test()
-async def merge_matches_golden(dut):
-    ctx = Context(MacUnitConfig)
-    cfg, rng, p = ctx.cfg, ctx.rng, ctx.params
-    cycles = await start(dut)
-    src = StreamSource(dut, "i", merge_in_layout(cfg), cycles, rng, gap=p.get("gap", 0.3))
-    sink = StreamSink(dut, "o", merge_out_layout(cfg), cycles, rng, stall=p.get("stall", 0.3))
+def cases_of(bench: Bench) -> list[tuple]:
+    """The run's (op, m1, s1, o1, m2, s2, o2) cases: ``trace`` (real states) or synthetic;
+    ``only_op`` ("merge" / "downdate") forces every synthetic case's op."""
+    p = bench.params
     if p.get("trace"):
-        cases = [tuple(c) for c in torch.load(p["trace"])["merge_cases"]][:p.get("vectors", 1000)]
-    else:
-        cases = synthetic_cases(cfg, rng, p.get("vectors", 1000))
-        if p.get("only_op"):
-            op = OP_MERGE if p["only_op"] == "merge" else OP_DOWNDATE
-            cases = [(op,) + tuple(c[1:]) for c in cases]
+        return [tuple(c) for c in torch.load(p["trace"])["merge_cases"]][:bench.vectors(1000)]
+    cases = synthetic_cases(bench.cfg, bench.rng, bench.vectors(1000))
+    if p.get("only_op"):
+        op = OP_MERGE if p["only_op"] == "merge" else OP_DOWNDATE
+        cases = [(op,) + tuple(c[1:]) for c in cases]
+    return cases
+
+
+def expect_merges(cfg: MacUnitConfig, cases, src, sink) -> tuple[list[dict], int]:
+    """Queue every case's beats on ``src`` and its golden output beats on ``sink``; returns the
+    golden beats and how many cases are flagged."""
     want, flagged = [], 0
-    lanes = cfg.lanes
-    for op, m1, s1, o1, m2, s2, o2 in cases:
-        for b in range(cfg.beats):
-            src.put({"op": op, "m1": m1, "s1": s1, "m2": m2, "s2": s2,
-                     "o1": o1[b * lanes:(b + 1) * lanes], "o2": o2[b * lanes:(b + 1) * lanes]})
+    for n, (op, m1, s1, o1, m2, s2, o2) in enumerate(cases):
+        src.put(*({"op": op, "m1": m1, "s1": s1, "m2": m2, "s2": s2, "o1": b1, "o2": b2}
+                  for b1, b2 in zip(split_beats(o1, cfg.lanes), split_beats(o2, cfg.lanes))))
         r = merge_bits(op, m1, s1, torch.tensor(o1), m2, s2, torch.tensor(o2), cfg)
         flagged += r.flagged
-        for b in range(cfg.beats):
-            want.append({"m": r.m, "s": r.s, "flagged": int(r.flagged), "o": r.o[b * lanes:(b + 1) * lanes]})
-    start_cycle = cycles.now
-    await sink.wait_for(len(want), timeout_cycles=len(want) * 60 + 10000)
-    await ClockCycles(dut.clk, 20)
-    assert len(sink.received) == len(want)
-    mismatches = [f"beat #{n}: rtl {got} golden {w}" for n, ((_, got), w) in enumerate(zip(sink.received, want))
-                  if got != w]
-    ctx.report.update(vectors=len(cases), beats=len(want), mismatches=len(mismatches), flagged=flagged,
-                      cycles=cycles.now - start_cycle,
-                      nonzero_outputs=sum(1 for w in want if any(w["o"])),
-                      output_cycles=[c for c, _ in sink.received])
-    ctx.write_report()
-    assert not mismatches, f"seed {ctx.seed}: {len(mismatches)} mismatches, first: {mismatches[:3]}"
+        for b, ob in enumerate(split_beats(r.o, cfg.lanes)):
+            want.append({"m": r.m, "s": r.s, "flagged": int(r.flagged), "o": ob})
+            sink.expect(want[-1], inputs=f"case {n} beat {b}: op {op}, m {m1} {m2}, s {s1} {s2}")
+    return want, flagged
+
+
+def merge_timeout(beats: int) -> int:
+    return beats * 60 + 10000
+
+
+def merge_report(want: list[dict], flagged: int, sink) -> dict:
+    return {"beats": len(want), "flagged": flagged, "nonzero_outputs": sum(1 for w in want if any(w["o"])),
+            "output_cycles": [c for c, _ in sink.received]}
+
+
+@cocotb.test()
+async def merge_matches_golden(dut):
+    bench = await Bench.start(dut, MacUnitConfig)
+    cfg = bench.cfg
+    src, sink = bench.source("i", merge_in_layout(cfg)), bench.sink("o", merge_out_layout(cfg))
+    cases = cases_of(bench)
+    want, flagged = expect_merges(cfg, cases, src, sink)
+    await bench.drain(timeout_cycles=merge_timeout(len(want)))
+    bench.finish(vectors=len(cases), **merge_report(want, flagged, sink))

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import cocotb
 import torch
-from cocotb.triggers import ClockCycles
 
 from golden.sfm import OP_EXP, OP_EXP2, OP_RECIP, SfmConfig, exp2, exp_pwl, recip
 from hdl.lib.sfm import sfm_in_layout, sfm_out_layout
-from testbenches.streams import Context, StreamSink, StreamSource, start
+from testbenches.streams import Bench
 
 
 def corner_inputs(cfg: SfmConfig) -> list[tuple[int, int]]:
@@ -52,25 +51,17 @@ def expected(cfg: SfmConfig, op: int, v: int) -> dict:
 
 @cocotb.test()
 async def sfm_matches_golden(dut):
-    ctx = Context(SfmConfig)
-    cfg, rng, p = ctx.cfg, ctx.rng, ctx.params
-    cycles = await start(dut)
-    src = StreamSource(dut, "i", sfm_in_layout(cfg), cycles, rng, gap=p.get("gap", 0.3))
-    sink = StreamSink(dut, "o", sfm_out_layout(cfg), cycles, rng, stall=p.get("stall", 0.3))
+    bench = await Bench.start(dut, SfmConfig)
+    cfg, rng = bench.cfg, bench.rng
+    src, sink = bench.source("i", sfm_in_layout(cfg)), bench.sink("o", sfm_out_layout(cfg))
     corners = corner_inputs(cfg)
-    inputs = corners + random_inputs(cfg, rng, p.get("vectors", 1000))
-    want = []
-    for op, v in inputs:
+    inputs = corners + random_inputs(cfg, rng, bench.vectors(1000))
+    want = [expected(cfg, op, v) for op, v in inputs]
+    for (op, v), w in zip(inputs, want):   # the operand the op does not use is random
         src.put({"op": op, "x": v if op != OP_RECIP else rng.randint(-5, 5), "z": v if op == OP_RECIP else rng.randint(0, 9)})
-        want.append(expected(cfg, op, v))
-    await sink.wait_for(len(want), timeout_cycles=20 * len(want) + 1000)
-    await ClockCycles(dut.clk, 10)
-    assert len(sink.received) == len(want), f"{len(sink.received)} outputs for {len(want)} inputs"
-    mismatches = [f"#{n} {inputs[n]}: rtl {got} golden {w}"
-                  for n, ((_, got), w) in enumerate(zip(sink.received, want)) if got != w]
+        sink.expect(w, inputs=(op, v))
+    await bench.drain(timeout_cycles=20 * len(want) + 1000, settle=10)
     intervals_seen = sorted({w["interval"] for (op, _), w in zip(inputs, want) if op == OP_EXP})
-    ctx.report.update(vectors=len(want), corner_cases=len(corners), mismatches=len(mismatches),
-                      nonzero_outputs=sum(1 for w in want if w["value"]), intervals_seen=intervals_seen)
-    ctx.write_report()
-    assert not mismatches, f"seed {ctx.seed}: {len(mismatches)} mismatches, first: {mismatches[:5]}"
+    bench.finish(vectors=len(want), corner_cases=len(corners), nonzero_outputs=sum(1 for w in want if w["value"]),
+                 intervals_seen=intervals_seen)
     assert intervals_seen == list(range(cfg.intervals + 1)), f"not every interval exercised: {intervals_seen}"
