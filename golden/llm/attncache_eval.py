@@ -3,9 +3,10 @@
 Builds the map store from the first ``--train`` pairs of a seeded shuffle of STS-B dev, then on
 the remaining pairs computes Spearman (x100) of cosine similarity vs gold for the full model and
 for AttnCache, the hit rate, and attention / end-to-end speedups timed side by side in this run
-(per test sentence: full model, AttnCache at ``--theta``, and a forced reuse of the nearest
-equal-length candidate, which gives every other theta of the sweep exactly: the candidate does
-not depend on theta). Embeddings: MiniLM mean pooling; SmolLM2 prompt-based
+(per test sentence: full model, AttnCache at the config's ``theta``, and a forced reuse of the
+nearest equal-length candidate, which gives every other theta of the sweep exactly: the
+candidate does not depend on theta). ``--set NAME=VALUE`` edits the AttnCacheConfig (theta,
+epochs, pairs, index, seed, ...), which starts from the model's entry of ``MODEL_CONFIGS``. Embeddings: MiniLM mean pooling; SmolLM2 prompt-based
 (``This sentence: "..." means in one word:"``, last token's final hidden state)."""
 from __future__ import annotations
 
@@ -168,7 +169,7 @@ def evaluate(enc: Encoder, cache, store, test_pairs, theta: float, thetas, progr
                 "e2e_speedup_on_hits": float(t_full[hits].sum() / t_hit[hits].sum()) if hits.any() else None}
 
     sweep = [row(th) for th in thetas]
-    # the run at --theta itself (real lookup decisions, its own timings)
+    # the run at the config's theta itself (real lookup decisions, its own timings)
     hits = np.array([r["lookup"]["hit"] for r in rec.values()])
     t_look = np.array([r["lookup"]["t"] for r in rec.values()])
     a_look = np.array([r["lookup"]["attn_s"] for r in rec.values()])
@@ -204,8 +205,8 @@ def print_table(result: dict) -> None:
         print(f"{th:>8} {r['hit_rate']:8.1%} {r['spearman']:9.2f} {r['delta']:7.2f} {r['attn_speedup']:7.2f} "
               f"{r['e2e_speedup']:7.2f} {fmt(r['attn_speedup_on_hits'], '>10.2f')} "
               f"{fmt(r['e2e_speedup_on_hits'], '>9.2f')}")
-    print("* = the run at --theta with real lookup decisions; other rows composed from the same run's per-sentence "
-          "timings (hit: AttnCache time; miss: full time + lookup time)")
+    print("* = the run at the config's theta with real lookup decisions; other rows composed from the same run's "
+          "per-sentence timings (hit: AttnCache time; miss: full time + lookup time)")
 
 
 def build_parser() -> Parser:
