@@ -1,0 +1,433 @@
+"""Fast bit-accurate LAD tile model: ``H`` heads advanced together as integer tensors.
+
+``LadTileBatch(cfg, heads).step(q, k, v)`` with raw kv-format ``(H, d)`` int64 tensors returns
+``o (H, d)`` and the statistics of ``LadTileModel.step`` (same keys, each an ``(H,)`` int64
+tensor), bit-exact with ``H`` independent ``golden.lad_tile.LadTileModel``s fed one row each
+(testbenches/test_lad_batch.py checks it on a real SmolLM2 trace, on random sequences that
+fill the center table, saturate and overflow, and on all-active / zero-interval corners).
+It follows the steps of golden/lad_tile.py's docstring; only the evaluation order differs.
+
+Vectorization
+-------------
+All heads hold the same number of positions ``n`` (they step together), so the state is
+the per-head model's state with a leading head axis: ``K, V (H, P, d)``, ``centers (H,
+max_centers, d)``, ``center_of, rho, mode (H, P)``, ``counters (H, P, R+1)``, caches
+``A (H, d, d)``, ``B, C, D (H, d)``, ``E, F (H,)``.
+
+- EAS: the new key against every center slot of every head at once (``(H, C)`` dots);
+  first argmax of ``t`` over the valid slots (invalid ones get ``t = -1``), join rule and
+  the new-center writes as masked tensor updates.
+- s^, m, APID: ``(H, n)`` gathers and compares.
+- MD: every candidate of every head is one row of a flat list (``cand.nonzero()``: head
+  major, positions in increasing order, the per-head model's order). Each candidate's
+  decision depends only on its own position's state, so x, r, counters, change, alpha,
+  beta, w are row-wise tensor ops; all counters (quiet: bump the mode, candidate: bump r)
+  are bumped with one gather/scatter over ``(H, n)``.
+- Saturating ordered sums (``N += w_i v_i``, ``Z += w_i``, and the cache updates of mode
+  changes followed by the absorption of the new position: two consecutive saturating
+  sequences equal their concatenation): per head the terms are a segment of a flat
+  list. Fast path: ``|start| + sum |terms| <= max_raw`` element-wise means no partial sum
+  can leave the range, so the result is the plain sum (``index_add``). A head failing
+  that bound gets the per-head model's exact rule: partial sums by ``cumsum``; if any
+  leaves the range, a sequential add-then-saturate loop over its terms (only in
+  saturation corners).
+
+Products wider than 64 bits
+---------------------------
+The per-head model multiplies Python ints where products exceed int64: ``S * q.A_r``,
+``S * q.D_r``, ``m * B`` (B up to 62 bits), ``N * RECIP(Z)`` in FINISH and
+``dot**2 * RECIP(|c|**2)`` in EAS. Here they are exact in int64 with two limbs of base
+``2**31``: ``mul_wide(a, b)`` (``|a| < 2**62``, ``|b| < 2**31``) splits
+``a = a1 2**31 + a0`` with ``a0 in [0, 2**31)`` and returns ``(hi, lo)`` with
+``a b = hi 2**31 + lo``, ``lo in [0, 2**31)``; ``round_shift_wide(hi, lo, s)`` is
+``round_shift`` (round half up: ``floor((x + 2**(s-1)) / 2**s)``, fixedpoint.py) of that
+value: the half LSB is added into the limb it falls in (with the carry), then
+``floor(x / 2**s) = hi >> (s - 31)`` for ``s >= 31`` and
+``(hi << (31 - s)) + (lo >> s)`` for ``s < 31``; the result is exact when its magnitude
+is at most ``2**62`` and clamped to ``+-2**62`` otherwise (``hi`` is clamped before the
+left shift so that the clamp is of the true value). ``dot**2 rc`` (``|dot| < 2**62``
+not needed: ``|dot| rc < 2**62``) is ``|dot| * x`` with ``x = |dot| rc``: the low
+31-bit limb of ``|dot|`` goes through ``mul_wide``, the high limb times ``x`` is added to
+``hi``. Clamping at ``2**62`` is exact for every use: the EAS ``t`` and the Z, o terms
+are far below it, and in ``N = sat(T1 - T2 + T3)`` a clamped ``T2 = round_shift(m B)``
+saturates N to the same side as the true value because ``|T1| + |T3| <= 2**61``. The
+constructor checks these bounds (and that every other product fits int64) from the
+config's formats and raises if a config would break them. No float is used.
+"""
+from __future__ import annotations
+
+import torch
+
+from .fixedpoint import FixedFormat, round_shift, saturate
+from .lad_tile import COS_FRAC, LadTileConfig, mode_bounds
+from .sfm import exp_pwl, recip
+
+LIMB = 31
+LOW = (1 << LIMB) - 1
+WIDE_LIM = 1 << 62          # round_shift_wide's results are exact up to this magnitude, clamped beyond
+STAT_KEYS = ("position", "candidates", "active", "false_alarms", "mode_changes", "overflow", "m", "z",
+             "centers", "new_center", "kv_beats")
+
+
+# -- exact wide arithmetic in int64 ---------------------------------------------------------------
+def mul_wide(a: torch.Tensor, b) -> tuple[torch.Tensor, torch.Tensor]:
+    """``a * b`` as ``hi * 2**31 + lo`` (``lo`` in ``[0, 2**31)``), exact for ``|a| < 2**62``, ``|b| < 2**31``."""
+    a1, a0 = a >> LIMB, a & LOW
+    p0 = a0 * b
+    return a1 * b + (p0 >> LIMB), p0 & LOW
+
+
+def round_shift_wide(hi: torch.Tensor, lo: torch.Tensor, s) -> torch.Tensor:
+    """``round_shift(hi * 2**31 + lo, s)`` for ``s >= 0`` (int or tensor), exact where the result
+    is within ``+-2**62``, clamped to ``+-2**62`` otherwise. Needs ``|hi| < 2**62``."""
+    if isinstance(s, int):
+        if s <= LIMB:
+            lo = lo + ((1 << s) >> 1)
+            hi, lo = hi + (lo >> LIMB), lo & LOW
+        else:
+            hi = hi + (1 << (s - LIMB - 1))
+        if s >= LIMB:
+            return (hi >> (s - LIMB)).clamp(-WIDE_LIM, WIDE_LIM)
+        hc = hi.clamp(-(1 << (LIMB + s)) - 1, 1 << (LIMB + s))
+        return ((hc << (LIMB - s)) + (lo >> s)).clamp(-WIDE_LIM, WIDE_LIM)
+    s = torch.as_tensor(s, dtype=torch.int64)
+    # + half an LSB: into lo (s <= 31, carry into hi) or into hi (s >= 32)
+    half_lo = torch.where(s <= LIMB, (torch.ones_like(s) << s.clamp(max=LIMB)) >> 1, torch.zeros_like(s))
+    half_hi = torch.where(s > LIMB, torch.ones_like(s) << (s - LIMB - 1).clamp(0, 62), torch.zeros_like(s))
+    lo = lo + half_lo
+    hi = hi + (lo >> LIMB) + half_hi
+    lo = lo & LOW
+    big = hi >> (s - LIMB).clamp(0, 63)                               # s >= 31
+    sl = s.clamp(max=LIMB)
+    hc = torch.maximum(torch.minimum(hi, torch.ones_like(sl) << (LIMB + sl)), -(torch.ones_like(sl) << (LIMB + sl)) - 1)
+    small = (hc << (LIMB - sl)) + (lo >> sl)                           # s < 31
+    return torch.where(s >= LIMB, big, small).clamp(-WIDE_LIM, WIDE_LIM)
+
+
+def _sat_add_sequence(start: torch.Tensor, terms: torch.Tensor, fmt: FixedFormat) -> torch.Tensor:
+    """``start + terms[0] + ...`` saturating after every add (golden.lad_tile's rule)."""
+    if terms.shape[0] == 0:
+        return start
+    partial = start + torch.cumsum(terms, 0)
+    if bool((partial <= fmt.max_raw).all()) and bool((partial >= fmt.min_raw).all()):
+        return partial[-1]
+    acc = start
+    for t in terms:
+        acc = saturate(acc + t, fmt)
+    return acc
+
+
+class Segments:
+    """Rows of a flat list grouped by head: ``seg (M,)`` the head of each row, non-decreasing;
+    ``ends`` the cumulative row counts (a list of H ints)."""
+
+    def __init__(self, seg: torch.Tensor, heads: int):
+        self.seg, self.heads = seg, heads
+        self.ends = torch.bincount(seg, minlength=heads).cumsum(0).tolist()
+
+    def sums(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-head sums of the rows of ``x (M, ...)`` -> ``(H, ...)``, exact."""
+        if x.numel() < 16384:         # small: one scatter; large: contiguous slices are faster
+            return torch.zeros((self.heads,) + x.shape[1:], dtype=x.dtype).index_add_(0, self.seg, x)
+        out, lo = [], 0
+        for e in self.ends:
+            out.append(x[lo:e].sum(0))
+            lo = e
+        return torch.stack(out)
+
+    def rows(self, h: int) -> slice:
+        return slice(self.ends[h - 1] if h else 0, self.ends[h])
+
+
+def sat_add_segments(start: torch.Tensor, terms: torch.Tensor, seg: Segments, fmt: FixedFormat,
+                     term_bound: torch.Tensor | None = None, tail: torch.Tensor | None = None) -> torch.Tensor:
+    """Per head ``h``: ``start[h]`` plus its rows of ``terms`` in order, then ``tail[h]``, saturating
+    after every add. ``start, tail (H, ...)``, ``terms (M, ...)``; ``term_bound (M,)``: an upper
+    bound of each term's magnitude (default: its largest element)."""
+    H = start.shape[0]
+    if term_bound is None:
+        term_bound = terms.abs() if terms.dim() == 1 else terms.abs().flatten(1).amax(1)
+    bound = start.abs().reshape(H, -1).amax(1) + seg.sums(term_bound)
+    total = start + seg.sums(terms)
+    if tail is not None:
+        bound = bound + tail.abs().reshape(H, -1).amax(1)
+        total = total + tail
+    bad = bound > fmt.max_raw        # else no partial sum can leave the range: the plain sum is exact
+    if bool(bad.any()):
+        for h in bad.nonzero().flatten().tolist():
+            seq = terms[seg.rows(h)]
+            if tail is not None:
+                seq = torch.cat([seq, tail[h][None]])
+            total[h] = _sat_add_sequence(start[h], seq, fmt)
+    return total
+
+
+class LadTileBatch:
+    """``heads`` LAD tiles stepping together; bit-exact with one ``LadTileModel`` per head."""
+
+    def __init__(self, cfg: LadTileConfig, heads: int):
+        self.cfg, self.heads = cfg, heads
+        sfm = cfg.sfm
+        H, d, P, R1 = heads, cfg.head_dim, cfg.max_positions, cfg.n_intervals
+        self.slopes = torch.tensor(sfm.exp_slopes_raw, dtype=torch.int64)
+        self.intercepts = torch.tensor(sfm.exp_intercepts_raw, dtype=torch.int64)
+        lo, hi = mode_bounds(cfg)
+        big = 1 << 40
+        self.lo = torch.tensor([v if v is not None else -big for v in lo], dtype=torch.int64)
+        self.hi = torch.tensor([v if v is not None else big for v in hi], dtype=torch.int64)
+        self.n = 0
+        self.K = torch.zeros(H, P, d, dtype=torch.int64)
+        self.V = torch.zeros(H, P, d, dtype=torch.int64)
+        self.centers = torch.zeros(H, cfg.max_centers, d, dtype=torch.int64)
+        self.center_rm = torch.zeros(H, cfg.max_centers, dtype=torch.int64)   # RECIP(|c|^2) mantissa
+        self.center_re = torch.zeros(H, cfg.max_centers, dtype=torch.int64)   # and exponent
+        self.n_centers = torch.zeros(H, dtype=torch.int64)
+        self.center_of = torch.zeros(H, P, dtype=torch.int64)
+        self.rho = torch.zeros(H, P, dtype=torch.int64)
+        self.mode = torch.zeros(H, P, dtype=torch.int64)
+        self.mlo = torch.zeros(H, P, dtype=torch.int64)      # lo[mode], hi[mode] per position (APID)
+        self.mhi = torch.zeros(H, P, dtype=torch.int64)
+        self.counters = torch.zeros(H, P, R1, dtype=torch.int64)
+        self.A = torch.zeros(H, d, d, dtype=torch.int64)
+        self.B = torch.zeros(H, d, dtype=torch.int64)
+        self.C = torch.zeros(H, d, dtype=torch.int64)
+        self.D = torch.zeros(H, d, dtype=torch.int64)
+        self.E = torch.zeros(H, dtype=torch.int64)
+        self.F = torch.zeros(H, dtype=torch.int64)
+        self._heads = torch.arange(H)
+        self.bounds_asc = torch.tensor(sorted(sfm.exp_boundaries_raw), dtype=torch.int64)
+        self.n_bounds = len(sfm.exp_boundaries_raw)
+        self._check_widths()
+
+    # -- integer width proofs (raise for a config that would break them) ---------------------------
+    def _check_widths(self):
+        cfg, sfm = self.cfg, self.cfg.sfm
+        d, S = cfg.head_dim, cfg.scale_raw
+        kv = 1 << (cfg.kv_width - 1)                 # |q|, |k|, |v| <= kv
+        dot = d * kv * kv                             # |k.c|, |q.k|, |k|^2
+        rc = sfm.mantissa_format.max_raw              # RECIP mantissa
+        op = 1 << (cfg.ac_vpu.in_width - 1)           # |A_r|, |D_r|
+        acc = 1 << (cfg.ac_acc_width - 1)             # |N|, |A|..|D|
+        ef = 1 << (cfg.ef_width - 1)
+        xm = 1 << (sfm.x_width - 1)                   # |m|, |x|
+        coef = sfm.coef_format.max_raw                # |alpha|, |beta|, slopes, intercepts
+        I64 = (1 << 63) - 1
+
+        def need(ok, what):
+            if not ok:
+                raise ValueError(f"LadTileBatch: {what} does not fit its int64 method for this config")
+
+        need(dot * S < I64 and dot < 1 << 62, "score dot * scale")
+        need(dot * rc < 1 << 62 and ((dot >> LIMB) + 1) * dot * rc < 1 << 62, "EAS dot**2 * rc")
+        need(S < 1 << LIMB and rc < 1 << LIMB and xm < 1 << LIMB, "wide multiplier")
+        need(d * op * kv < 1 << 62, "q.A_r")
+        need(acc < 1 << 62, "cache lanes")
+        qa = d * op * kv
+        sa, sb, sc = cfg.n_cache_shifts
+        za, zb, zc = cfg.z_cache_shifts
+        t1 = (qa * S >> max(sa, 0)) + 1
+        t3 = (acc >> max(sc, 0)) + 1
+        need(min(sa, sb, sc, za, zb, zc) >= 0, "cache-term shifts")
+        need(t1 + t3 <= 1 << 61 and t1 + t3 + WIDE_LIM < I64 and t1 + t3 <= WIDE_LIM - acc, "N cache terms")
+        z1, z2, z3 = (qa * S >> za) + 1, (xm * ef >> zb) + 1, (ef >> zc) + 1
+        need(z1 + z2 + z3 < 1 << 62, "Z cache terms")
+        w = (coef * xm + (coef << sfm.x_frac)) >> sfm.exp_shift
+        need(w * kv * cfg.max_positions + acc < 1 << 62, "N += w v")
+        g = (coef * kv >> cfg.g_shift) + 1
+        need(g * kv * (cfg.max_positions + 1) + acc < 1 << 62 and coef * kv * cfg.max_positions + acc < 1 << 62,
+             "cache updates")
+        need(dot * (1 << cfg.rho_width) < 1 << 62 and qa < 1 << 62 and xm * coef < 1 << 62, "rho, q.A, alpha x")
+
+    # -- pieces ----------------------------------------------------------------------------------------
+    def _score(self, dots: torch.Tensor) -> torch.Tensor:
+        """golden.dense.score_raw from exact dot products."""
+        cfg = self.cfg
+        return saturate(round_shift(dots * cfg.scale_raw, cfg.score_shift), cfg.sfm.x_format)
+
+    def _interval(self, x: torch.Tensor) -> torch.Tensor:
+        """golden.sfm.exp_interval: the number of boundaries ``e_k`` with ``x < e_k``."""
+        return self.n_bounds - torch.bucketize(x, self.bounds_asc, right=True)
+
+    def _center_update(self, k: torch.Tensor, kk: torch.Tensor, Cm: int):
+        """EAS for the new keys: (center index, rho, new-center mask), updating the center table."""
+        cfg = self.cfg
+        mf = cfg.sfm.mantissa_frac
+        H = self.heads
+        C = self.n_centers
+        if Cm:
+            dots = (self.centers[:, :Cm] * k[:, None, :]).sum(-1)            # (H, Cm)
+            rc, e = self.center_rm[:, :Cm], self.center_re[:, :Cm]
+            pa = dots.abs()
+            x = pa * rc
+            hi, lo = mul_wide(x, pa & LOW)
+            hi = hi + (pa >> LIMB) * x
+            t = round_shift_wide(hi, lo, mf + e)
+            t = torch.where(torch.arange(Cm)[None, :] < C[:, None], t, torch.full_like(t, -1))
+            best = t.argmax(1)                                                # first maximum
+            best_t = t.gather(1, best[:, None])[:, 0]
+            best_dot = dots.gather(1, best[:, None])[:, 0]
+            brc, be = rc.gather(1, best[:, None])[:, 0], e.gather(1, best[:, None])[:, 0]
+            join = (C > 0) & (((kk > 0) & ((best_t << COS_FRAC) >= cfg.cos2_raw * kk)) | (C >= cfg.max_centers))
+            prod = best_dot * brc
+            sh = mf + be - cfg.rho_frac
+            rho = torch.where(sh >= 0, round_shift(prod, sh.clamp(0, 62)),
+                              prod.clamp(-(1 << 40), 1 << 40) << (-sh).clamp(0, 62))
+            rho = saturate(rho, cfg.rho_format)
+        else:
+            best = torch.zeros(H, dtype=torch.int64)
+            rho = torch.zeros(H, dtype=torch.int64)
+            join = torch.zeros(H, dtype=torch.bool)
+        new = ~join
+        if bool(new.any()):
+            hn = new.nonzero().flatten()
+            slot = C[hn]
+            m_, e_ = recip(kk[hn], cfg.sfm)
+            self.centers[hn, slot] = k[hn]
+            self.center_rm[hn, slot] = m_
+            self.center_re[hn, slot] = e_
+            self.n_centers = C + new.long()
+        center = torch.where(join, best, C)
+        rho = torch.where(join, rho, torch.full_like(rho, 1 << cfg.rho_frac))
+        return center, rho, new
+
+    def _cache_terms(self, q: torch.Tensor, m: torch.Tensor):
+        """N (H, d) and Z (H,) from the caches (step 3), exact (see the module docstring)."""
+        cfg = self.cfg
+        op = FixedFormat(cfg.ac_vpu.in_width, 0)
+        a_r = saturate(round_shift(self.A, cfg.cache_dot_shift), op)
+        d_r = saturate(round_shift(self.D, cfg.cache_dot_shift), op)
+        qa = (a_r * q[:, None, :]).sum(-1)                                    # (H, d)
+        qd = (d_r * q).sum(-1)                                                # (H,)
+        sa, sb, sc = cfg.n_cache_shifts
+        za, zb, zc = cfg.z_cache_shifts
+        S = cfg.scale_raw
+        t1 = round_shift_wide(*mul_wide(qa, S), sa)
+        t2 = round_shift_wide(*mul_wide(self.B, m[:, None]), sb)              # clamped at +-2**62: see docstring
+        N = saturate(t1 - t2 + round_shift(self.C, sc), cfg.ac_vpu.acc_format)
+        z1 = round_shift_wide(*mul_wide(qd, S), za)
+        Z = saturate(z1 - round_shift(m * self.E, zb) + round_shift(self.F, zc), FixedFormat(cfg.z_width, 0))
+        return N, Z
+
+    def _cache_add(self, seg: Segments, alpha, beta, k, v, tail):
+        """AC cache updates by the rows (``seg``: grouped by head, in order), then per head by the
+        ``tail = (alpha, beta, k, v)`` of the new position; saturating after every add.
+        A: ``A_h += G_h^T K_h + g k^T`` (int64 matmul) when ``max|A_h| + sum max|g| max|k|`` proves
+        that no partial sum saturates, else the exact sequence."""
+        cfg, H = self.cfg, self.heads
+        acc = cfg.ac_vpu.acc_format
+        ta, tb, tk, tv = tail
+        g = round_shift(alpha[:, None] * v, cfg.g_shift)
+        tg = round_shift(ta[:, None] * tv, cfg.g_shift)
+        bound = self.A.abs().reshape(H, -1).amax(1) + seg.sums(g.abs().amax(1) * k.abs().amax(1)) \
+            + tg.abs().amax(1) * tk.abs().amax(1)
+        A = self.A + tg[:, :, None] * tk[:, None, :]
+        for h, bad in enumerate((bound > acc.max_raw).tolist()):
+            rows = seg.rows(h)
+            if bad:
+                terms = torch.cat([g[rows, :, None] * k[rows, None, :], (tg[h, :, None] * tk[h, None, :])[None]])
+                A[h] = _sat_add_sequence(self.A[h], terms, acc)
+            elif rows.stop > rows.start:
+                A[h] += g[rows].T @ k[rows]
+        self.A = A
+        kv = cfg.kv_width - 1
+        av, bv = alpha.abs() << kv, beta.abs() << kv
+        self.B = sat_add_segments(self.B, alpha[:, None] * v, seg, acc, av, ta[:, None] * tv)
+        self.C = sat_add_segments(self.C, beta[:, None] * v, seg, acc, bv, tb[:, None] * tv)
+        self.D = sat_add_segments(self.D, alpha[:, None] * k, seg, acc, av, ta[:, None] * tk)
+        self.E = sat_add_segments(self.E, alpha, seg, cfg.ef_format, None, ta)
+        self.F = sat_add_segments(self.F, beta, seg, cfg.ef_format, None, tb)
+
+    def _finish(self, N: torch.Tensor, Z: torch.Tensor) -> torch.Tensor:
+        cfg, sfm = self.cfg, self.cfg.sfm
+        z_in = Z.clamp(0, (1 << sfm.recip_in_width) - 1)
+        rm, e = recip(z_in, sfm)
+        o = round_shift_wide(*mul_wide(N, rm[:, None]), (sfm.mantissa_frac + e)[:, None])
+        return saturate(o, cfg.kv_format)
+
+    # -- one step ------------------------------------------------------------------------------------
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """Raw ``q, k, v (H, d)`` -> raw ``o (H, d)`` and the stats of ``LadTileModel.step``, each ``(H,)``."""
+        cfg, sfm = self.cfg, self.cfg.sfm
+        H, P, d = self.heads, cfg.max_positions, cfg.head_dim
+        q, k, v = (torch.as_tensor(t, dtype=torch.int64).reshape(H, d) for t in (q, k, v))
+        n = self.n
+        zero = torch.zeros(H, dtype=torch.int64)
+        if n >= P:
+            stats = {key: zero.clone() for key in STAT_KEYS}
+            stats["position"] = torch.full((H,), n, dtype=torch.int64)
+            stats["overflow"] = torch.ones(H, dtype=torch.int64)
+            stats["centers"] = self.n_centers.clone()
+            return torch.zeros(H, d, dtype=torch.int64), stats
+        xf = sfm.x_format
+        heads = self._heads
+        Kf, Vf = self.K.view(H * P, d), self.V.view(H * P, d)
+        # 1-2. EAS
+        Cm = int(self.n_centers.max())
+        qcs = self._score((self.centers[:, :Cm] * q[:, None, :]).sum(-1))            # (H, Cm)
+        kk = (k * k).sum(-1)
+        center, rho, new_center = self._center_update(k, kk, Cm)
+        s_new = self._score((q * k).sum(-1))
+        if n:
+            s_hat = saturate(round_shift(qcs.gather(1, self.center_of[:, :n]) * self.rho[:, :n], cfg.rho_frac), xf)
+            m = torch.maximum(s_hat.amax(1), s_new)
+        else:
+            s_hat = torch.zeros(H, 0, dtype=torch.int64)
+            m = s_new
+        # 3. AC cache terms
+        N, Z = self._cache_terms(q, m)
+        # 4. APID (each position's mode interval bounds are kept in mlo, mhi)
+        x_hat = saturate(s_hat - m[:, None], xf)
+        cand = (x_hat < self.mlo[:, :n]) | (x_hat >= self.mhi[:, :n])
+        # 5. MD, candidates head-major in position order
+        hc, ic = cand.nonzero().unbind(1)
+        rows = hc * P + ic
+        x = saturate(self._score((q.index_select(0, hc) * Kf.index_select(0, rows)).sum(-1))
+                     - m.index_select(0, hc), xf)
+        r = self._interval(x)
+        cmode = self.mode.view(-1).index_select(0, rows)
+        bump_at = self.mode[:, :n].clone()                 # quiet: the mode; candidates: r
+        bump_at.view(-1).index_copy_(0, hc * n + ic, r)
+        cv = self.counters[:, :n]
+        val = cv.gather(2, bump_at[:, :, None]) + 1
+        cv.scatter_(2, bump_at[:, :, None], val)
+        over = (val[:, :, 0] > cfg.counter_max).nonzero()
+        if over.shape[0]:                                  # halve those positions' counters
+            ro = over[:, 0] * P + over[:, 1]
+            cf = self.counters.view(H * P, -1)
+            cf.index_copy_(0, ro, cf.index_select(0, ro) >> 1)
+        cc = self.counters.view(H * P, -1).index_select(0, rows)
+        act = r != cmode
+        change = act & (cc.gather(1, r[:, None]) > cc.gather(1, cmode[:, None]))[:, 0]
+        alpha = self.slopes[r] - self.slopes[cmode]
+        beta = self.intercepts[r] - self.intercepts[cmode]
+        w = round_shift(alpha * x + (beta << sfm.x_frac), sfm.exp_shift)
+        # 6. the new position: N, Z, o
+        x_new = saturate(s_new - m, xf)
+        p_new, r_new = exp_pwl(x_new, sfm)
+        ha, wa = hc[act], w[act]
+        sa = Segments(ha, H)
+        N = sat_add_segments(N, wa[:, None] * Vf.index_select(0, rows[act]), sa, cfg.ac_vpu.acc_format,
+                             wa.abs() << (cfg.kv_width - 1), p_new[:, None] * v)
+        Z = sat_add_segments(Z, wa, sa, FixedFormat(cfg.z_width, 0), None, p_new)
+        o = self._finish(N, Z)
+        # mode changes, then the absorption of the new position: one saturating sequence per head
+        rch, rc = rows[change], r[change]
+        sc = Segments(hc[change], H)
+        self._cache_add(sc, alpha[change], beta[change], Kf.index_select(0, rch), Vf.index_select(0, rch),
+                        (self.slopes[r_new], self.intercepts[r_new], k, v))
+        self.mode.view(-1)[rch] = rc
+        self.mlo.view(-1)[rch] = self.lo[rc]
+        self.mhi.view(-1)[rch] = self.hi[rc]
+        self.K[:, n], self.V[:, n] = k, v
+        self.center_of[:, n], self.rho[:, n], self.mode[:, n] = center, rho, r_new
+        self.mlo[:, n], self.mhi[:, n] = self.lo[r_new], self.hi[r_new]
+        self.counters[:, n] = 0
+        self.counters[heads, n, r_new] = 1
+        self.n = n + 1
+        nc = torch.bincount(hc, minlength=H)
+        na = torch.bincount(ha, minlength=H)
+        stats = {"position": torch.full((H,), n, dtype=torch.int64), "candidates": nc, "active": na,
+                 "false_alarms": nc - na, "mode_changes": torch.bincount(sc.seg, minlength=H),
+                 "overflow": zero, "m": m, "z": Z, "centers": self.n_centers.clone(),
+                 "new_center": new_center.long(), "kv_beats": cfg.beats * (nc + na)}
+        return o, stats
