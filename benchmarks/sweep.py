@@ -54,8 +54,7 @@ def point_config(point: dict[str, str], hardware: bool):
 def point_command(point: dict[str, str], args) -> list[str]:
     cmd = [sys.executable, "-m", "ladmac_cli", "eval", "lad", "--tokens", str(args.tokens), "--context",
            str(args.context), "--prompts", "0", "--no-progress", "--threads", "1"]
-    if args.hardware:
-        cmd += ["--hardware", "--only-hardware"]
+    cmd += ["--hardware", "--variants", "lad-tile"] if args.hardware else ["--variants", "lad"]
     for k, v in point.items():
         cmd += ["--set", f"{k}={v}"]
     return cmd

@@ -360,6 +360,8 @@ def data_files(tmp_path):
     ("lad", ["--hardware", "--set", "head_dim=32", "--set", "lanes=8", "--set", "vpus=5"], "head_dim is 64"),
     ("lad", ["--hardware", "--set", "max_positions=256", "--tokens", "300"], "exceeds the tile's max_positions"),
     ("lad", ["--tile-set", "vpus=5"], "unrecognized arguments: --tile-set"),
+    ("lad", ["--variants", "lad-tile"], "not among this run's variants (lad)"),
+    ("lad", ["--hardware", "--variants", "lad,bogus"], "'bogus' is not among"),
     ("mac", ["--context", "8192"], "max_position_embeddings 8192"),
     ("mac", ["--context", "8000", "--tokens", "192"], "needs 8193 positions"),
     ("lad", ["--tokens", "9000"], "max_position_embeddings 8192"),

@@ -61,6 +61,9 @@ def build_parser(method: str) -> Parser:
     p.add_argument("--ablate", action="store_true",
                    help="also run the ablation variant (LAD: exact scores = PWL error only; "
                         "MAC: exact prefix = merge machinery only)")
+    p.add_argument("--variants", default=None, metavar="A,B",
+                   help="run only these of the run's variants (default all: the method, its --ablate variant, "
+                        "and with --hardware lad-tile-float and lad-tile); full attention always runs")
     p.add_argument("--data", type=Path, default=None, help="WikiText-2 test.txt (default: data/wikitext2/test.txt)")
     p.add_argument("--out", type=Path, default=None, help="write results JSON here")
     p.add_argument("--plot", type=Path, default=None, help="write PNG plots into this folder")
@@ -110,6 +113,20 @@ def method_configs(method: str, args):
     return BASE_CONFIGS[method], tile
 
 
+def chosen_variants(method: str, args, hardware: bool) -> list[str]:
+    """The variants this run evaluates: all of them, or those named by ``--variants``."""
+    names = [method] + ([f"{method}-{'exact-scores' if method == 'lad' else 'exact-prefix'}"] if args.ablate else []) \
+        + (["lad-tile-float", "lad-tile"] if hardware else [])
+    if not args.variants:
+        return names
+    chosen = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in chosen if v not in names]
+    if unknown or not chosen:
+        raise ConfigError(f"--variants: '{','.join(unknown) or args.variants}' is not among this run's variants "
+                          f"({', '.join(names)})")
+    return chosen
+
+
 def main(method: str, argv: list[str]) -> int:
     """``ladmac eval lad|mac [options]``: prints a table, writes JSON / PNGs; returns the exit code."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -119,6 +136,7 @@ def main(method: str, argv: list[str]) -> int:
     if args.model not in MODELS:
         raise ConfigError(f"unknown model '{args.model}' (known: {', '.join(MODELS)})")
     cfg, tile_cfg = method_configs(method, args)
+    chosen = chosen_variants(method, args, tile_cfg is not None)
     check_lengths(args)
     # everything that needs no model is checked before the (slow) model load
     text = read_wikitext(args.data)
@@ -141,6 +159,7 @@ def main(method: str, argv: list[str]) -> int:
     if tile_cfg is not None:
         variants["lad-tile-float"] = ("lad", {"lad": tile_cfg.reference()})
         variants["lad-tile"] = ("lad-tile", {"tile": tile_cfg})
+    variants = {name: v for name, v in variants.items() if name in chosen}
 
     results = {"method": method, "model": args.model, "command": "ladmac eval " + " ".join([method, *argv]),
                "config": cfg.to_dict(), **({"tile_config": tile_cfg.to_dict()} if tile_cfg else {}),
@@ -159,8 +178,8 @@ def main(method: str, argv: list[str]) -> int:
     results["perplexity_delta_pct"] = {k: 100.0 * (v / ppl["full"] - 1) for k, v in ppl.items()}
     results["teacher_forced_stats"] = stats
 
-    generated = {"generation": (method, kw(cfg))}
-    if tile_cfg is not None:
+    generated = {"generation": (method, kw(cfg))} if method in chosen else {}
+    if "lad-tile" in chosen:
         generated["generation_hardware"] = ("lad-tile", {"tile": tile_cfg})
     for key, (m_name, m_kw) in generated.items():
         gen, gen_stats = [], []
