@@ -60,7 +60,6 @@ import torch
 
 from .fixedpoint import FixedFormat, round_shift, saturate
 from .lad_tile import COS_FRAC, LadTileConfig, mode_bounds
-from .sfm import exp_pwl, recip
 
 LIMB = 31
 LOW = (1 << LIMB) - 1
@@ -163,46 +162,58 @@ def sat_add_segments(start: torch.Tensor, terms: torch.Tensor, seg: Segments, fm
 
 
 class LadTileBatch:
-    """``heads`` LAD tiles stepping together; bit-exact with one ``LadTileModel`` per head."""
+    """``heads`` LAD tiles stepping together; bit-exact with one ``LadTileModel`` per head.
+    ``n``: positions so far (all heads), ``n_centers (H,)``; ``step(q, k, v)`` as documented above."""
 
     def __init__(self, cfg: LadTileConfig, heads: int):
+        if cfg.kv_width > 16:
+            raise ValueError("LadTileBatch stores q, k, v as int16 (kv_width <= 16)")
         self.cfg, self.heads = cfg, heads
         sfm = cfg.sfm
         H, d, P, R1 = heads, cfg.head_dim, cfg.max_positions, cfg.n_intervals
-        self.slopes = torch.tensor(sfm.exp_slopes_raw, dtype=torch.int64)
-        self.intercepts = torch.tensor(sfm.exp_intercepts_raw, dtype=torch.int64)
+        i64 = dict(dtype=torch.int64)
+        self.slopes = torch.tensor(sfm.exp_slopes_raw, **i64)
+        self.intercepts = torch.tensor(sfm.exp_intercepts_raw, **i64)
         lo, hi = mode_bounds(cfg)
         big = 1 << 40
-        self.lo = torch.tensor([v if v is not None else -big for v in lo], dtype=torch.int64)
-        self.hi = torch.tensor([v if v is not None else big for v in hi], dtype=torch.int64)
-        self.n = 0
-        self.K = torch.zeros(H, P, d, dtype=torch.int64)
-        self.V = torch.zeros(H, P, d, dtype=torch.int64)
-        self.centers = torch.zeros(H, cfg.max_centers, d, dtype=torch.int64)
-        self.center_rm = torch.zeros(H, cfg.max_centers, dtype=torch.int64)   # RECIP(|c|^2) mantissa
-        self.center_re = torch.zeros(H, cfg.max_centers, dtype=torch.int64)   # and exponent
-        self.n_centers = torch.zeros(H, dtype=torch.int64)
-        self.center_of = torch.zeros(H, P, dtype=torch.int64)
-        self.rho = torch.zeros(H, P, dtype=torch.int64)
-        self.mode = torch.zeros(H, P, dtype=torch.int64)
-        self.mlo = torch.zeros(H, P, dtype=torch.int64)      # lo[mode], hi[mode] per position (APID)
-        self.mhi = torch.zeros(H, P, dtype=torch.int64)
-        self.counters = torch.zeros(H, P, R1, dtype=torch.int64)
-        self.A = torch.zeros(H, d, d, dtype=torch.int64)
-        self.B = torch.zeros(H, d, dtype=torch.int64)
-        self.C = torch.zeros(H, d, dtype=torch.int64)
-        self.D = torch.zeros(H, d, dtype=torch.int64)
-        self.E = torch.zeros(H, dtype=torch.int64)
-        self.F = torch.zeros(H, dtype=torch.int64)
-        self._heads = torch.arange(H)
-        self.bounds_asc = torch.tensor(sorted(sfm.exp_boundaries_raw), dtype=torch.int64)
+        self.lo = torch.tensor([v if v is not None else -big for v in lo], **i64)
+        self.hi = torch.tensor([v if v is not None else big for v in hi], **i64)
+        self.bounds_asc = torch.tensor(sorted(sfm.exp_boundaries_raw), **i64)
         self.n_bounds = len(sfm.exp_boundaries_raw)
+        self.recip_c0 = torch.tensor(sfm.recip_c0_raw, **i64)
+        self.recip_c1 = torch.tensor(sfm.recip_c1_raw, **i64)
+        self.pow2 = torch.tensor([1 << i for i in range(63)], **i64)
+        self.n = 0
+        # main memory and the center table hold kv-format values: int16; dot products are
+        # int32 products (|q k| <= 2**30) summed in int64
+        self.K = torch.zeros(H, P, d, dtype=torch.int16)
+        self.V = torch.zeros(H, P, d, dtype=torch.int16)
+        self.centers = torch.zeros(H, cfg.max_centers, d, dtype=torch.int32)
+        self.center_rm = torch.zeros(H, cfg.max_centers, **i64)   # RECIP(|c|^2): mantissa
+        self.center_re = torch.zeros(H, cfg.max_centers, **i64)   # and exponent
+        self.n_centers = torch.zeros(H, **i64)
+        self.center_of = torch.zeros(H, P, **i64)
+        self.rho = torch.zeros(H, P, **i64)
+        self.mode = torch.zeros(H, P, **i64)
+        self.mlo = torch.zeros(H, P, **i64)        # lo[mode], hi[mode] of each position (APID)
+        self.mhi = torch.zeros(H, P, **i64)
+        self.counters = torch.zeros(H, P, R1, dtype=torch.int16)
+        self.A = torch.zeros(H, d, d, **i64)       # A[h][l][j]
+        self.BCD = torch.zeros(H, 3, d, **i64)     # B, C, D (one saturating sequence: same format)
+        self.EF = torch.zeros(H, 2, **i64)         # E, F
+        self._heads = torch.arange(H)
         self._check_widths()
+
+    B = property(lambda self: self.BCD[:, 0])
+    C = property(lambda self: self.BCD[:, 1])
+    D = property(lambda self: self.BCD[:, 2])
+    E = property(lambda self: self.EF[:, 0])
+    F = property(lambda self: self.EF[:, 1])
 
     # -- integer width proofs (raise for a config that would break them) ---------------------------
     def _check_widths(self):
         cfg, sfm = self.cfg, self.cfg.sfm
-        d, S = cfg.head_dim, cfg.scale_raw
+        d, S, P = cfg.head_dim, cfg.scale_raw, cfg.max_positions
         kv = 1 << (cfg.kv_width - 1)                 # |q|, |k|, |v| <= kv
         dot = d * kv * kv                             # |k.c|, |q.k|, |k|^2
         rc = sfm.mantissa_format.max_raw              # RECIP mantissa
@@ -211,32 +222,32 @@ class LadTileBatch:
         ef = 1 << (cfg.ef_width - 1)
         xm = 1 << (sfm.x_width - 1)                   # |m|, |x|
         coef = sfm.coef_format.max_raw                # |alpha|, |beta|, slopes, intercepts
-        I64 = (1 << 63) - 1
+        mf = sfm.mantissa_frac
+        L62 = 1 << 62
 
         def need(ok, what):
             if not ok:
                 raise ValueError(f"LadTileBatch: {what} does not fit its int64 method for this config")
 
-        need(dot * S < I64 and dot < 1 << 62, "score dot * scale")
-        need(dot * rc < 1 << 62 and ((dot >> LIMB) + 1) * dot * rc < 1 << 62, "EAS dot**2 * rc")
-        need(S < 1 << LIMB and rc < 1 << LIMB and xm < 1 << LIMB, "wide multiplier")
-        need(d * op * kv < 1 << 62, "q.A_r")
-        need(acc < 1 << 62, "cache lanes")
+        need(kv * kv < 1 << 31 and dot * S < L62, "score dot * scale")
+        need(2 * dot + 2 < L62 and (1 << (mf + cfg.kk_width + 1)) < L62, "EAS t")
+        need(dot * rc < L62 and ((dot >> LIMB) + 1) * dot * rc < L62, "EAS dot**2 * rc")
+        need(S < 1 << LIMB and rc < 1 << LIMB and xm < 1 << LIMB and acc < L62, "wide multiplier")
         qa = d * op * kv
         sa, sb, sc = cfg.n_cache_shifts
         za, zb, zc = cfg.z_cache_shifts
-        t1 = (qa * S >> max(sa, 0)) + 1
-        t3 = (acc >> max(sc, 0)) + 1
-        need(min(sa, sb, sc, za, zb, zc) >= 0, "cache-term shifts")
-        need(t1 + t3 <= 1 << 61 and t1 + t3 + WIDE_LIM < I64 and t1 + t3 <= WIDE_LIM - acc, "N cache terms")
+        need(min(sa, sb, sc, za, zb, zc) >= 0 and qa < L62, "cache-term shifts")
+        need((qa >> min(sa, za)) * S < L62 and (S << max(sa, za)) < L62, "S q.A_r, S q.D_r")
+        t1, t3 = (qa * S >> sa) + 1, (acc >> sc) + 1
+        need(t1 + t3 <= L62 - acc and t1 + t3 + WIDE_LIM < 1 << 63, "N cache terms")
         z1, z2, z3 = (qa * S >> za) + 1, (xm * ef >> zb) + 1, (ef >> zc) + 1
-        need(z1 + z2 + z3 < 1 << 62, "Z cache terms")
+        need(xm * ef < L62 and z1 + z2 + z3 < L62, "Z cache terms")
         w = (coef * xm + (coef << sfm.x_frac)) >> sfm.exp_shift
-        need(w * kv * cfg.max_positions + acc < 1 << 62, "N += w v")
+        need(xm * coef + (coef << sfm.x_frac) < L62 and w * kv * P + acc < L62, "N += w v")
         g = (coef * kv >> cfg.g_shift) + 1
-        need(g * kv * (cfg.max_positions + 1) + acc < 1 << 62 and coef * kv * cfg.max_positions + acc < 1 << 62,
-             "cache updates")
-        need(dot * (1 << cfg.rho_width) < 1 << 62 and qa < 1 << 62 and xm * coef < 1 << 62, "rho, q.A, alpha x")
+        need(g * kv * (P + 1) + acc < L62 and coef * kv * (P + 1) + acc < L62, "cache updates")
+        need(dot * rc << max(0, cfg.rho_frac - mf) < L62 and ef + coef * (P + 1) < L62, "rho, E, F")
+        need((acc >> mf) * rc + (rc << mf) + (1 << (mf + sfm.recip_in_width)) < 1 << 63, "FINISH N * RECIP")
 
     # -- pieces ----------------------------------------------------------------------------------------
     def _score(self, dots: torch.Tensor) -> torch.Tensor:
@@ -248,64 +259,89 @@ class LadTileBatch:
         """golden.sfm.exp_interval: the number of boundaries ``e_k`` with ``x < e_k``."""
         return self.n_bounds - torch.bucketize(x, self.bounds_asc, right=True)
 
-    def _center_update(self, k: torch.Tensor, kk: torch.Tensor, Cm: int):
-        """EAS for the new keys: (center index, rho, new-center mask), updating the center table."""
+    def _exp(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """golden.sfm.exp_pwl with the tables kept as tensors."""
+        sfm = self.cfg.sfm
+        r = self._interval(x)
+        y = round_shift(self.slopes[r] * x + (self.intercepts[r] << sfm.x_frac), sfm.exp_shift)
+        return saturate(y, sfm.out_format), r
+
+    def _recip(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """golden.sfm.recip (z >= 0 within recip_in_width bits) with the tables kept as tensors."""
+        sfm = self.cfg.sfm
+        w, ib, db = sfm.recip_in_width, sfm.table_index_bits, sfm.table_delta_bits
+        k = ((z[:, None] >= self.pow2).sum(-1) - 1).clamp(min=0)
+        frac = (z << (w - 1 - k)) & ((1 << (w - 1)) - 1)
+        j = frac >> (w - 1 - ib)
+        rest = frac & ((1 << (w - 1 - ib)) - 1)
+        low = w - 1 - ib - db
+        delta = rest >> low if low >= 0 else rest << -low
+        m = self.recip_c0[j] - round_shift(self.recip_c1[j] * delta, sfm.table_offset_shift)
+        zero = z == 0
+        return torch.where(zero, sfm.mantissa_format.max_raw, m), torch.where(zero, 0, k)
+
+    def _center_update(self, k32: torch.Tensor, kk: torch.Tensor, Cm: int):
+        """EAS for the new keys: (center index, rho, new-center mask); updates the center table."""
         cfg = self.cfg
         mf = cfg.sfm.mantissa_frac
         H = self.heads
         C = self.n_centers
         if Cm:
-            dots = (self.centers[:, :Cm] * k[:, None, :]).sum(-1)            # (H, Cm)
+            dots = (self.centers[:, :Cm] * k32[:, None, :]).sum(-1, dtype=torch.int64)   # (H, Cm)
             rc, e = self.center_rm[:, :Cm], self.center_re[:, :Cm]
+            # t = round_shift(|dot| * y, s), y = |dot| rc < 2**62, s = mf + e: |dot| * y as two limbs
+            # (hi, lo); t <= 2 |k|**2 + 1 < 2**62 (Cauchy-Schwarz, 2**e <= |c|**2, rc <= 2**(mf+1)), so
+            # floor((V + h) / 2**s) = ((hi << (31 - s1)) + ((lo + h) >> s1)) >> (s - s1), s1 = min(s, 31)
             pa = dots.abs()
-            x = pa * rc
-            hi, lo = mul_wide(x, pa & LOW)
-            hi = hi + (pa >> LIMB) * x
-            t = round_shift_wide(hi, lo, mf + e)
-            t = torch.where(torch.arange(Cm)[None, :] < C[:, None], t, torch.full_like(t, -1))
-            best = t.argmax(1)                                                # first maximum
-            best_t = t.gather(1, best[:, None])[:, 0]
-            best_dot = dots.gather(1, best[:, None])[:, 0]
-            brc, be = rc.gather(1, best[:, None])[:, 0], e.gather(1, best[:, None])[:, 0]
+            y = pa * rc
+            hi, lo = mul_wide(y, pa & LOW)
+            hi = hi + (pa >> LIMB) * y
+            sh = mf + e
+            s1 = sh.clamp(max=LIMB)
+            t = ((hi << (LIMB - s1)) + ((lo + ((1 << sh) >> 1)) >> s1)) >> (sh - s1)
+            if Cm > int(C.min()):
+                t = torch.where(torch.arange(Cm)[None, :] < C[:, None], t, -1)
+            best = t.argmax(1, keepdim=True)                                 # first maximum
+            best_t = t.gather(1, best)[:, 0]
+            prod = dots.gather(1, best)[:, 0] * rc.gather(1, best)[:, 0]
+            sh = mf + e.gather(1, best)[:, 0] - cfg.rho_frac
+            best = best[:, 0]
             join = (C > 0) & (((kk > 0) & ((best_t << COS_FRAC) >= cfg.cos2_raw * kk)) | (C >= cfg.max_centers))
-            prod = best_dot * brc
-            sh = mf + be - cfg.rho_frac
             rho = torch.where(sh >= 0, round_shift(prod, sh.clamp(0, 62)),
                               prod.clamp(-(1 << 40), 1 << 40) << (-sh).clamp(0, 62))
             rho = saturate(rho, cfg.rho_format)
         else:
-            best = torch.zeros(H, dtype=torch.int64)
-            rho = torch.zeros(H, dtype=torch.int64)
+            best = rho = torch.zeros(H, dtype=torch.int64)
             join = torch.zeros(H, dtype=torch.bool)
-        new = ~join
-        if bool(new.any()):
-            hn = new.nonzero().flatten()
+        hn = (~join).nonzero().flatten()
+        if hn.numel():
             slot = C[hn]
-            m_, e_ = recip(kk[hn], cfg.sfm)
-            self.centers[hn, slot] = k[hn]
+            m_, e_ = self._recip(kk[hn])
+            self.centers[hn, slot] = k32[hn]
             self.center_rm[hn, slot] = m_
             self.center_re[hn, slot] = e_
-            self.n_centers = C + new.long()
+            self.n_centers = C + (~join).long()
         center = torch.where(join, best, C)
-        rho = torch.where(join, rho, torch.full_like(rho, 1 << cfg.rho_frac))
-        return center, rho, new
+        rho = torch.where(join, rho, 1 << cfg.rho_frac)
+        return center, rho, ~join
 
     def _cache_terms(self, q: torch.Tensor, m: torch.Tensor):
         """N (H, d) and Z (H,) from the caches (step 3), exact (see the module docstring)."""
         cfg = self.cfg
         op = FixedFormat(cfg.ac_vpu.in_width, 0)
         a_r = saturate(round_shift(self.A, cfg.cache_dot_shift), op)
-        d_r = saturate(round_shift(self.D, cfg.cache_dot_shift), op)
+        d_r = saturate(round_shift(self.BCD[:, 2], cfg.cache_dot_shift), op)
         qa = (a_r * q[:, None, :]).sum(-1)                                    # (H, d)
         qd = (d_r * q).sum(-1)                                                # (H,)
         sa, sb, sc = cfg.n_cache_shifts
         za, zb, zc = cfg.z_cache_shifts
         S = cfg.scale_raw
-        t1 = round_shift_wide(*mul_wide(qa, S), sa)
-        t2 = round_shift_wide(*mul_wide(self.B, m[:, None]), sb)              # clamped at +-2**62: see docstring
-        N = saturate(t1 - t2 + round_shift(self.C, sc), cfg.ac_vpu.acc_format)
-        z1 = round_shift_wide(*mul_wide(qd, S), za)
-        Z = saturate(z1 - round_shift(m * self.E, zb) + round_shift(self.F, zc), FixedFormat(cfg.z_width, 0))
+        t1 = (qa >> sa) * S + (((qa & ((1 << sa) - 1)) * S + ((1 << sa) >> 1)) >> sa)   # = round_shift(qa S, sa)
+        t2 = round_shift_wide(*mul_wide(self.BCD[:, 0], m[:, None]), sb)     # clamped at +-2**62: see docstring
+        N = saturate(t1 - t2 + round_shift(self.BCD[:, 1], sc), cfg.ac_vpu.acc_format)
+        z1 = (qd >> za) * S + (((qd & ((1 << za) - 1)) * S + ((1 << za) >> 1)) >> za)
+        E, F = self.EF.unbind(1)
+        Z = saturate(z1 - round_shift(m * E, zb) + round_shift(F, zc), FixedFormat(cfg.z_width, 0))
         return N, Z
 
     def _cache_add(self, seg: Segments, alpha, beta, k, v, tail):
@@ -329,19 +365,23 @@ class LadTileBatch:
             elif rows.stop > rows.start:
                 A[h] += g[rows].T @ k[rows]
         self.A = A
-        kv = cfg.kv_width - 1
-        av, bv = alpha.abs() << kv, beta.abs() << kv
-        self.B = sat_add_segments(self.B, alpha[:, None] * v, seg, acc, av, ta[:, None] * tv)
-        self.C = sat_add_segments(self.C, beta[:, None] * v, seg, acc, bv, tb[:, None] * tv)
-        self.D = sat_add_segments(self.D, alpha[:, None] * k, seg, acc, av, ta[:, None] * tk)
-        self.E = sat_add_segments(self.E, alpha, seg, cfg.ef_format, None, ta)
-        self.F = sat_add_segments(self.F, beta, seg, cfg.ef_format, None, tb)
+        kvb = 1 << (cfg.kv_width - 1)
+        self.BCD = sat_add_segments(self.BCD, torch.stack([alpha[:, None] * v, beta[:, None] * v, alpha[:, None] * k], 1),
+                                    seg, acc, torch.maximum(alpha.abs(), beta.abs()) * kvb,
+                                    torch.stack([ta[:, None] * tv, tb[:, None] * tv, ta[:, None] * tk], 1))
+        self.EF = sat_add_segments(self.EF, torch.stack([alpha, beta], 1), seg, cfg.ef_format, None,
+                                   torch.stack([ta, tb], 1))
 
     def _finish(self, N: torch.Tensor, Z: torch.Tensor) -> torch.Tensor:
+        """``o = sat(round_shift(N rm, mf + e))`` with ``(rm, e) = RECIP(clamp(Z))``. Exact in int64:
+        with ``N = Nh 2**mf + Nl`` (``Nl`` in ``[0, 2**mf)``), ``floor((N rm + h) / 2**(mf+e)) =
+        (Nh rm + ((Nl rm + h) >> mf)) >> e`` (nested floors), every term below ``2**62``."""
         cfg, sfm = self.cfg, self.cfg.sfm
-        z_in = Z.clamp(0, (1 << sfm.recip_in_width) - 1)
-        rm, e = recip(z_in, sfm)
-        o = round_shift_wide(*mul_wide(N, rm[:, None]), (sfm.mantissa_frac + e)[:, None])
+        mf = sfm.mantissa_frac
+        rm, e = self._recip(Z.clamp(0, (1 << sfm.recip_in_width) - 1))
+        rm, e = rm[:, None], e[:, None]
+        half = (1 << (mf + e)) >> 1
+        o = (((N >> mf) * rm + (((N & ((1 << mf) - 1)) * rm + half) >> mf)) >> e)
         return saturate(o, cfg.kv_format)
 
     # -- one step ------------------------------------------------------------------------------------
@@ -349,7 +389,7 @@ class LadTileBatch:
         """Raw ``q, k, v (H, d)`` -> raw ``o (H, d)`` and the stats of ``LadTileModel.step``, each ``(H,)``."""
         cfg, sfm = self.cfg, self.cfg.sfm
         H, P, d = self.heads, cfg.max_positions, cfg.head_dim
-        q, k, v = (torch.as_tensor(t, dtype=torch.int64).reshape(H, d) for t in (q, k, v))
+        q, k, v = (torch.as_tensor(t).reshape(H, d).to(torch.int64) for t in (q, k, v))
         n = self.n
         zero = torch.zeros(H, dtype=torch.int64)
         if n >= P:
@@ -360,12 +400,13 @@ class LadTileBatch:
             return torch.zeros(H, d, dtype=torch.int64), stats
         xf = sfm.x_format
         heads = self._heads
+        q32, k32 = q.to(torch.int32), k.to(torch.int32)
         Kf, Vf = self.K.view(H * P, d), self.V.view(H * P, d)
-        # 1-2. EAS
+        # 1-2. EAS: center scores, the new key's center, approximate scores, m
         Cm = int(self.n_centers.max())
-        qcs = self._score((self.centers[:, :Cm] * q[:, None, :]).sum(-1))            # (H, Cm)
+        qcs = self._score((self.centers[:, :Cm] * q32[:, None, :]).sum(-1, dtype=torch.int64))   # (H, Cm)
         kk = (k * k).sum(-1)
-        center, rho, new_center = self._center_update(k, kk, Cm)
+        center, rho, new_center = self._center_update(k32, kk, Cm)
         s_new = self._score((q * k).sum(-1))
         if n:
             s_hat = saturate(round_shift(qcs.gather(1, self.center_of[:, :n]) * self.rho[:, :n], cfg.rho_frac), xf)
@@ -373,25 +414,25 @@ class LadTileBatch:
         else:
             s_hat = torch.zeros(H, 0, dtype=torch.int64)
             m = s_new
-        # 3. AC cache terms
+        # 3. AC cache terms (caches as they stand)
         N, Z = self._cache_terms(q, m)
         # 4. APID (each position's mode interval bounds are kept in mlo, mhi)
         x_hat = saturate(s_hat - m[:, None], xf)
         cand = (x_hat < self.mlo[:, :n]) | (x_hat >= self.mhi[:, :n])
-        # 5. MD, candidates head-major in position order
+        # 5. MD, candidates head-major in position order (each decision is the position's own)
         hc, ic = cand.nonzero().unbind(1)
         rows = hc * P + ic
-        x = saturate(self._score((q.index_select(0, hc) * Kf.index_select(0, rows)).sum(-1))
-                     - m.index_select(0, hc), xf)
+        dots = (Kf.index_select(0, rows).to(torch.int32) * q32.index_select(0, hc)).sum(-1, dtype=torch.int64)
+        x = saturate(self._score(dots) - m.index_select(0, hc), xf)
         r = self._interval(x)
         cmode = self.mode.view(-1).index_select(0, rows)
-        bump_at = self.mode[:, :n].clone()                 # quiet: the mode; candidates: r
+        bump_at = self.mode[:, :n].clone()                 # quiet: bump the mode; candidates: bump r
         bump_at.view(-1).index_copy_(0, hc * n + ic, r)
         cv = self.counters[:, :n]
         val = cv.gather(2, bump_at[:, :, None]) + 1
         cv.scatter_(2, bump_at[:, :, None], val)
         over = (val[:, :, 0] > cfg.counter_max).nonzero()
-        if over.shape[0]:                                  # halve those positions' counters
+        if over.shape[0]:                                  # halve all counters of those positions
             ro = over[:, 0] * P + over[:, 1]
             cf = self.counters.view(H * P, -1)
             cf.index_copy_(0, ro, cf.index_select(0, ro) >> 1)
@@ -401,20 +442,19 @@ class LadTileBatch:
         alpha = self.slopes[r] - self.slopes[cmode]
         beta = self.intercepts[r] - self.intercepts[cmode]
         w = round_shift(alpha * x + (beta << sfm.x_frac), sfm.exp_shift)
-        # 6. the new position: N, Z, o
-        x_new = saturate(s_new - m, xf)
-        p_new, r_new = exp_pwl(x_new, sfm)
+        # 6. the new position: N, Z (active candidates in order, then p_new), o
+        p_new, r_new = self._exp(saturate(s_new - m, xf))
         ha, wa = hc[act], w[act]
         sa = Segments(ha, H)
         N = sat_add_segments(N, wa[:, None] * Vf.index_select(0, rows[act]), sa, cfg.ac_vpu.acc_format,
                              wa.abs() << (cfg.kv_width - 1), p_new[:, None] * v)
         Z = sat_add_segments(Z, wa, sa, FixedFormat(cfg.z_width, 0), None, p_new)
         o = self._finish(N, Z)
-        # mode changes, then the absorption of the new position: one saturating sequence per head
+        # the caches: mode changes in order, then the absorption of the new position
         rch, rc = rows[change], r[change]
         sc = Segments(hc[change], H)
-        self._cache_add(sc, alpha[change], beta[change], Kf.index_select(0, rch), Vf.index_select(0, rch),
-                        (self.slopes[r_new], self.intercepts[r_new], k, v))
+        self._cache_add(sc, alpha[change], beta[change], Kf.index_select(0, rch).long(),
+                        Vf.index_select(0, rch).long(), (self.slopes[r_new], self.intercepts[r_new], k, v))
         self.mode.view(-1)[rch] = rc
         self.mlo.view(-1)[rch] = self.lo[rc]
         self.mhi.view(-1)[rch] = self.hi[rc]
