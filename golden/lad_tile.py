@@ -200,6 +200,85 @@ PRESETS = {
 }
 
 
+# -- typed records of a step's module transactions (the per-module benches replay them) ----------
+@dataclass(frozen=True)
+class MdVerdict:
+    """MD's decision on one candidate (Python ints)."""
+    x: int            # exact x_i = sat(s_i - m)
+    r: int            # its interval
+    active: bool      # r != mode: a correction (else a false alarm)
+    counters: list[int]  # the position's counters after bumping r
+    change: bool      # mode change: active and counter of r above the mode's
+    mode: int         # the position's mode after the decision
+    alpha: int        # slope delta a_r - a_mode
+    beta: int         # intercept delta b_r - b_mode
+    w: int            # correction weight alpha x + beta (zero for false alarms)
+
+
+@dataclass(frozen=True)
+class MdDecision:
+    """MD (step 5) for a batch of candidates: one entry (row) per candidate, int64 tensors
+    (``active``, ``change`` bool)."""
+    x: torch.Tensor
+    r: torch.Tensor
+    active: torch.Tensor
+    counters: torch.Tensor
+    change: torch.Tensor
+    mode: torch.Tensor
+    alpha: torch.Tensor
+    beta: torch.Tensor
+    w: torch.Tensor
+
+    def verdicts(self) -> list[MdVerdict]:
+        """One :class:`MdVerdict` per candidate, in order."""
+        cols = [self.x.tolist(), self.r.tolist(), self.active.tolist(), self.counters.tolist(), self.change.tolist(),
+                self.mode.tolist(), self.alpha.tolist(), self.beta.tolist(), self.w.tolist()]
+        return [MdVerdict(*row) for row in zip(*cols)]
+
+
+@dataclass(frozen=True)
+class StepTrace:
+    """The transactions of one (non-overflow) step at position ``n``, per module, as Python ints
+    and lists: what EAS, APID, MD and AC see and produce (docs/algorithms.md §1.2-1.5)."""
+    n: int
+    q: list[int]
+    k: list[int]
+    v: list[int]
+    # EAS: center scores, the new key's center, approximate scores
+    centers_before: int
+    qcs: list[int]                # score(q, c_j) per center
+    kk: int                       # |k_n|^2
+    center: int
+    rho: int
+    new_center: bool
+    s_new: int
+    centers_after: int
+    center_recip: tuple[int, int] | None   # RECIP(|k_n|^2) of a new center
+    lookups: list[tuple[int, int]]         # (center, rho) of every absorbed position
+    s_hat: list[int]
+    m: int
+    # AC cache terms before the step's corrections
+    terms_n: list[int]
+    terms_z: int
+    # APID: quiet positions (mode and counters before the bump) and candidates (as sent to MD)
+    quiet: list[int]
+    quiet_mode: list[int]
+    quiet_counters: list[list[int]]
+    cand: list[int]
+    cand_mode: list[int]
+    cand_counters: list[list[int]]
+    # MD: one verdict per candidate
+    md: list[MdVerdict]
+    # the new position (p_n, r_n), Z after the corrections, FINISH, absorption coefficients
+    p_new: int
+    r_new: int
+    z: int
+    z_in: int
+    o: list[int]
+    absorb_alpha: int
+    absorb_beta: int
+
+
 # -- shared integer helpers (the RTL has one twin of each) -----------------------------------------
 def bump_counters(counters: torch.Tensor, r: torch.Tensor, counter_max: int) -> torch.Tensor:
     """Per row (position): counter ``r`` plus one; if it passes ``counter_max``, every counter
@@ -240,9 +319,9 @@ class LadTileModel:
     """Bit-accurate LAD tile state and step. ``step(q, k, v)`` takes raw kv-format d-vectors and
     returns raw ``o`` and the step's statistics (what the RTL reports).
 
-    ``trace``: None, or a list to which every step appends one record of the transactions
-    each module (EAS, APID, MD, AC) sees and produces (``_trace_record``); the per-module
-    cocotb benches (testbenches/tb/tb_lad_*.py) replay them. ``approx_scores``,
+    ``trace``: None, or a list to which every step that does not overflow appends its
+    :class:`StepTrace` (the transactions each module, EAS, APID, MD and AC, sees and
+    produces); the per-module cocotb benches (testbenches/tb/tb_lad_*.py) replay them. ``approx_scores``,
     ``md_decide`` and ``finish`` are the step's module-level pieces, pure functions of their
     arguments (the benches also call them on stimuli outside the trace)."""
 
@@ -325,7 +404,7 @@ class LadTileModel:
         return saturate(round_shift(qcs[center] * rho, self.cfg.rho_frac), self.cfg.sfm.x_format)
 
     def md_decide(self, q: torch.Tensor, m: int, k: torch.Tensor, mode: torch.Tensor,
-                  counters: torch.Tensor) -> dict:
+                  counters: torch.Tensor) -> MdDecision:
         """MD (step 5) for candidates with keys ``k`` (rows), modes and counters: exact ``x``,
         interval ``r``, ``active`` (r != mode), bumped ``counters``, mode ``change`` (active and
         counter of r above the mode's), new ``mode``, ``alpha, beta`` and weight ``w`` (zero
@@ -340,8 +419,8 @@ class LadTileModel:
         alpha = self.slopes[r] - self.slopes[mode]
         beta = self.intercepts[r] - self.intercepts[mode]
         w = round_shift(alpha * x + (beta << sfm.x_frac), sfm.exp_shift)
-        return {"x": x, "r": r, "active": act, "counters": c, "change": change,
-                "mode": torch.where(change, r, mode), "alpha": alpha, "beta": beta, "w": w}
+        return MdDecision(x=x, r=r, active=act, counters=c, change=change, mode=torch.where(change, r, mode),
+                          alpha=alpha, beta=beta, w=w)
 
     def finish(self, N: list[int], Z: int) -> tuple[torch.Tensor, int]:
         """AC FINISH (step 6): ``o = sat(round_shift(N rm, mf + e))`` with ``(rm, e) = RECIP(clamp(Z))``;
@@ -381,10 +460,8 @@ class LadTileModel:
                  "overflow": 0, "m": 0, "z": 0}
         if n >= cfg.max_positions:
             stats.update(overflow=1, centers=self.n_centers, kv_beats=0, new_center=0)
-            if self.trace is not None:
-                self.trace.append({"n": n, "overflow": 1})
             return torch.zeros(cfg.head_dim, dtype=torch.int64), stats
-        rec = {"n": n, "overflow": 0} if self.trace is not None else None
+        tracing = self.trace is not None
         xf = sfm.x_format
         # 1-2. EAS: center scores, the new key's center, approximate scores, m
         C = self.n_centers
@@ -396,29 +473,26 @@ class LadTileModel:
         m = max(int(s_hat.max()), s_new) if n else s_new
         # 3. AC: cache terms with the caches as they stand
         N, Z = self.cache_terms(q, m)
-        if rec is not None:
-            rec.update(terms_n=N, terms_z=Z)
+        terms_z = Z
         # 4. APID
         mode = self.mode[:n]
         x_hat = saturate(s_hat - m, xf)
         cand = (x_hat < self.lo[mode]) | (x_hat >= self.hi[mode])
         quiet = (~cand).nonzero().flatten()
-        if rec is not None:
-            rec.update(quiet=quiet.tolist(), quiet_mode=self.mode[quiet].tolist(),
-                       quiet_counters=self.counters[quiet].tolist())
+        if tracing:
+            apid_quiet = (quiet.tolist(), self.mode[quiet].tolist(), self.counters[quiet].tolist())
         self.counters[quiet] = bump_counters(self.counters[quiet], self.mode[quiet], cfg.counter_max)
         # 5. MD
         ci = cand.nonzero().flatten()
         md = self.md_decide(q, m, self.K[ci], self.mode[ci], self.counters[ci])
-        if rec is not None:
-            rec.update(cand=ci.tolist(), cand_mode=self.mode[ci].tolist(), cand_counters=self.counters[ci].tolist(),
-                       md={key: t.tolist() for key, t in md.items()})
-        act = md["active"]
-        self.counters[ci] = md["counters"]
-        changes = ci[md["change"]].tolist()
+        if tracing:
+            apid_cand = (ci.tolist(), self.mode[ci].tolist(), self.counters[ci].tolist())
+        act = md.active
+        self.counters[ci] = md.counters
+        changes = ci[md.change].tolist()
         ai = ci[act]
-        ra = md["r"][act]
-        alpha, beta, w = md["alpha"][act], md["beta"][act], md["w"][act]
+        ra = md.r[act]
+        alpha, beta, w = md.alpha[act], md.beta[act], md.w[act]
         n_fmt = cfg.ac_vpu.acc_format
         Nt = torch.tensor(N, dtype=torch.int64)
         Nt = _sat_add_sequence(Nt, w[:, None] * self.V[ai], n_fmt)
@@ -435,15 +509,16 @@ class LadTileModel:
         Nt = _sat_add_sequence(Nt, (p_new * v)[None, :], n_fmt)
         Z = int(saturate(Z + p_new, zf))
         o, z_in = self.finish(Nt.tolist(), Z)
-        if rec is not None:
-            rec.update(q=q.tolist(), k=k.tolist(), v=v.tolist(), centers_before=C, qcs=qcs.tolist(),
-                       kk=int((k * k).sum()), center=center, rho=rho, new_center=int(new_center), s_new=s_new,
-                       centers_after=self.n_centers, center_recip=self.center_recip[-1] if new_center else None,
-                       lookups=list(zip(self.center_of[:n].tolist(), self.rho[:n].tolist())), s_hat=s_hat.tolist(),
-                       m=m, p_new=p_new, r_new=r_new, z=Z,
-                       z_in=z_in, o=o.tolist(), absorb_alpha=int(self.slopes[r_new]),
-                       absorb_beta=int(self.intercepts[r_new]))
-            self.trace.append(rec)
+        if tracing:
+            self.trace.append(StepTrace(
+                n=n, q=q.tolist(), k=k.tolist(), v=v.tolist(), centers_before=C, qcs=qcs.tolist(),
+                kk=int((k * k).sum()), center=center, rho=rho, new_center=bool(new_center), s_new=s_new,
+                centers_after=self.n_centers, center_recip=self.center_recip[-1] if new_center else None,
+                lookups=list(zip(self.center_of[:n].tolist(), self.rho[:n].tolist())), s_hat=s_hat.tolist(), m=m,
+                terms_n=N, terms_z=terms_z, quiet=apid_quiet[0], quiet_mode=apid_quiet[1],
+                quiet_counters=apid_quiet[2], cand=apid_cand[0], cand_mode=apid_cand[1], cand_counters=apid_cand[2],
+                md=md.verdicts(), p_new=p_new, r_new=r_new, z=Z, z_in=z_in, o=o.tolist(),
+                absorb_alpha=int(self.slopes[r_new]), absorb_beta=int(self.intercepts[r_new])))
         self.K[n], self.V[n] = k, v
         self._cache_add(self.slopes[r_new].reshape(1), self.intercepts[r_new].reshape(1), k[None], v[None])
         self.center_of[n], self.rho[n], self.mode[n] = center, rho, r_new

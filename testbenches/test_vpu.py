@@ -1,5 +1,4 @@
 """VPU under Verilator vs golden.vpu (bit-exact) and golden bit-accurate vs float bounds."""
-import random
 
 import pytest
 import torch

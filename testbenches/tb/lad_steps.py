@@ -1,14 +1,42 @@
-"""Shared by the per-module LAD benches (tb_lad_eas/apid/md/ac): a step sequence (random kind of
-tb_lad_tile, or a real SmolLM2 head) run through golden.lad_tile.LadTileModel with its trace
-on, giving per step the transactions each module sees and produces (the bench plays the tile
-sequencer and the neighbouring modules from them)."""
+"""Shared by the LAD benches (tb_lad_tile and the per-module tb_lad_eas/apid/md/ac): the step
+sequence (random ``kind``, or a real SmolLM2 head), run through golden.lad_tile.LadTileModel with
+its trace on, giving per step a :class:`golden.lad_tile.StepTrace` of the transactions each module
+sees and produces (the module benches play the tile sequencer and the neighbouring modules from
+them); and the SFM's RECIP as a memory lookup."""
 from __future__ import annotations
 
 import torch
 
-from golden.lad_tile import LadTileConfig, LadTileModel
-from testbenches.streams import Context, start
-from testbenches.tb.tb_lad_tile import random_sequence
+from golden.lad_tile import LadTileConfig, LadTileModel, StepTrace
+from golden.sfm import recip
+from testbenches.streams import Bench, split_beats
+
+
+def random_sequence(cfg: LadTileConfig, seed: int, steps: int, kind: str):
+    """Raw (steps, d) q, k, v of one synthetic head: ``drift`` (keys along few directions, slowly
+    drifting queries, extreme rows), ``zero_interval`` (one dominant key: every other position far
+    below the cutoff), ``all_active`` (unrelated queries every step: intervals move all the time)."""
+    gen = torch.Generator().manual_seed(seed)
+    d, f = cfg.head_dim, cfg.kv_format
+    if kind == "zero_interval":
+        k = torch.randn(steps, d, generator=gen) * 0.05
+        q = torch.randn(d, generator=gen).expand(steps, d) * 3.0
+        k[0] = q[0] * 1.0
+        v = torch.randn(steps, d, generator=gen)
+    elif kind == "all_active":
+        k = torch.randn(steps, d, generator=gen) * 1.5
+        q = torch.randn(steps, d, generator=gen) * 4.0 * torch.where(torch.arange(steps) % 2 == 0, 1.0, -1.0)[:, None]
+        v = torch.randn(steps, d, generator=gen) * 2.0
+    else:
+        base = torch.randn(6, d, generator=gen)
+        k = base[torch.randint(0, 6, (steps,), generator=gen)] * torch.randn(steps, 1, generator=gen) \
+            + 0.02 * torch.randn(steps, d, generator=gen)
+        drift = torch.cumsum(torch.randn(steps, d, generator=gen) * 0.15, 0)
+        q = 1.5 * torch.randn(d, generator=gen) + drift
+        v = torch.randn(steps, d, generator=gen) * 2.0
+        v[1] = 127.0                 # corner: extreme value rows
+        k[2] = -100.0
+    return f.quantize(q), f.quantize(k), f.quantize(v)
 
 
 def eas_corners(cfg: LadTileConfig, k: torch.Tensor, rng) -> torch.Tensor:
@@ -27,42 +55,48 @@ def eas_corners(cfg: LadTileConfig, k: torch.Tensor, rng) -> torch.Tensor:
     return k
 
 
-def sequence(cfg: LadTileConfig, rng, params: dict):
-    """Raw (steps, d) q, k, v: ``trace`` (a SmolLM2 head), else ``kind`` of tb_lad_tile's
-    random_sequence; ``eas_corners`` puts the EAS corner keys in."""
-    steps = params.get("steps", 24)
-    if params.get("trace"):
-        t = torch.load(params["trace"])
-        h, f = params.get("head", 0), cfg.kv_format
+def sequence(bench: Bench):
+    """Raw (steps, d) q, k, v of the run: ``trace`` (head ``head`` of a SmolLM2 file), else
+    ``kind`` of :func:`random_sequence`; ``eas_corners`` puts the EAS corner keys in."""
+    cfg, rng, p = bench.cfg, bench.rng, bench.params
+    steps = bench.steps(24)
+    if p.get("trace"):
+        t = torch.load(p["trace"])
+        h, f = p.get("head", 0), cfg.kv_format
         q, k, v = (f.quantize(t[name][h, :steps, :cfg.head_dim].float()) for name in ("q", "k", "v"))
     else:
-        q, k, v = random_sequence(cfg, rng.randrange(1 << 30), steps, params.get("kind", "drift"))
-    if params.get("eas_corners"):
+        q, k, v = random_sequence(cfg, rng.randrange(1 << 30), steps, p.get("kind", "drift"))
+    if p.get("eas_corners"):
         k = eas_corners(cfg, k, rng)
     return q, k, v
 
 
-def golden_records(cfg: LadTileConfig, q, k, v) -> tuple[LadTileModel, list[dict]]:
-    """The model after the sequence, and one trace record per (non-overflow) step."""
-    trace: list[dict] = []
+def golden_records(cfg: LadTileConfig, q, k, v) -> tuple[LadTileModel, list[StepTrace]]:
+    """The model after the sequence, and the trace of every (non-overflow) step."""
+    trace: list[StepTrace] = []
     model = LadTileModel(cfg, trace=trace)
     for i in range(q.shape[0]):
         model.step(q[i], k[i], v[i])
-    return model, [r for r in trace if not r["overflow"]]
+    return model, trace
 
 
 def beats(vec, cfg: LadTileConfig) -> list[list[int]]:
     """A d-vector as its ``beats`` transfers of ``lanes`` elements."""
-    vec = list(vec)
-    return [vec[b * cfg.lanes:(b + 1) * cfg.lanes] for b in range(cfg.beats)]
+    return split_beats(vec, cfg.lanes)
+
+
+def sfm_recip(cfg: LadTileConfig):
+    """``lookup`` of the SFM's RECIP port: request z -> {mantissa, exponent} (golden.sfm.recip)."""
+    def lookup(z):
+        m_, e_ = (int(t) for t in recip(torch.tensor([z]), cfg.sfm))
+        return {"mantissa": m_, "exponent": e_}
+    return lookup
 
 
 async def open_bench(dut):
-    """The common opening of a module bench: its context (config, seed, parameters), the step
-    sequence run through the golden model with its trace on, clock and reset, and the bench's
-    gap and stall probabilities. Returns ``ctx, (q, k, v), model, records, cycles, (gap, stall)``."""
-    ctx = Context(LadTileConfig)
-    q, k, v = sequence(ctx.cfg, ctx.rng, ctx.params)
-    model, recs = golden_records(ctx.cfg, q, k, v)
-    cycles = await start(dut)
-    return ctx, (q, k, v), model, recs, cycles, (ctx.params.get("gap", 0.3), ctx.params.get("stall", 0.3))
+    """The common opening of a module bench: clock, reset and context, the step sequence run
+    through the golden model with its trace on. Returns ``bench, (q, k, v), model, trace``."""
+    bench = await Bench.start(dut, LadTileConfig)
+    q, k, v = sequence(bench)
+    model, recs = golden_records(bench.cfg, q, k, v)
+    return bench, (q, k, v), model, recs

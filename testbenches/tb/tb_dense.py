@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import cocotb
 import torch
-from cocotb.triggers import ClockCycles
 
 from golden.dense import DenseConfig, dense_attention_bits
 from hdl.lad.dense import dense_out_layout, dense_query_layout, kv_request_layout, kv_response_layout
-from testbenches.streams import Context, StreamMemory, StreamSink, StreamSource, start
+from testbenches.streams import Bench, kv_lookup, split_beats
 
 
 def random_steps(cfg: DenseConfig, rng, steps: int, max_len: int, fixed_len: int | None = None):
@@ -39,46 +38,25 @@ def trace_steps(cfg: DenseConfig, path: str, steps: int, max_len: int):
 
 @cocotb.test()
 async def dense_matches_golden(dut):
-    ctx = Context(DenseConfig)
-    cfg, rng, p = ctx.cfg, ctx.rng, ctx.params
+    bench = await Bench.start(dut, DenseConfig)
+    cfg, p = bench.cfg, bench.params
     max_len = min(p.get("max_len", 64), cfg.max_positions)
     if p.get("trace"):
-        k, v, steps = trace_steps(cfg, p["trace"], p.get("steps", 4), max_len)
+        k, v, steps = trace_steps(cfg, p["trace"], bench.steps(4), max_len)
     else:
-        k, v, steps = random_steps(cfg, rng, p.get("steps", 20), max_len, p.get("fixed_len"))
-    cycles = await start(dut)
-    gap, stall = p.get("gap", 0.3), p.get("stall", 0.3)
-    src = StreamSource(dut, "query", dense_query_layout(cfg), cycles, rng, gap=gap)
-    sink = StreamSink(dut, "out", dense_out_layout(cfg), cycles, rng, stall=stall)
-    lanes = cfg.lanes
-
-    def lookup(req):
-        table = v if req["value"] else k
-        return table[req["position"], req["beat"] * lanes:(req["beat"] + 1) * lanes].tolist()
-
-    memory = StreamMemory(dut, "kv_req", kv_request_layout(cfg), "kv_resp", kv_response_layout(cfg), cycles, rng,
-                          lookup, latency=tuple(p.get("latency", (1, 6))), stall=stall, gap=gap)
-    want = []
-    for q, length in steps:
-        for b in range(cfg.beats):
-            src.put({"q": q[b * lanes:(b + 1) * lanes].tolist(), "length": length})
+        k, v, steps = random_steps(cfg, bench.rng, bench.steps(20), max_len, p.get("fixed_len"))
+    src, sink = bench.source("query", dense_query_layout(cfg)), bench.sink("out", dense_out_layout(cfg))
+    memory = bench.memory("kv_req", kv_request_layout(cfg), "kv_resp", kv_response_layout(cfg),
+                          kv_lookup(k, v, cfg.lanes), latency=(1, 6))
+    for s, (q, length) in enumerate(steps):
+        src.put(*({"q": qb, "length": length} for qb in split_beats(q, cfg.lanes)))
         o, m, z = dense_attention_bits(q, k[:length], v[:length], cfg)
-        for b in range(cfg.beats):
-            want.append({"o": o[b * lanes:(b + 1) * lanes].tolist(), "m": m, "z": z,
-                         "kv_beats": 2 * length * cfg.beats})
+        for b, ob in enumerate(split_beats(o, cfg.lanes)):
+            sink.expect({"o": ob, "m": m, "z": z, "kv_beats": 2 * length * cfg.beats}, inputs=f"step {s} beat {b}")
     total = sum(length for _, length in steps)
-    await sink.wait_for(len(want), timeout_cycles=total * cfg.beats * 2 * 30 + 5000)
-    await ClockCycles(dut.clk, 20)
-    assert len(sink.received) == len(want)
-    mismatches = []
-    for n, ((_, got), w) in enumerate(zip(sink.received, want)):
-        got_cmp = {key: got[key] for key in w}
-        if got_cmp != w:
-            mismatches.append(f"beat #{n}: rtl {got_cmp} golden {w}")
-    reqs = memory.requests.received
-    ctx.report.update(steps=len(steps), vectors=len(steps), beats=len(want), mismatches=len(mismatches), kv_requests=len(reqs),
-                      step_cycles=[got["cycles"] for _, got in sink.received[::cfg.beats]],
-                      lengths=[length for _, length in steps],
-                      nonzero_outputs=sum(1 for w in want if any(w["o"])))
-    ctx.write_report()
-    assert not mismatches, f"seed {ctx.seed}: {len(mismatches)} mismatches, first: {mismatches[:3]}"
+    await bench.drain(timeout_cycles=total * cfg.beats * 2 * 30 + 5000)
+    bench.finish(vectors=len(steps), steps=len(steps), beats=len(sink.expected),
+                 kv_requests=len(memory.requests.received),
+                 step_cycles=[got["cycles"] for _, got in sink.received[::cfg.beats]],
+                 lengths=[length for _, length in steps],
+                 nonzero_outputs=sum(1 for w, _ in sink.expected if any(w["o"])))

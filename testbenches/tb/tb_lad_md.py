@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import cocotb
 import torch
-from cocotb.triggers import ClockCycles
 
 from golden.lad_tile import LadTileConfig
 from hdl.lad.common import AC_BEATS, ac_command_layout, beat_layout, candidate_layout, vector_layout
 from hdl.lad.dense import kv_request_layout
-from testbenches.streams import StreamMemory, StreamSink, StreamSource, pack, wait_until
+from testbenches.streams import kv_lookup, pack
 from testbenches.tb.lad_steps import beats, open_bench
 
 
@@ -37,32 +36,25 @@ def random_candidates(cfg: LadTileConfig, rng, count: int, positions: int) -> li
 
 @cocotb.test()
 async def md_matches_golden(dut):
-    ctx, (q, k, v), model, recs, cycles, (gap, stall) = await open_bench(dut)
-    cfg, rng, p = ctx.cfg, ctx.rng, ctx.params
-    xf, nb, L = cfg.sfm.x_format, cfg.beats, cfg.lanes
+    bench, (q, k, v), model, recs = await open_bench(dut)
+    cfg, rng, p = bench.cfg, bench.rng, bench.params
+    xf, nb = cfg.sfm.x_format, cfg.beats
     steps = q.shape[0]
-
-    def kv_lookup(req):
-        table = v if req["value"] else k
-        return table[req["position"], req["beat"] * L:(req["beat"] + 1) * L].tolist()
-
-    cand_src = StreamSource(dut, "cand", candidate_layout(cfg), cycles, rng, gap=gap)
-    verdict_sink = StreamSink(dut, "verdict", candidate_layout(cfg), cycles, rng, stall=stall)
-    memory = StreamMemory(dut, "kv_req", kv_request_layout(cfg), "kv_resp", beat_layout(cfg), cycles, rng,
-                          kv_lookup, latency=tuple(p.get("latency", (1, 8))), stall=stall, gap=gap)
-    corr_sink = StreamSink(dut, "corr", ac_command_layout(cfg), cycles, rng, stall=stall)
+    cand_src = bench.source("cand", candidate_layout(cfg))
+    verdict_sink = bench.sink("verdict", candidate_layout(cfg))
+    memory = bench.memory("kv_req", kv_request_layout(cfg), "kv_resp", beat_layout(cfg), kv_lookup(k, v, cfg.lanes))
+    corr_sink = bench.sink("corr", ac_command_layout(cfg))
 
     # the trace's steps (candidates of the tile + extras), then corner steps with extreme m
     plan = []
     extra = p.get("extra_candidates", 2)
     for rec in recs:
-        cands = list(zip(rec["cand"], rec["cand_mode"], rec["cand_counters"]))
-        plan.append((rec["q"], rec["m"], cands + random_candidates(cfg, rng, extra if rec["n"] else 0, rec["n"] or 1)))
+        cands = list(zip(rec.cand, rec.cand_mode, rec.cand_counters))
+        plan.append((rec.q, rec.m, cands + random_candidates(cfg, rng, extra if rec.n else 0, rec.n or 1)))
     for m in (xf.max_raw, xf.min_raw, 0, xf.min_raw + 1, xf.max_raw - 1)[:p.get("corner_steps", 5)]:
         plan.append((q[rng.randrange(steps)].tolist(), m, random_candidates(cfg, rng, 6, steps)))
 
-    mismatches = []
-    want_verdicts, want_kv, want_corr = [], [], []
+    want_kv = []
     totals = {"active": 0, "false_alarms": 0, "mode_changes": 0}
     halvings, x_saturated, intervals_seen = 0, 0, set()
     for step, (qv, m, cands) in enumerate(plan):
@@ -73,46 +65,33 @@ async def md_matches_golden(dut):
         pos = torch.tensor([c[0] for c in cands], dtype=torch.int64)
         mode = torch.tensor([c[1] for c in cands], dtype=torch.int64)
         counters = torch.tensor([c[2] for c in cands], dtype=torch.int64)
-        g = {key: t.tolist() for key, t in model.md_decide(torch.tensor(qv), m, k[pos], mode, counters).items()}
-        for j, (pj, mj, cj) in enumerate(cands):
+        decided = model.md_decide(torch.tensor(qv), m, k[pos], mode, counters).verdicts()
+        for (pj, mj, cj), g in zip(cands, decided):
+            what = f"step {step} candidate {pj}"
             cand_src.put({"position": pj, "mode": mj, "counters": cj})
-            want_verdicts.append({"position": pj, "mode": g["mode"][j], "counters": g["counters"][j]})
+            verdict_sink.expect({"position": pj, "mode": g.mode, "counters": g.counters}, inputs=what)
             want_kv += [{"value": 0, "position": pj, "beat": b} for b in range(nb)]
-            halvings += int(cj[g["r"][j]] + 1 > cfg.counter_max)
-            if g["active"][j]:
+            halvings += int(cj[g.r] + 1 > cfg.counter_max)
+            if g.active:
                 want_kv += [{"value": 1, "position": pj, "beat": b} for b in range(nb)]
-                for kb, vb in zip(beats(k[pj].tolist(), cfg), beats(v[pj].tolist(), cfg)):
-                    want_corr.append({"op": AC_BEATS, "w": g["w"][j], "alpha": g["alpha"][j], "beta": g["beta"][j],
-                                      "accumulate": 1, "update": int(g["change"][j]), "k": kb, "v": vb})
-        intervals_seen.update(g["r"])
-        x_saturated += sum(1 for x in g["x"] if x in (xf.min_raw, xf.max_raw))
-        totals["active"] += sum(g["active"])
-        totals["false_alarms"] += len(cands) - sum(g["active"])
-        totals["mode_changes"] += sum(g["change"])
+                for kb, vb in zip(beats(k[pj], cfg), beats(v[pj], cfg)):
+                    corr_sink.expect({"op": AC_BEATS, "w": g.w, "alpha": g.alpha, "beta": g.beta, "accumulate": 1,
+                                      "update": int(g.change), "k": kb, "v": vb}, inputs=what)
+        intervals_seen.update(g.r for g in decided)
+        x_saturated += sum(1 for g in decided if g.x in (xf.min_raw, xf.max_raw))
+        totals["active"] += sum(g.active for g in decided)
+        totals["false_alarms"] += sum(not g.active for g in decided)
+        totals["mode_changes"] += sum(g.change for g in decided)
         budget = len(cands) * 40 * nb + 2000
-        await verdict_sink.wait_for(len(want_verdicts), timeout_cycles=budget)
-        await corr_sink.wait_for(len(want_corr), timeout_cycles=budget)
-        await wait_until(cycles, lambda: cand_src.idle and not int(dut.busy.value), budget, "MD idle")
-        got = {key: int(getattr(dut, key).value) for key in totals}
-        if got != totals:
-            mismatches.append(f"step {step} counters: rtl {got} golden {totals}")
-    await ClockCycles(dut.clk, 50)
-    got_verdicts = [x for _, x in verdict_sink.received]
-    got_kv = [x for _, x in memory.requests.received]
-    got_corr = [{key: x[key] for key in ("op", "w", "alpha", "beta", "accumulate", "update", "k", "v")}
-                for _, x in corr_sink.received]
-    for what, got, want in (("verdict", got_verdicts, want_verdicts), ("kv_req", got_kv, want_kv),
-                            ("corr", got_corr, want_corr)):
-        mismatches += [f"{what} #{j}: rtl {a} golden {b}" for j, (a, b) in enumerate(zip(got, want)) if a != b]
-        if len(got) != len(want):
-            mismatches.append(f"{what} count: rtl {len(got)} golden {len(want)}")
-    trace_cands = sum(len(r["cand"]) for r in recs)
-    ctx.report.update(
-        steps=len(plan), vectors=len(want_verdicts), mismatches=len(mismatches), mismatch_list=mismatches[:20],
-        candidates=len(want_verdicts), trace_candidates=trace_cands, **totals, halvings=halvings,
-        corr=len(want_corr), kv_requests=len(want_kv),
-        nonzero_w=sum(1 for c in want_corr if c["w"] != 0),
-        intervals_seen=sorted(intervals_seen), x_saturated=x_saturated,
-        cycles=cycles.now)
-    ctx.write_report()
-    assert not mismatches, f"seed {ctx.seed}: {len(mismatches)} mismatches, first: {mismatches[:3]}"
+        await verdict_sink.wait_for(len(verdict_sink.expected), timeout_cycles=budget)
+        await corr_sink.wait_for(len(corr_sink.expected), timeout_cycles=budget)
+        await bench.until(lambda: cand_src.idle and not int(dut.busy.value), budget, "MD idle")
+        bench.check(f"step {step} counters", {key: int(getattr(dut, key).value) for key in totals}, dict(totals))
+    await bench.drain(timeout_cycles=2000, settle=50)
+    bench.compare("kv_req", memory.requests.items, want_kv)
+    bench.finish(
+        vectors=len(verdict_sink.expected), steps=len(plan), candidates=len(verdict_sink.expected),
+        trace_candidates=sum(len(r.cand) for r in recs), **totals, halvings=halvings,
+        corr=len(corr_sink.expected), kv_requests=len(want_kv),
+        nonzero_w=sum(1 for c, _ in corr_sink.expected if c["w"] != 0),
+        intervals_seen=sorted(intervals_seen), x_saturated=x_saturated)
