@@ -33,6 +33,16 @@ def test_merge_rtl_equals_golden(name):
     assert report["nonzero_outputs"] > report["beats"] // 2
 
 
+def test_mac_unit_rtl_equals_golden():
+    """The unit top: Match and Merge behind their stream ports, both halves busy at once."""
+    report = simulate("mac-unit", PRESETS["tiny"], "testbenches.tb.tb_mac_unit", seed=SEED, name="tiny",
+                      params={"vectors": 300})
+    assert report["mismatches"] == 0
+    assert report["matches"] == 300 and report["merges"] == 301 and report["vectors"] == 601
+    assert report["hits"] > 20 and report["matches"] - report["hits"] > 20
+    assert 0 < report["flagged"] < report["merges"] // 2 and report["nonzero_outputs"] > report["beats"] // 2
+
+
 def test_match_model_ties_go_to_the_lower_position():
     cfg = PRESETS["tiny"]
     model = MatchModel(cfg)
@@ -89,7 +99,7 @@ def merge_error_bound(w1: float, w2: float, o1: torch.Tensor, o2: torch.Tensor, 
 
 
 def test_merge_bit_accurate_within_bound_of_float_on_real_states():
-    from golden.mac_unit import OP_DOWNDATE, merge_bits, raw_to_lse
+    from golden.mac_unit import MergeOp, merge_bits, raw_to_lse
     cfg = PRESETS["default"]
     trace = _trace()
     worst, flagged, checked = 0.0, 0, 0
@@ -101,9 +111,9 @@ def test_merge_bit_accurate_within_bound_of_float_on_real_states():
         t = __import__("math").exp(lse2 - lse1)
         if r.flagged:
             flagged += 1
-            assert op == OP_DOWNDATE and 1 - t < 2.0 ** -cfg.cancel_bits * 1.01
+            assert op == MergeOp.DOWNDATE and 1 - t < 2.0 ** -cfg.cancel_bits * 1.01
             continue
-        w1, w2 = (1 / (1 - t), -t / (1 - t)) if op == OP_DOWNDATE else (1 / (1 + t), t / (1 + t))
+        w1, w2 = (1 / (1 - t), -t / (1 - t)) if op == MergeOp.DOWNDATE else (1 / (1 + t), t / (1 + t))
         err = float((cfg.out_format.to_float(torch.tensor(r.o)) - want_o.double()).abs().max())
         assert err <= merge_error_bound(w1, w2, o1f, o2f, cfg), (op, err, w1, w2)
         assert abs(raw_to_lse(r.m, r.s, cfg) - float(want_lse)) < 1e-3 * max(1.0, abs(w1))
@@ -115,9 +125,9 @@ def test_match_decisions_vs_float_reference_on_real_queries():
     """Bit-accurate Match vs golden.mac_ref.match (float) over the whole trace at M = 512: hit
     decisions may differ only where the float distance is within one quantisation step
     (sqrt(d) * 2^-q_frac) of the threshold; the count is reported in docs/mac-unit.md."""
-    from golden.mac_ref import MacConfig, match
+    from golden.mac_ref import match
     cfg = PRESETS["default"]
-    ref = MacConfig(window=cfg.window, tau=cfg.tau)
+    ref = cfg.reference()
     q = _trace()["q_pre"].double()
     steps, heads, d = q.shape
     model = MatchModel(cfg)

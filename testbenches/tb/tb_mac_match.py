@@ -66,34 +66,32 @@ def queries_of(bench: Bench) -> list[tuple[int, list[int]]]:
     return synthetic_queries(bench.cfg, bench.rng, bench.vectors(1000), p.get("heads_used"))
 
 
-def expect_matches(cfg: MacUnitConfig, queries, src, sink) -> list[dict]:
-    """Queue every query's beats on ``src`` and its golden result on ``sink``; returns the results."""
+def match_half(bench: Bench, query: str = "query", result: str = "result"):
+    """Match on ports ``query`` / ``result``: the run's queries queued with their golden results
+    (golden.mac_unit.MatchModel). Returns the drain timeout and the report's fields (call it
+    after the drain)."""
+    cfg = bench.cfg
+    src, sink = bench.source(query, match_query_layout(cfg)), bench.sink(result, match_result_layout(cfg))
+    queries = queries_of(bench)
     model = MatchModel(cfg)
     want = []
     for n, (head, q) in enumerate(queries):
-        src.put(*({"head": head, "q": beat} for beat in split_beats(q, cfg.lanes)))
         r = model.query(head, torch.tensor(q))
+        src.put(*({"head": head, "q": beat} for beat in split_beats(q, cfg.lanes)))
         want.append({"hit": int(r.hit), "slot": r.slot, "position": r.position, "distance": r.distance})
         sink.expect(want[-1], inputs=f"query {n}, head {head}")
-    return want
 
-
-def match_timeout(cfg: MacUnitConfig, queries) -> int:
-    return len(queries) * (cfg.window + 4) * cfg.beats * 4 + 10000
-
-
-def match_report(cfg: MacUnitConfig, want: list[dict], sink) -> dict:
-    return {"hits": sum(w["hit"] for w in want), "at_threshold": sum(1 for w in want if w["distance"] == cfg.threshold_raw),
-            "distances": [w["distance"] for w in want], "hits_list": [w["hit"] for w in want],
-            "result_cycles": [c for c, _ in sink.received]}
+    def report() -> dict:
+        return {"vectors": len(want), "hits": sum(w["hit"] for w in want),
+                "at_threshold": sum(1 for w in want if w["distance"] == cfg.threshold_raw),
+                "distances": [w["distance"] for w in want], "hits_list": [w["hit"] for w in want],
+                "result_cycles": [c for c, _ in sink.received]}
+    return len(queries) * (cfg.window + 4) * cfg.beats * 4 + 10000, report
 
 
 @cocotb.test()
 async def match_matches_golden(dut):
     bench = await Bench.start(dut, MacUnitConfig)
-    cfg = bench.cfg
-    src, sink = bench.source("query", match_query_layout(cfg)), bench.sink("result", match_result_layout(cfg))
-    queries = queries_of(bench)
-    want = expect_matches(cfg, queries, src, sink)
-    await bench.drain(timeout_cycles=match_timeout(cfg, queries))
-    bench.finish(vectors=len(want), **match_report(cfg, want, sink))
+    timeout, report = match_half(bench)
+    await bench.drain(timeout_cycles=timeout)
+    bench.finish(**report())

@@ -7,7 +7,7 @@ from __future__ import annotations
 import cocotb
 import torch
 
-from golden.mac_unit import OP_DOWNDATE, OP_MERGE, MacUnitConfig, merge_bits
+from golden.mac_unit import MacUnitConfig, MergeOp, merge_bits
 from hdl.mac.merge import merge_in_layout, merge_out_layout
 from testbenches.streams import Bench, split_beats
 
@@ -24,7 +24,7 @@ def synthetic_cases(cfg, rng, n):
     cases = []
     smax, sfmt = cfg.sum_format.max_raw, cfg.score_format
     for _ in range(n):
-        op = rng.choice((OP_MERGE, OP_DOWNDATE))
+        op = rng.choice((MergeOp.MERGE, MergeOp.DOWNDATE))
         (m1, s1, o1), (m2, s2, o2) = random_state(cfg, rng), random_state(cfg, rng)
         kind = rng.random()
         if kind < 0.15:
@@ -34,14 +34,14 @@ def synthetic_cases(cfg, rng, n):
         elif kind < 0.25:
             s2 = 0  # zero-weight state
         elif kind < 0.3:
-            s1, s2, op = smax, smax, OP_MERGE  # sum saturates
+            s1, s2, op = smax, smax, MergeOp.MERGE  # sum saturates
         elif kind < 0.45:  # removal at the cancellation bound: s*2^cb vs a, equal maxima
-            op, m2 = OP_DOWNDATE, m1
+            op, m2 = MergeOp.DOWNDATE, m1
             s2 = s1 - (s1 >> cfg.cancel_bits) + rng.randint(-2, 2)
         elif kind < 0.5:
-            op, m2, s2 = OP_DOWNDATE, m1, s1  # complete cancellation
+            op, m2, s2 = MergeOp.DOWNDATE, m1, s1  # complete cancellation
         cases.append((op, m1, s1, o1, m2, s2, o2))
-    cases.append((OP_MERGE, 0, 0, [0] * cfg.head_dim, 0, 0, [0] * cfg.head_dim))  # two empty states
+    cases.append((MergeOp.MERGE, 0, 0, [0] * cfg.head_dim, 0, 0, [0] * cfg.head_dim))  # two empty states
     return cases
 
 
@@ -53,14 +53,18 @@ def cases_of(bench: Bench) -> list[tuple]:
         return [tuple(c) for c in torch.load(p["trace"])["merge_cases"]][:bench.vectors(1000)]
     cases = synthetic_cases(bench.cfg, bench.rng, bench.vectors(1000))
     if p.get("only_op"):
-        op = OP_MERGE if p["only_op"] == "merge" else OP_DOWNDATE
+        op = MergeOp.MERGE if p["only_op"] == "merge" else MergeOp.DOWNDATE
         cases = [(op,) + tuple(c[1:]) for c in cases]
     return cases
 
 
-def expect_merges(cfg: MacUnitConfig, cases, src, sink) -> tuple[list[dict], int]:
-    """Queue every case's beats on ``src`` and its golden output beats on ``sink``; returns the
-    golden beats and how many cases are flagged."""
+def merge_half(bench: Bench, i: str = "i", o: str = "o"):
+    """Merge on ports ``i`` / ``o``: the run's cases queued with their golden output beats
+    (golden.mac_unit.merge_bits). Returns the drain timeout and the report's fields (call it
+    after the drain)."""
+    cfg = bench.cfg
+    src, sink = bench.source(i, merge_in_layout(cfg)), bench.sink(o, merge_out_layout(cfg))
+    cases = cases_of(bench)
     want, flagged = [], 0
     for n, (op, m1, s1, o1, m2, s2, o2) in enumerate(cases):
         src.put(*({"op": op, "m1": m1, "s1": s1, "m2": m2, "s2": s2, "o1": b1, "o2": b2}
@@ -70,24 +74,16 @@ def expect_merges(cfg: MacUnitConfig, cases, src, sink) -> tuple[list[dict], int
         for b, ob in enumerate(split_beats(r.o, cfg.lanes)):
             want.append({"m": r.m, "s": r.s, "flagged": int(r.flagged), "o": ob})
             sink.expect(want[-1], inputs=f"case {n} beat {b}: op {op}, m {m1} {m2}, s {s1} {s2}")
-    return want, flagged
 
-
-def merge_timeout(beats: int) -> int:
-    return beats * 60 + 10000
-
-
-def merge_report(want: list[dict], flagged: int, sink) -> dict:
-    return {"beats": len(want), "flagged": flagged, "nonzero_outputs": sum(1 for w in want if any(w["o"])),
-            "output_cycles": [c for c, _ in sink.received]}
+    def report() -> dict:
+        return {"vectors": len(cases), "beats": len(want), "flagged": flagged,
+                "nonzero_outputs": sum(1 for w in want if any(w["o"])), "output_cycles": [c for c, _ in sink.received]}
+    return len(want) * 60 + 10000, report
 
 
 @cocotb.test()
 async def merge_matches_golden(dut):
     bench = await Bench.start(dut, MacUnitConfig)
-    cfg = bench.cfg
-    src, sink = bench.source("i", merge_in_layout(cfg)), bench.sink("o", merge_out_layout(cfg))
-    cases = cases_of(bench)
-    want, flagged = expect_merges(cfg, cases, src, sink)
-    await bench.drain(timeout_cycles=merge_timeout(len(want)))
-    bench.finish(vectors=len(cases), **merge_report(want, flagged, sink))
+    timeout, report = merge_half(bench)
+    await bench.drain(timeout_cycles=timeout)
+    bench.finish(**report())
