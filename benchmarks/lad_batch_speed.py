@@ -15,7 +15,7 @@ measured windows (the eval also runs the float model; not counted).
 
 ``--source smollm2`` records post-RoPE q and the KV head's k, v of all 9 query heads of
 ``--layer`` over WikiText-2 (benchmarks/record_lad_trace.py; needs the local SmolLM2 files),
-falling back to ``random`` (tb_lad_tile's drift sequences, one seed per head) if that fails.
+falling back to ``random`` (keys along a few directions, drifting queries) if that fails.
 """
 from __future__ import annotations
 
@@ -42,9 +42,16 @@ def sequences(source: str, layer: int, heads: int, steps: int, cfg):
                 f"SmolLM2-135M layer {layer}, query heads 0..{heads - 1}, WikiText-2"
         except Exception as exc:      # no local model: synthetic heads instead
             print(f"(SmolLM2 unavailable: {exc}; using random drift sequences)")
-    from testbenches.tb.tb_lad_tile import random_sequence
-    seqs = [random_sequence(cfg, 1000 + h, steps, "drift") for h in range(heads)]
-    return tuple(torch.stack([s[i] for s in seqs]) for i in range(3)), "random drift sequences, seeds 1000.."
+    gen = torch.Generator().manual_seed(1000)
+    d, f = cfg.head_dim, cfg.kv_format
+    qs, ks, vs = [], [], []
+    for _ in range(heads):            # keys along a few directions, slowly drifting queries
+        base = torch.randn(6, d, generator=gen)
+        ks.append(base[torch.randint(0, 6, (steps,), generator=gen)] * torch.randn(steps, 1, generator=gen)
+                  + 0.02 * torch.randn(steps, d, generator=gen))
+        qs.append(1.5 * torch.randn(d, generator=gen) + torch.cumsum(torch.randn(steps, d, generator=gen) * 0.15, 0))
+        vs.append(torch.randn(steps, d, generator=gen) * 2.0)
+    return tuple(f.quantize(torch.stack(x)) for x in (qs, ks, vs)), "random drift sequences (seed 1000)"
 
 
 def main() -> None:

@@ -1,0 +1,233 @@
+"""golden.lad_batch.LadTileBatch (H heads as tensors) == H independent golden.lad_tile.LadTileModels:
+every step's o and statistics and the final state, on a real SmolLM2 trace at the default
+config, on random sequences at the small preset (full center table, zero keys, extreme values,
+overflow past max_positions), on a narrow-cache variant where N, Z and the caches saturate, and
+on all-active / zero-interval corners. No Verilator."""
+import dataclasses
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from golden.fixedpoint import round_shift
+from golden.lad_batch import LadTileBatch, mul_wide, round_shift_wide
+from golden.lad_tile import PRESETS, LadTileConfig, LadTileModel
+from golden.sfm import exp_pwl, recip
+
+TRACE = Path(__file__).parent / "data" / "smollm2_lad_trace.pt"
+SMALL = PRESETS["small"]   # d = 32, 64 positions, 8 centers
+SEEDS = (2025, 2026, 2027, 2028)
+
+
+@dataclass(frozen=True)
+class NarrowCacheConfig(LadTileConfig):
+    """The small tile with narrow AC registers, so that N, Z and the caches A..F saturate
+    (at the real widths they cannot within 64 positions)."""
+    ac_operand_width = 12
+    ac_acc_width = 28
+    ef_width = 18
+
+    @property
+    def z_width(self) -> int:
+        return 21
+
+
+def small_with(cls=LadTileConfig, **kw) -> LadTileConfig:
+    fields = {f.name: getattr(SMALL, f.name) for f in dataclasses.fields(LadTileConfig)}
+    return cls(**{**fields, **kw})
+
+
+def random_heads(cfg: LadTileConfig, seed: int, heads: int, steps: int, kind: str = "drift"):
+    """Raw (heads, steps, d) q, k, v; ``drift``: keys along a few directions with drifting
+    queries, plus corner rows (zero keys early and late, a tiny key and it 200x longer in both
+    signs: rho saturates, extreme q, k, v rows: scores and x saturate); ``all_active``: unrelated
+    queries of alternating sign; ``zero_interval``: one dominant key."""
+    gen = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+    d, f = cfg.head_dim, cfg.kv_format
+    qs, ks, vs = [], [], []
+    for _ in range(heads):
+        if kind == "all_active":
+            k = torch.randn(steps, d, generator=gen) * 1.5
+            q = torch.randn(steps, d, generator=gen) * 4.0 * torch.where(torch.arange(steps) % 2 == 0, 1.0, -1.0)[:, None]
+            v = torch.randn(steps, d, generator=gen) * 2.0
+        elif kind == "zero_interval":
+            k = torch.randn(steps, d, generator=gen) * 0.05
+            q = (torch.randn(d, generator=gen) * 3.0).expand(steps, d).clone()
+            k[0] = q[0]
+            v = torch.randn(steps, d, generator=gen)
+        else:
+            base = torch.randn(6, d, generator=gen)
+            k = base[torch.randint(0, 6, (steps,), generator=gen)] * torch.randn(steps, 1, generator=gen) \
+                + 0.02 * torch.randn(steps, d, generator=gen)
+            q = 1.5 * torch.randn(d, generator=gen) + torch.cumsum(torch.randn(steps, d, generator=gen) * 0.15, 0)
+            v = torch.randn(steps, d, generator=gen) * 2.0
+        q, k, v = f.quantize(q), f.quantize(k), f.quantize(v)
+        if kind == "drift":
+            tiny = torch.tensor([rng.choice((-1, 1)) for _ in range(d)], dtype=torch.int64)
+            for i, row in enumerate([tiny, torch.zeros(d, dtype=torch.int64), 200 * tiny, -200 * tiny, -tiny]):
+                k[i] = row
+            k[steps // 2] = 0                                  # zero key once the table is full
+            hot = rng.sample(range(5, steps), 6)
+            v[hot[0]] = f.max_raw
+            v[hot[1]] = f.min_raw
+            k[hot[2]] = f.min_raw
+            q[hot[3]] = f.max_raw
+            q[hot[4]] = -q[hot[4] - 1]
+            k[hot[5]], v[hot[5]] = f.max_raw, f.max_raw
+        qs.append(q)
+        ks.append(k)
+        vs.append(v)
+    return torch.stack(qs), torch.stack(ks), torch.stack(vs)
+
+
+def run_both(cfg: LadTileConfig, q, k, v):
+    """Step the batch and per-head models; assert identical o and statistics on every step and the
+    same final state. Returns (batch, per-head models, per-step stats of the batch, outputs)."""
+    H, steps = q.shape[0], q.shape[1]
+    batch = LadTileBatch(cfg, H)
+    tiles = [LadTileModel(cfg) for _ in range(H)]
+    stats, outs = [], []
+    for i in range(steps):
+        o, st = batch.step(q[:, i], k[:, i], v[:, i])
+        assert o.shape == (H, cfg.head_dim) and o.dtype == torch.int64
+        for h, tile in enumerate(tiles):
+            oh, sh = tile.step(q[h, i], k[h, i], v[h, i])
+            assert torch.equal(o[h], oh), f"step {i} head {h}: o differs"
+            assert set(st) == set(sh), "stat keys differ"
+            for key, val in sh.items():
+                assert int(st[key][h]) == val, f"step {i} head {h}: {key} {int(st[key][h])} != {val}"
+        stats.append(st)
+        outs.append(o)
+    assert batch.n == tiles[0].n
+    n = batch.n
+    for h, tile in enumerate(tiles):
+        assert int(batch.n_centers[h]) == tile.n_centers
+        assert torch.equal(batch.A[h], tile.A) and torch.equal(batch.B[h], tile.B)
+        assert torch.equal(batch.C[h], tile.C) and torch.equal(batch.D[h], tile.D)
+        assert int(batch.E[h]) == tile.E and int(batch.F[h]) == tile.F
+        assert torch.equal(batch.mode[h, :n], tile.mode[:n]) and torch.equal(batch.rho[h, :n], tile.rho[:n])
+        assert torch.equal(batch.counters[h, :n].long(), tile.counters[:n])
+        assert torch.equal(batch.center_of[h, :n], tile.center_of[:n])
+    return batch, tiles, stats, torch.stack(outs, 1)
+
+
+def total(stats, key):
+    return sum(int(st[key].sum()) for st in stats)
+
+
+def test_wide_products_equal_python_ints():
+    """mul_wide + round_shift_wide == round_shift of the exact product (clamped to +-2**62), at
+    random magnitudes, both signs and extreme operands."""
+    g = torch.Generator().manual_seed(SEEDS[0])
+    a = torch.randint(-(1 << 61), 1 << 61, (4000,), generator=g) >> torch.randint(0, 62, (4000,), generator=g)
+    b = torch.randint(-(1 << 30), 1 << 30, (4000,), generator=g) >> torch.randint(0, 31, (4000,), generator=g)
+    a[:4] = torch.tensor([(1 << 61) - 1, -(1 << 61), -(1 << 61), 0])
+    b[:4] = torch.tensor([(1 << 30) - 1, -(1 << 30), (1 << 30) - 1, 5])
+    s = torch.randint(0, 80, (4000,), generator=g)
+    clamp = lambda x: max(-(1 << 62), min(1 << 62, x))   # noqa: E731
+    out = round_shift_wide(*mul_wide(a, b), s).tolist()
+    want = [clamp(round_shift(x * y, z)) for x, y, z in zip(a.tolist(), b.tolist(), s.tolist())]
+    assert out == want
+    for shift in (0, 1, 11, 13, 30, 31, 32, 47):
+        assert round_shift_wide(*mul_wide(a, b), shift).tolist() == \
+            [clamp(round_shift(x * y, shift)) for x, y in zip(a.tolist(), b.tolist())]
+
+
+def test_local_sfm_tables_equal_golden_sfm():
+    cfg = PRESETS["default"]
+    batch = LadTileBatch(cfg, 1)
+    w = cfg.sfm.recip_in_width
+    z = torch.cat([torch.tensor([0, 1, 2, 3, (1 << w) - 1]), 1 << torch.arange(w),
+                   torch.randint(0, 1 << w, (3000,), generator=torch.Generator().manual_seed(SEEDS[1]))])
+    for mine, ref in zip(batch._recip(z), recip(z, cfg.sfm)):
+        assert torch.equal(mine, ref)
+    x = torch.arange(cfg.sfm.x_format.min_raw, cfg.sfm.x_format.max_raw + 1)
+    for mine, ref in zip(batch._exp(x), exp_pwl(x, cfg.sfm)):
+        assert torch.equal(mine, ref)
+
+
+def test_batch_equals_per_head_models_on_real_smollm2_heads():
+    """3 real heads (SmolLM2 layers 3, 12, 25; benchmarks/record_lad_trace.py), 320 steps, default config."""
+    cfg = PRESETS["default"]
+    t = torch.load(TRACE)
+    f = cfg.kv_format
+    q, k, v = (f.quantize(t[name][:, :320].float()) for name in ("q", "k", "v"))
+    assert q.shape[0] >= 3
+    _, _, stats, o = run_both(cfg, q, k, v)
+    assert (o != 0).float().mean() > 0.9
+    assert total(stats, "candidates") > total(stats, "active") > 0 and total(stats, "mode_changes") > 0
+    assert total(stats, "false_alarms") > 0 and int(stats[-1]["centers"].min()) > 8
+
+
+@pytest.mark.parametrize("seed", SEEDS[:3])
+def test_batch_equals_per_head_models_small_drift_overflow(seed):
+    """4 heads, 72 steps at the small preset: the 8-entry table fills (later keys join), zero keys,
+    rho saturation, extreme rows, counter halving, overflow past 64 positions."""
+    cfg = SMALL
+    q, k, v = random_heads(cfg, seed, 4, 72)
+    batch, tiles, stats, o = run_both(cfg, q, k, v)
+    assert (o[:, :cfg.max_positions] != 0).float().mean() > 0.5
+    assert torch.equal(o[:, cfg.max_positions:], torch.zeros_like(o[:, cfg.max_positions:]))
+    assert total(stats, "overflow") == 4 * (72 - cfg.max_positions)
+    assert int(batch.n_centers.min()) == cfg.max_centers
+    assert total(stats, "candidates") > total(stats, "active") > 0
+    assert total(stats, "mode_changes") > 0 and total(stats, "false_alarms") > 0
+    rho_max = cfg.rho_format.max_raw
+    assert bool((batch.rho.abs() >= rho_max).any())                     # rho saturated
+    assert any(int(st["m"].abs().max()) == cfg.sfm.x_format.max_raw for st in stats)   # scores saturated
+    assert int(tiles[0].counters.max()) <= cfg.counter_max
+
+
+def test_batch_equals_per_head_models_when_caches_saturate(monkeypatch):
+    """Narrow AC registers: N, Z, A..F saturate (the per-head model's add-then-saturate order,
+    which the batch follows on its exact path)."""
+    import golden.lad_batch as lad_batch
+    exact_calls = []
+    seq = lad_batch._sat_add_sequence
+    monkeypatch.setattr(lad_batch, "_sat_add_sequence", lambda *a: exact_calls.append(1) or seq(*a))
+    cfg = small_with(NarrowCacheConfig)
+    q, k, v = random_heads(cfg, SEEDS[3], 3, 70)
+    batch, tiles, stats, o = run_both(cfg, q, k, v)
+    acc, ef = cfg.ac_vpu.acc_format, cfg.ef_format
+    for cache in ("A", "B", "C", "D"):
+        assert any(bool((getattr(t, cache).abs() >= acc.max_raw).any()) for t in tiles), cache
+    assert any(abs(t.E) >= ef.max_raw or abs(t.F) >= ef.max_raw for t in tiles)
+    zmax = (1 << (cfg.z_width - 1)) - 1
+    assert any(int(st["z"].abs().max()) >= zmax for st in stats)
+    assert len(exact_calls) > 50
+    assert (o != 0).float().mean() > 0.5 and total(stats, "overflow") > 0 and total(stats, "mode_changes") > 0
+
+
+@pytest.mark.parametrize("kind, kw", [("all_active", {}),
+                                      ("all_active", {"guard_margin": 0.5, "cutoff": -0.25}),
+                                      ("all_active", {"cutoff": -0.05}),
+                                      ("zero_interval", {})])
+def test_batch_equals_per_head_models_corners(kind, kw):
+    """Unrelated queries (most positions change interval every step), a wide guard with a short
+    PWL range, a tiny cutoff (nearly everything in the zero interval), and one dominant key
+    (every other position quiet in the zero interval, counters halving)."""
+    cfg = small_with(**kw)
+    q, k, v = random_heads(cfg, SEEDS[0], 3, 40, kind)
+    batch, _, stats, o = run_both(cfg, q, k, v)
+    assert (o != 0).float().mean() > 0.5
+    positions = total(stats, "position")
+    if kind == "all_active" and not kw:
+        assert total(stats, "active") > 0.4 * positions and total(stats, "mode_changes") > 20
+    elif kind == "all_active":
+        assert 0 < total(stats, "candidates") < 0.1 * positions and total(stats, "mode_changes") > 0
+    else:
+        assert total(stats, "candidates") < 0.1 * positions
+        assert int(batch.counters[:, :batch.n].max()) == cfg.counter_max     # quiet counters saturate and halve
+
+
+def test_step_api():
+    cfg = SMALL
+    batch = LadTileBatch(cfg, 2)
+    assert batch.n == 0 and batch.n_centers.tolist() == [0, 0]
+    z = torch.zeros(2, cfg.head_dim, dtype=torch.int64)
+    o, st = batch.step(z, z, z)
+    assert batch.n == 1 and batch.n_centers.tolist() == [1, 1] and o.shape == (2, cfg.head_dim)
+    assert all(t.shape == (2,) and t.dtype == torch.int64 for t in st.values())
