@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from golden.mac_unit import OP_DOWNDATE, OP_MERGE, MacUnitConfig, state_to_raw
+from golden.mac_unit import MacUnitConfig, MergeOp, state_to_raw
 from golden.paths import PROJECT_ROOT
 
 DEFAULT_OUT = PROJECT_ROOT / "testbenches" / "data" / "smollm2_mac_trace.pt"
@@ -89,8 +89,8 @@ def record(tokens: int, layer: int, band: int | None = None, cases_per_kind: int
         tail = range_state(scores, vals, lo_tail, n + 1)
         pb = range_state(scores, vals, 0, lo_tail)
         full = range_state(scores, vals, 0, n + 1)
-        for op, st1, st2, want in ((OP_MERGE, prefix, band_s, pb), (OP_MERGE, pb, tail, full),
-                                   (OP_DOWNDATE, full, tail, pb)):
+        for op, st1, st2, want in ((MergeOp.MERGE, prefix, band_s, pb), (MergeOp.MERGE, pb, tail, full),
+                                   (MergeOp.DOWNDATE, full, tail, pb)):
             r1, r2 = state_to_raw(*st1[:3], cfg), state_to_raw(*st2[:3], cfg)
             cases.append((op, r1[0], r1[1], r1[2].tolist(), r2[0], r2[1], r2[2].tolist()))
             expect_o.append(want[2].float())

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import torch
+from amaranth.lib import enum
 
 from .config import BlockConfig, param
 from .fixedpoint import FixedFormat, round_shift, saturate
@@ -34,7 +35,10 @@ from .mac_ref import MacConfig
 from .sfm import SfmConfig, exp2, recip
 from .vpu import VpuConfig
 
-OP_MERGE, OP_DOWNDATE = 0, 1
+class MergeOp(enum.IntEnum, shape=1):
+    """Operation of the merge unit: ⊕ of two attention states, or ⊖ (state 2 removed from state 1)."""
+    MERGE = 0
+    DOWNDATE = 1
 
 
 @dataclass(frozen=True)
@@ -185,7 +189,7 @@ class MergeResult:
 
 def merge_bits(op: int, m1: int, s1: int, o1: torch.Tensor, m2: int, s2: int, o2: torch.Tensor,
                cfg: MacUnitConfig) -> MergeResult:
-    """Bit-accurate ⊕ (``OP_MERGE``) or ⊖ (``OP_DOWNDATE``, state 2 removed from state 1)."""
+    """Bit-accurate ⊕ (``MergeOp.MERGE``) or ⊖ (``MergeOp.DOWNDATE``, state 2 removed from state 1)."""
     sfm, frac = cfg.sfm, cfg.mantissa_frac
     diff = m1 - m2
     first_is_max = diff >= 0
@@ -195,15 +199,15 @@ def merge_bits(op: int, m1: int, s1: int, o1: torch.Tensor, m2: int, s2: int, o2
     small = s2 if first_is_max else s1
     scaled = small if x == 0 else round_shift(small * me, frac + ke)  # exp(0) = 1 exactly
     a, b = (s1, scaled) if first_is_max else (scaled, s2)
-    s_full = a + b if op == OP_MERGE else a - b
-    flagged = s_full <= 0 or (op == OP_DOWNDATE and (s_full << cfg.cancel_bits) < a)
+    s_full = a + b if op == MergeOp.MERGE else a - b
+    flagged = s_full <= 0 or (op == MergeOp.DOWNDATE and (s_full << cfg.cancel_bits) < a)
     if flagged:
         return MergeResult(m, 0, [0] * len(o1), True)
     s = saturate(s_full, cfg.sum_format)
     r, kr = (int(v) for v in recip(torch.tensor([s]), sfm))
     w1 = round_shift(a * r, kr)
     w2 = round_shift(b * r, kr)
-    if op == OP_DOWNDATE:
+    if op == MergeOp.DOWNDATE:
         w2 = -w2
     o = saturate(round_shift(w1 * o1 + w2 * o2, frac), cfg.out_format)
     return MergeResult(m, s, [int(v) for v in o], False)

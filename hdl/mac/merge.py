@@ -17,7 +17,7 @@ from amaranth import Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from golden.mac_unit import OP_DOWNDATE, MacUnitConfig
+from golden.mac_unit import MacUnitConfig, MergeOp
 from golden.sfm import SfmOp
 
 from ..lib.arith import round_shift, saturate, stall_all_enable
@@ -27,7 +27,7 @@ from ..lib.sfm import Sfm
 def merge_in_layout(cfg: MacUnitConfig) -> data.StructLayout:
     lanes = data.ArrayLayout(signed(cfg.out_width), cfg.lanes)
     return data.StructLayout({
-        "op": unsigned(1),
+        "op": MergeOp,
         "m1": signed(cfg.score_width), "s1": unsigned(cfg.sum_width),
         "m2": signed(cfg.score_width), "s2": unsigned(cfg.sum_width),
         "o1": lanes, "o2": lanes,
@@ -117,10 +117,10 @@ class MergeUnit(wiring.Component):
                 a_next = Mux(first_is_max, s1, scaled)
                 b_next = Mux(first_is_max, scaled, s2)
                 m.d.sync += [a.eq(a_next), b.eq(b_next),
-                             s_full.eq(Mux(op == OP_DOWNDATE, a_next - b_next, a_next + b_next))]
+                             s_full.eq(Mux(op == MergeOp.DOWNDATE, a_next - b_next, a_next + b_next))]
                 m.next = "CHECK"
             with m.State("CHECK"):
-                cancel = (s_full <= 0) | ((op == OP_DOWNDATE) & ((s_full << cfg.cancel_bits) < a))
+                cancel = (s_full <= 0) | ((op == MergeOp.DOWNDATE) & ((s_full << cfg.cancel_bits) < a))
                 m.d.sync += [flagged.eq(cancel), s_out.eq(saturate(s_full, unsigned(cfg.sum_width)))]
                 with m.If(cancel):
                     m.d.sync += [w1.eq(0), w2.eq(0), s_out.eq(0), beat.eq(0)]
@@ -140,7 +140,7 @@ class MergeUnit(wiring.Component):
             with m.State("WEIGHTS"):
                 weight2 = round_shift(product2, product_shift)
                 m.d.sync += [w1.eq(round_shift(product, product_shift)),
-                             w2.eq(Mux(op == OP_DOWNDATE, -weight2, weight2)), beat.eq(0)]
+                             w2.eq(Mux(op == MergeOp.DOWNDATE, -weight2, weight2)), beat.eq(0)]
                 m.next = "STREAM"
             with m.State("STREAM"):
                 m.d.comb += streaming.eq(1)
