@@ -186,8 +186,7 @@ class LadTileBatch:
         self.n = 0
         # main memory and the center table hold kv-format values: int16; dot products are
         # int32 products (|q k| <= 2**30) summed in int64
-        self.K = torch.zeros(H, P, d, dtype=torch.int16)
-        self.V = torch.zeros(H, P, d, dtype=torch.int16)
+        self.KV = torch.zeros(H, P, 2 * d, dtype=torch.int16)      # k | v of each position
         self.centers = torch.zeros(H, cfg.max_centers, d, dtype=torch.int32)
         self.center_rm = torch.zeros(H, cfg.max_centers, **i64)   # RECIP(|c|^2): mantissa
         self.center_re = torch.zeros(H, cfg.max_centers, **i64)   # and exponent
@@ -204,6 +203,8 @@ class LadTileBatch:
         self._heads = torch.arange(H)
         self._check_widths()
 
+    K = property(lambda self: self.KV[:, :, :self.cfg.head_dim])
+    V = property(lambda self: self.KV[:, :, self.cfg.head_dim:])
     B = property(lambda self: self.BCD[:, 0])
     C = property(lambda self: self.BCD[:, 1])
     D = property(lambda self: self.BCD[:, 2])
@@ -280,14 +281,13 @@ class LadTileBatch:
         zero = z == 0
         return torch.where(zero, sfm.mantissa_format.max_raw, m), torch.where(zero, 0, k)
 
-    def _center_update(self, k32: torch.Tensor, kk: torch.Tensor, Cm: int):
+    def _center_update(self, dots: torch.Tensor, k32: torch.Tensor, kk: torch.Tensor, Cm: int):
         """EAS for the new keys: (center index, rho, new-center mask); updates the center table."""
         cfg = self.cfg
         mf = cfg.sfm.mantissa_frac
         H = self.heads
         C = self.n_centers
         if Cm:
-            dots = (self.centers[:, :Cm] * k32[:, None, :]).sum(-1, dtype=torch.int64)   # (H, Cm)
             rc, e = self.center_rm[:, :Cm], self.center_re[:, :Cm]
             # t = round_shift(|dot| * y, s), y = |dot| rc < 2**62, s = mf + e: |dot| * y as two limbs
             # (hi, lo); t <= 2 |k|**2 + 1 < 2**62 (Cauchy-Schwarz, 2**e <= |c|**2, rc <= 2**(mf+1)), so
@@ -372,6 +372,23 @@ class LadTileBatch:
         self.EF = sat_add_segments(self.EF, torch.stack([alpha, beta], 1), seg, cfg.ef_format, None,
                                    torch.stack([ta, tb], 1))
 
+    def _nz_add(self, N, Z, seg: Segments, w, vc, p_new, v):
+        """``N += w_i v_i``, ``Z += w_i`` over the candidates in order, then ``N += p_new v``,
+        ``Z += p_new``, saturating after every add (the per-head model's two sequences)."""
+        cfg, H = self.cfg, self.heads
+        nf, zf = cfg.ac_vpu.acc_format, FixedFormat(cfg.z_width, 0)
+        wsum = torch.zeros(H, 2, dtype=torch.int64).index_add_(0, seg.seg, torch.stack([w, w.abs()], 1))
+        N1 = N + seg.sums(w[:, None] * vc) + p_new[:, None] * v
+        Z1 = Z + wsum[:, 0] + p_new
+        reach = wsum[:, 1] + p_new                      # sum of |terms| of Z; of N at most that times max|v|
+        bad = (N.abs().amax(1) + (reach << (cfg.kv_width - 1)) > nf.max_raw) | (Z.abs() + reach > zf.max_raw)
+        if bool(bad.any()):
+            for h in bad.nonzero().flatten().tolist():
+                rows = seg.rows(h)
+                N1[h] = _sat_add_sequence(N[h], torch.cat([w[rows, None] * vc[rows], (p_new[h] * v[h])[None]]), nf)
+                Z1[h] = _sat_add_sequence(Z[h], torch.cat([w[rows], p_new[h, None]]), zf)
+        return N1, Z1
+
     def _finish(self, N: torch.Tensor, Z: torch.Tensor) -> torch.Tensor:
         """``o = sat(round_shift(N rm, mf + e))`` with ``(rm, e) = RECIP(clamp(Z))``. Exact in int64:
         with ``N = Nh 2**mf + Nl`` (``Nl`` in ``[0, 2**mf)``), ``floor((N rm + h) / 2**(mf+e)) =
@@ -401,12 +418,14 @@ class LadTileBatch:
         xf = sfm.x_format
         heads = self._heads
         q32, k32 = q.to(torch.int32), k.to(torch.int32)
-        Kf, Vf = self.K.view(H * P, d), self.V.view(H * P, d)
+        KVf = self.KV.view(H * P, 2 * d)
         # 1-2. EAS: center scores, the new key's center, approximate scores, m
         Cm = int(self.n_centers.max())
-        qcs = self._score((self.centers[:, :Cm] * q32[:, None, :]).sum(-1, dtype=torch.int64))   # (H, Cm)
+        qk = torch.stack([q32, k32], 1)[:, None]                                # (H, 1, 2, d)
+        cdots = (self.centers[:, :Cm, None, :] * qk).sum(-1, dtype=torch.int64)   # (H, Cm, 2): c.q, c.k
+        qcs = self._score(cdots[:, :, 0])
         kk = (k * k).sum(-1)
-        center, rho, new_center = self._center_update(k32, kk, Cm)
+        center, rho, new_center = self._center_update(cdots[:, :, 1], k32, kk, Cm)
         s_new = self._score((q * k).sum(-1))
         if n:
             s_hat = saturate(round_shift(qcs.gather(1, self.center_of[:, :n]) * self.rho[:, :n], cfg.rho_frac), xf)
@@ -422,7 +441,8 @@ class LadTileBatch:
         # 5. MD, candidates head-major in position order (each decision is the position's own)
         hc, ic = cand.nonzero().unbind(1)
         rows = hc * P + ic
-        dots = (Kf.index_select(0, rows).to(torch.int32) * q32.index_select(0, hc)).sum(-1, dtype=torch.int64)
+        kvc = KVf.index_select(0, rows)                     # (M, 2d) int16: k | v of each candidate
+        dots = (kvc[:, :d].to(torch.int32) * q32.index_select(0, hc)).sum(-1, dtype=torch.int64)
         x = saturate(self._score(dots) - m.index_select(0, hc), xf)
         r = self._interval(x)
         cmode = self.mode.view(-1).index_select(0, rows)
@@ -444,28 +464,27 @@ class LadTileBatch:
         w = round_shift(alpha * x + (beta << sfm.x_frac), sfm.exp_shift)
         # 6. the new position: N, Z (active candidates in order, then p_new), o
         p_new, r_new = self._exp(saturate(s_new - m, xf))
-        ha, wa = hc[act], w[act]
-        sa = Segments(ha, H)
-        N = sat_add_segments(N, wa[:, None] * Vf.index_select(0, rows[act]), sa, cfg.ac_vpu.acc_format,
-                             wa.abs() << (cfg.kv_width - 1), p_new[:, None] * v)
-        Z = sat_add_segments(Z, wa, sa, FixedFormat(cfg.z_width, 0), None, p_new)
+        # (false alarms have w = 0: adding their zero terms changes nothing)
+        seg = Segments(hc, H)
+        N, Z = self._nz_add(N, Z, seg, w, kvc[:, d:], p_new, v)
         o = self._finish(N, Z)
         # the caches: mode changes in order, then the absorption of the new position
         rch, rc = rows[change], r[change]
         sc = Segments(hc[change], H)
-        self._cache_add(sc, alpha[change], beta[change], Kf.index_select(0, rch).long(),
-                        Vf.index_select(0, rch).long(), (self.slopes[r_new], self.intercepts[r_new], k, v))
+        kvch = kvc[change].long()
+        self._cache_add(sc, alpha[change], beta[change], kvch[:, :d], kvch[:, d:],
+                        (self.slopes[r_new], self.intercepts[r_new], k, v))
         self.mode.view(-1)[rch] = rc
         self.mlo.view(-1)[rch] = self.lo[rc]
         self.mhi.view(-1)[rch] = self.hi[rc]
-        self.K[:, n], self.V[:, n] = k, v
+        self.KV[:, n, :d], self.KV[:, n, d:] = k, v
         self.center_of[:, n], self.rho[:, n], self.mode[:, n] = center, rho, r_new
         self.mlo[:, n], self.mhi[:, n] = self.lo[r_new], self.hi[r_new]
         self.counters[:, n] = 0
         self.counters[heads, n, r_new] = 1
         self.n = n + 1
         nc = torch.bincount(hc, minlength=H)
-        na = torch.bincount(ha, minlength=H)
+        na = torch.bincount(hc[act], minlength=H)
         stats = {"position": torch.full((H,), n, dtype=torch.int64), "candidates": nc, "active": na,
                  "false_alarms": nc - na, "mode_changes": torch.bincount(sc.seg, minlength=H),
                  "overflow": zero, "m": m, "z": Z, "centers": self.n_centers.clone(),
