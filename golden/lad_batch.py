@@ -347,30 +347,51 @@ class LadTileBatch:
     def _cache_add(self, seg: Segments, alpha, beta, k, v, tail):
         """AC cache updates by the rows (``seg``: grouped by head, in order), then per head by the
         ``tail = (alpha, beta, k, v)`` of the new position; saturating after every add.
-        A: ``A_h += G_h^T K_h + g k^T`` (int64 matmul) when ``max|A_h| + sum max|g| max|k|`` proves
-        that no partial sum saturates, else the exact sequence."""
+        Fast path per head and cache, when ``max|start| + sum of max|term|`` proves that no
+        partial sum leaves the range: plain sums, ``A_h += [G_h; g]^T [K_h; k]`` as one batched
+        int64 matmul over rows padded per head; otherwise the exact sequence for that head."""
         cfg, H = self.cfg, self.heads
-        acc = cfg.ac_vpu.acc_format
+        acc, ef = cfg.ac_vpu.acc_format, cfg.ef_format
         ta, tb, tk, tv = tail
         g = round_shift(alpha[:, None] * v, cfg.g_shift)
         tg = round_shift(ta[:, None] * tv, cfg.g_shift)
-        bound = self.A.abs().reshape(H, -1).amax(1) + seg.sums(g.abs().amax(1) * k.abs().amax(1)) \
-            + tg.abs().amax(1) * tk.abs().amax(1)
-        A = self.A + tg[:, :, None] * tk[:, None, :]
-        for h, bad in enumerate((bound > acc.max_raw).tolist()):
-            rows = seg.rows(h)
-            if bad:
-                terms = torch.cat([g[rows, :, None] * k[rows, None, :], (tg[h, :, None] * tk[h, None, :])[None]])
-                A[h] = _sat_add_sequence(self.A[h], terms, acc)
-            elif rows.stop > rows.start:
-                A[h] += g[rows].T @ k[rows]
-        self.A = A
-        kvb = 1 << (cfg.kv_width - 1)
-        self.BCD = sat_add_segments(self.BCD, torch.stack([alpha[:, None] * v, beta[:, None] * v, alpha[:, None] * k], 1),
-                                    seg, acc, torch.maximum(alpha.abs(), beta.abs()) * kvb,
-                                    torch.stack([ta[:, None] * tv, tb[:, None] * tv, ta[:, None] * tk], 1))
-        self.EF = sat_add_segments(self.EF, torch.stack([alpha, beta], 1), seg, cfg.ef_format, None,
-                                   torch.stack([ta, tb], 1))
+        ab, tab = torch.maximum(alpha.abs(), beta.abs()), torch.maximum(ta.abs(), tb.abs())
+        reach = torch.zeros(H, 2, dtype=torch.int64).index_add_(
+            0, seg.seg, torch.stack([g.abs().amax(1) * k.abs().amax(1), ab], 1))
+        kvb = cfg.kv_width - 1
+        bad = torch.stack([self.A.abs().flatten(1).amax(1) + reach[:, 0] + tg.abs().amax(1) * tk.abs().amax(1)
+                           > acc.max_raw,
+                           self.BCD.abs().flatten(1).amax(1) + ((reach[:, 1] + tab) << kvb) > acc.max_raw,
+                           self.EF.abs().amax(1) + reach[:, 1] + tab > ef.max_raw], 1)
+        # A: rows padded per head (slot = rank within the head), the new position in the last slot
+        ends = seg.ends
+        width = max(e - s for s, e in zip([0] + ends[:-1], ends)) + 1
+        starts = torch.tensor([0] + ends[:-1], dtype=torch.int64)
+        slot = torch.arange(seg.seg.numel()) - starts[seg.seg]
+        Gp = torch.zeros(H, width, g.shape[1], dtype=torch.int64)
+        Kp = torch.zeros(H, width, k.shape[1], dtype=torch.int64)
+        Gp[seg.seg, slot], Kp[seg.seg, slot] = g, k
+        Gp[:, -1], Kp[:, -1] = tg, tk
+        A = self.A + torch.bmm(Gp.transpose(1, 2), Kp)
+        BCD = self.BCD + torch.zeros_like(self.BCD).index_add_(
+            0, seg.seg, torch.stack([alpha[:, None] * v, beta[:, None] * v, alpha[:, None] * k], 1)) \
+            + torch.stack([ta[:, None] * tv, tb[:, None] * tv, ta[:, None] * tk], 1)
+        EF = self.EF + torch.zeros_like(self.EF).index_add_(0, seg.seg, torch.stack([alpha, beta], 1)) \
+            + torch.stack([ta, tb], 1)
+        if bool(bad.any()):
+            for h, (bad_a, bad_bcd, bad_ef) in enumerate(bad.tolist()):
+                rows = seg.rows(h)
+                if bad_a:
+                    A[h] = _sat_add_sequence(self.A[h], torch.cat([
+                        g[rows, :, None] * k[rows, None, :], (tg[h, :, None] * tk[h, None, :])[None]]), acc)
+                if bad_bcd:
+                    BCD[h] = _sat_add_sequence(self.BCD[h], torch.cat([
+                        torch.stack([alpha[rows, None] * v[rows], beta[rows, None] * v[rows], alpha[rows, None] * k[rows]], 1),
+                        torch.stack([ta[h] * tv[h], tb[h] * tv[h], ta[h] * tk[h]])[None]]), acc)
+                if bad_ef:
+                    EF[h] = _sat_add_sequence(self.EF[h], torch.cat([torch.stack([alpha[rows], beta[rows]], 1),
+                                                                     torch.stack([ta[h], tb[h]])[None]]), ef)
+        self.A, self.BCD, self.EF = A, BCD, EF
 
     def _nz_add(self, N, Z, seg: Segments, w, vc, p_new, v):
         """``N += w_i v_i``, ``Z += w_i`` over the candidates in order, then ``N += p_new v``,
