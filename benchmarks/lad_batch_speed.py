@@ -108,7 +108,8 @@ def main() -> None:
         if idx is None:
             return float(ys[0]) * EVAL_TOKENS * LAYERS
         x0, x1, y0, y1 = xs[idx - 1], xs[idx], ys[idx - 1], ys[idx]
-        per = torch.where(pos <= xs[0], ys[0], torch.where(pos >= xs[-1], ys[-1], y0 + (y1 - y0) * (pos - x0) / (x1 - x0)))
+        inner = y0 + (y1 - y0) * (pos - x0) / (x1 - x0)
+        per = torch.where(pos <= xs[0], ys[0], torch.where(pos >= xs[-1], ys[-1], inner))
         return float(per.sum()) * LAYERS
 
     pb, pr = projected(0), projected(1)

@@ -10,49 +10,64 @@ It follows the steps of golden/lad_tile.py's docstring; only the evaluation orde
 Vectorization
 -------------
 All heads hold the same number of positions ``n`` (they step together), so the state is
-the per-head model's state with a leading head axis: ``K, V (H, P, d)``, ``centers (H,
-max_centers, d)``, ``center_of, rho, mode (H, P)``, ``counters (H, P, R+1)``, caches
-``A (H, d, d)``, ``B, C, D (H, d)``, ``E, F (H,)``.
+the per-head model's state with a leading head axis: ``KV (H, P, 2d)`` (k | v of each
+position, int16: kv_width <= 16), ``centers (H, max_centers, d)`` (int32),
+``center_of, rho, mode (H, P)``, the APID bounds of each position's mode ``mlo, mhi (H, P)``,
+``counters (H, P, R+1)`` (int16), caches ``A (H, d, d)``, ``BCD (H, 3, d)``, ``EF (H, 2)``
+(int64). Dot products of kv-format vectors are int32 products (``|q k| <= 2**30``) summed
+in int64.
 
-- EAS: the new key against every center slot of every head at once (``(H, C)`` dots);
-  first argmax of ``t`` over the valid slots (invalid ones get ``t = -1``), join rule and
-  the new-center writes as masked tensor updates.
+- EAS: ``c.q`` and ``c.k`` for every center slot of every head in one product
+  (``(H, C, 2)``); first argmax of ``t`` over the valid slots (invalid ones get ``t = -1``),
+  the join rule and the new-center writes as masked tensor updates.
 - s^, m, APID: ``(H, n)`` gathers and compares.
 - MD: every candidate of every head is one row of a flat list (``cand.nonzero()``: head
-  major, positions in increasing order, the per-head model's order). Each candidate's
-  decision depends only on its own position's state, so x, r, counters, change, alpha,
-  beta, w are row-wise tensor ops; all counters (quiet: bump the mode, candidate: bump r)
-  are bumped with one gather/scatter over ``(H, n)``.
-- Saturating ordered sums (``N += w_i v_i``, ``Z += w_i``, and the cache updates of mode
-  changes followed by the absorption of the new position: two consecutive saturating
-  sequences equal their concatenation): per head the terms are a segment of a flat
-  list. Fast path: ``|start| + sum |terms| <= max_raw`` element-wise means no partial sum
-  can leave the range, so the result is the plain sum (``index_add``). A head failing
-  that bound gets the per-head model's exact rule: partial sums by ``cumsum``; if any
-  leaves the range, a sequential add-then-saturate loop over its terms (only in
-  saturation corners).
+  major, positions in increasing order, the per-head model's order), with its k | v row
+  gathered once. Each candidate's decision depends only on its own position's state, so
+  x, r, counters, change, alpha, beta, w are row-wise tensor ops; all counters (quiet: bump
+  the mode, candidate: bump r) are bumped with one gather/scatter over ``(H, n)``, and the
+  positions whose bumped counter passed the maximum are halved with one indexed copy.
+- Saturating ordered sums: ``N += w_i v_i``, ``Z += w_i`` over the candidates (false alarms
+  have ``w = 0``, a no-op) then ``p_new``; the caches over the mode changes then the
+  absorption of the new position (two consecutive saturating sequences equal their
+  concatenation). Per head the terms are a segment of the flat list (``Segments``).
+  Fast path: ``max|start| + sum_i max|term_i| <= max_raw`` for a head means no partial sum
+  can leave the range, so the result is the plain sum (per-head segment sums; for A one
+  batched int64 matmul ``[G_h; g]^T [K_h; k]`` over rows padded per head). A head failing
+  that bound gets the per-head model's exact rule (``_sat_add_sequence``: partial sums by
+  ``cumsum``; if any leaves the range, add-then-saturate term by term; only in saturation
+  corners).
 
 Products wider than 64 bits
 ---------------------------
-The per-head model multiplies Python ints where products exceed int64: ``S * q.A_r``,
+The per-head model multiplies Python ints where products may exceed int64: ``S * q.A_r``,
 ``S * q.D_r``, ``m * B`` (B up to 62 bits), ``N * RECIP(Z)`` in FINISH and
-``dot**2 * RECIP(|c|**2)`` in EAS. Here they are exact in int64 with two limbs of base
-``2**31``: ``mul_wide(a, b)`` (``|a| < 2**62``, ``|b| < 2**31``) splits
-``a = a1 2**31 + a0`` with ``a0 in [0, 2**31)`` and returns ``(hi, lo)`` with
-``a b = hi 2**31 + lo``, ``lo in [0, 2**31)``; ``round_shift_wide(hi, lo, s)`` is
-``round_shift`` (round half up: ``floor((x + 2**(s-1)) / 2**s)``, fixedpoint.py) of that
-value: the half LSB is added into the limb it falls in (with the carry), then
-``floor(x / 2**s) = hi >> (s - 31)`` for ``s >= 31`` and
-``(hi << (31 - s)) + (lo >> s)`` for ``s < 31``; the result is exact when its magnitude
-is at most ``2**62`` and clamped to ``+-2**62`` otherwise (``hi`` is clamped before the
-left shift so that the clamp is of the true value). ``dot**2 rc`` (``|dot| < 2**62``
-not needed: ``|dot| rc < 2**62``) is ``|dot| * x`` with ``x = |dot| rc``: the low
-31-bit limb of ``|dot|`` goes through ``mul_wide``, the high limb times ``x`` is added to
-``hi``. Clamping at ``2**62`` is exact for every use: the EAS ``t`` and the Z, o terms
-are far below it, and in ``N = sat(T1 - T2 + T3)`` a clamped ``T2 = round_shift(m B)``
-saturates N to the same side as the true value because ``|T1| + |T3| <= 2**61``. The
-constructor checks these bounds (and that every other product fits int64) from the
-config's formats and raises if a config would break them. No float is used.
+``dot**2 * RECIP(|c|**2)`` in EAS. Here every one is exact in int64 (``round_shift`` is
+round half up, ``floor((x + 2**(s-1)) / 2**s)``, golden/fixedpoint.py), by one of:
+
+- Split and nested floors (``S q.A_r``, ``S q.D_r``, FINISH): for ``x = a b`` and a shift
+  ``s >= L``, with ``a = ah 2**L + al`` (``al in [0, 2**L)``),
+  ``floor((a b + h) / 2**s) = (ah b + ((al b + h) >> L)) >> (s - L)`` (``h = 2**(s-1)``):
+  ``floor(floor(y / 2**L) / 2**(s-L)) = floor(y / 2**s)``. ``L = s`` for the cache terms,
+  ``L = mantissa_frac`` in FINISH (``s = mantissa_frac + e``); every partial fits int64.
+- Two limbs of base ``2**31`` (``m B``): ``mul_wide(a, b)`` (``|a| < 2**62``, ``|b| < 2**31``)
+  splits ``a = a1 2**31 + a0`` (``a0 in [0, 2**31)``) and returns ``(hi, lo)`` with
+  ``a b = hi 2**31 + lo``, ``lo in [0, 2**31)``; ``round_shift_wide(hi, lo, s)`` adds the half
+  LSB into the limb it falls in (with the carry), then ``floor(x / 2**s) = hi >> (s - 31)``
+  for ``s >= 31`` and ``(hi << (31 - s)) + (lo >> s)`` for ``s < 31``. The result is exact
+  within ``+-2**62`` and clamped to ``+-2**62`` beyond (``hi`` is clamped before the left
+  shift so that the clamp is of the true value). In ``N = sat(T1 - T2 + T3)`` a clamped
+  ``T2 = round_shift(m B, .)`` saturates N to the same side as the true value because
+  ``|T1| + |T3| <= 2**62 - 2**61``.
+- EAS ``t = round_shift(|dot| y, mf + e)`` with ``y = |dot| rc < 2**62``: ``|dot| y`` as two
+  limbs (the low 31-bit limb of ``|dot|`` through ``mul_wide``, the high limb times ``y``
+  added to ``hi``); since ``t <= 2 |k|**2 + 1`` (Cauchy-Schwarz, ``2**e <= |c|**2``,
+  ``rc <= 2**(mf+1)``), ``t = ((hi << (31 - s1)) + ((lo + h) >> s1)) >> (s - s1)`` with
+  ``s1 = min(s, 31)`` needs no clamp.
+
+The constructor checks every bound these rely on (and that all other products and sums fit
+int64) from the config's formats and raises ``ValueError`` for a config that would break
+one. No float is used.
 """
 from __future__ import annotations
 
@@ -136,29 +151,6 @@ class Segments:
 
     def rows(self, h: int) -> slice:
         return slice(self.ends[h - 1] if h else 0, self.ends[h])
-
-
-def sat_add_segments(start: torch.Tensor, terms: torch.Tensor, seg: Segments, fmt: FixedFormat,
-                     term_bound: torch.Tensor | None = None, tail: torch.Tensor | None = None) -> torch.Tensor:
-    """Per head ``h``: ``start[h]`` plus its rows of ``terms`` in order, then ``tail[h]``, saturating
-    after every add. ``start, tail (H, ...)``, ``terms (M, ...)``; ``term_bound (M,)``: an upper
-    bound of each term's magnitude (default: its largest element)."""
-    H = start.shape[0]
-    if term_bound is None:
-        term_bound = terms.abs() if terms.dim() == 1 else terms.abs().flatten(1).amax(1)
-    bound = start.abs().reshape(H, -1).amax(1) + seg.sums(term_bound)
-    total = start + seg.sums(terms)
-    if tail is not None:
-        bound = bound + tail.abs().reshape(H, -1).amax(1)
-        total = total + tail
-    bad = bound > fmt.max_raw        # else no partial sum can leave the range: the plain sum is exact
-    if bool(bad.any()):
-        for h in bad.nonzero().flatten().tolist():
-            seq = terms[seg.rows(h)]
-            if tail is not None:
-                seq = torch.cat([seq, tail[h][None]])
-            total[h] = _sat_add_sequence(start[h], seq, fmt)
-    return total
 
 
 class LadTileBatch:
@@ -385,8 +377,9 @@ class LadTileBatch:
                     A[h] = _sat_add_sequence(self.A[h], torch.cat([
                         g[rows, :, None] * k[rows, None, :], (tg[h, :, None] * tk[h, None, :])[None]]), acc)
                 if bad_bcd:
+                    a_, b_, k_, v_ = alpha[rows, None], beta[rows, None], k[rows], v[rows]
                     BCD[h] = _sat_add_sequence(self.BCD[h], torch.cat([
-                        torch.stack([alpha[rows, None] * v[rows], beta[rows, None] * v[rows], alpha[rows, None] * k[rows]], 1),
+                        torch.stack([a_ * v_, b_ * v_, a_ * k_], 1),
                         torch.stack([ta[h] * tv[h], tb[h] * tv[h], ta[h] * tk[h]])[None]]), acc)
                 if bad_ef:
                     EF[h] = _sat_add_sequence(self.EF[h], torch.cat([torch.stack([alpha[rows], beta[rows]], 1),

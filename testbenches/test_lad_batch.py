@@ -51,7 +51,8 @@ def random_heads(cfg: LadTileConfig, seed: int, heads: int, steps: int, kind: st
     for _ in range(heads):
         if kind == "all_active":
             k = torch.randn(steps, d, generator=gen) * 1.5
-            q = torch.randn(steps, d, generator=gen) * 4.0 * torch.where(torch.arange(steps) % 2 == 0, 1.0, -1.0)[:, None]
+            sign = torch.where(torch.arange(steps) % 2 == 0, 1.0, -1.0)[:, None]
+            q = torch.randn(steps, d, generator=gen) * 4.0 * sign
             v = torch.randn(steps, d, generator=gen) * 2.0
         elif kind == "zero_interval":
             k = torch.randn(steps, d, generator=gen) * 0.05
