@@ -19,32 +19,35 @@ import torch
 
 from ..errors import ConfigError
 from ..lad_ref import LadConfig, LadHead
-from ..lad_tile import LadTileConfig, LadTileModel
+from ..lad_batch import LadTileBatch
+from ..lad_tile import LadTileConfig
 from ..mac_ref import MacConfig, MacLayerState
 
 METHODS = ("full", "lad", "lad-tile", "mac")
 
 
 class TileLayerState:
-    """One layer's query heads on the LAD tile's bit-accurate model, one ``LadTileModel`` per
-    query head (a tile serves one head; GQA heads read their group's k, v): float q, k, v are
+    """One layer's query heads on the LAD tile's bit-accurate model (one tile per query head; GQA
+    heads read their group's k, v), all heads advanced together by ``golden.lad_batch.LadTileBatch``
+    (bit-exact with one ``LadTileModel`` per head: testbenches/test_lad_batch.py): float q, k, v are
     quantized to the tile's kv format (saturating; saturated elements are counted), ``o`` comes
-    back as float. A step is exactly what the RTL computes for that head."""
+    back as float. A step is exactly what the RTL computes for each head."""
 
     def __init__(self, cfg: LadTileConfig, heads: int, scale: float):
         if abs(scale * math.sqrt(cfg.head_dim) - 1) > 1e-6:
             raise ConfigError(f"the LAD tile scales scores by 1/sqrt(head_dim); the model uses {scale}")
         self.cfg = cfg
-        self.tiles = [LadTileModel(cfg) for _ in range(heads)]
+        self.tiles = LadTileBatch(cfg, heads)
+        self.heads = heads
         self.saturated = 0
 
     @property
     def length(self) -> int:
-        return self.tiles[0].n
+        return self.tiles.n
 
     @property
     def n_centers(self) -> torch.Tensor:
-        return torch.tensor([t.n_centers for t in self.tiles])
+        return self.tiles.n_centers.clone()
 
     def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """``q, k, v (heads, d)`` float -> ``o (heads, d)`` float and the step's stats summed over
@@ -54,21 +57,14 @@ class TileLayerState:
         hi, lo = (1 << (f.width - 1)) - 1, -(1 << (f.width - 1))
         sat = sum(int(((r == hi) | (r == lo)).sum()) for r in raw)
         self.saturated += sat
-        H = len(self.tiles)
-        outs = []
-        tot = {"heads": H, "positions": 0, "candidates": 0, "active": 0, "false_alarms": 0, "mode_changes": 0,
-               "centers": 0, "keys_read": 0, "values_read": 0, "kv_beats": 0, "saturated": sat}
-        for h, tile in enumerate(self.tiles):
-            o, st = tile.step(raw[0][h], raw[1][h], raw[2][h])
-            if st["overflow"]:
-                raise ConfigError(f"context exceeds the tile's max_positions ({self.cfg.max_positions})")
-            outs.append(o)
-            for key in ("candidates", "active", "false_alarms", "mode_changes", "centers", "kv_beats"):
-                tot[key] += st[key]
-            tot["keys_read"] += st["candidates"] + 1
-            tot["values_read"] += st["active"] + 1
-        tot["positions"] = self.length
-        return f.to_float(torch.stack(outs)), tot
+        o, st = self.tiles.step(*raw)
+        if bool(st["overflow"].any()):
+            raise ConfigError(f"context exceeds the tile's max_positions ({self.cfg.max_positions})")
+        tot = {key: int(st[key].sum()) for key in
+               ("candidates", "active", "false_alarms", "mode_changes", "centers", "kv_beats")}
+        tot.update(heads=self.heads, saturated=sat, positions=self.length,
+                   keys_read=tot["candidates"] + self.heads, values_read=tot["active"] + self.heads)
+        return f.to_float(o), tot
 
 
 class Controller:
