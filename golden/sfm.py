@@ -37,6 +37,7 @@ from .config import BlockConfig, param
 from .fixedpoint import FixedFormat, round_shift, saturate
 from .pwl import PwlTable
 
+
 class SfmOp(enum.IntEnum, shape=2):
     """SFM operation (the ``op`` field of an SFM request)."""
     EXP = 0     # PWL exp of x <= 0 with its interval index
@@ -44,7 +45,6 @@ class SfmOp(enum.IntEnum, shape=2):
     EXP2 = 2    # accurate 2^(x log2 e) as mantissa and exponent
 
 
-OP_EXP, OP_RECIP, OP_EXP2 = SfmOp.EXP, SfmOp.RECIP, SfmOp.EXP2   # TODO remove once testbenches use SfmOp
 EXPONENT_WIDTH = 6  # RECIP and EXP2 exponents k are 0..63
 LOG2E_FRAC = 20    # fraction bits of the constant log2(e) in EXP2
 

@@ -23,14 +23,12 @@ from amaranth.lib import enum
 from .config import BlockConfig, param
 from .fixedpoint import FixedFormat, round_shift, saturate
 
+
 class VpuOp(enum.IntEnum, shape=2):
     """VPU operation (the ``op`` field of a VPU input beat)."""
     DOT = 0      # sum over beats of a*b
     SQDIST = 1   # sum over beats of (a-b)^2
     AXPY = 2     # per lane: acc + round_shift(scalar*a, axpy_shift)
-
-
-OP_DOT, OP_SQDIST, OP_AXPY = VpuOp.DOT, VpuOp.SQDIST, VpuOp.AXPY   # TODO remove once testbenches use VpuOp
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from golden.errors import ConfigError
-from golden.vpu import OP_DOT, OP_SQDIST, PRESETS, VpuConfig, axpy, axpy_float, reduce_beats, reduce_float, to_beats
+from golden.vpu import PRESETS, VpuConfig, VpuOp, axpy, axpy_float, reduce_beats, reduce_float, to_beats
 from testbenches.runner import simulate
 
 SEED = 20261122
@@ -26,7 +26,7 @@ def test_vpu_golden_vs_float_bound():
         d = int(torch.randint(1, 100, (1,), generator=gen))
         a = torch.randint(-2**15, 2**15, (d,), generator=gen)
         b = torch.randint(-2**15, 2**15, (d,), generator=gen)
-        for op in (OP_DOT, OP_SQDIST):
+        for op in (VpuOp.DOT, VpuOp.SQDIST):
             assert reduce_beats(op, to_beats(a, cfg.lanes), to_beats(b, cfg.lanes), cfg) == reduce_float(op, a, b)
         scalar = int(torch.randint(-2**15, 2**15, (1,), generator=gen))
         acc = torch.randint(-2**30, 2**30, (d,), generator=gen)

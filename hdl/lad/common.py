@@ -103,10 +103,6 @@ class AcOp(enum.IntEnum, shape=2):
     FINISH = 2
 
 
-AC_TERMS, AC_BEATS, AC_FINISH = AcOp.TERMS, AcOp.BEATS, AcOp.FINISH   # TODO remove once testbenches use AcOp
-
-
-
 def interval_of(x, cfg: LadTileConfig):
     """Interval index of raw x: the number of boundaries ``e_k`` with ``x < e_k``."""
     return sum((x < e).as_unsigned() for e in cfg.sfm.exp_boundaries_raw)

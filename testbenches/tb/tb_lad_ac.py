@@ -17,8 +17,7 @@ import cocotb
 from amaranth import unsigned
 
 from golden.lad_tile import LadTileConfig
-from hdl.lad.common import AC_BEATS, AC_FINISH, AC_TERMS, W_WIDTH, ac_command_layout, beat_layout, vector_layout
-from hdl.lad.eas import recip_resp_layout
+from hdl.lad.common import W_WIDTH, AcOp, ac_command_layout, beat_layout, recip_resp_layout, vector_layout
 from testbenches.streams import pack
 from testbenches.tb.lad_steps import beats, open_bench, sfm_recip
 
@@ -28,7 +27,7 @@ def command(cfg: LadTileConfig, rng, **fields) -> dict:
     def rand_signed(bits):
         return rng.randint(-(1 << (bits - 1)), (1 << (bits - 1)) - 1)
     cw, kw = cfg.sfm.coef_frac + 2, cfg.kv_width
-    cmd = {"op": AC_BEATS, "m": rand_signed(cfg.sfm.x_width), "w": rand_signed(W_WIDTH), "alpha": rand_signed(cw),
+    cmd = {"op": AcOp.BEATS, "m": rand_signed(cfg.sfm.x_width), "w": rand_signed(W_WIDTH), "alpha": rand_signed(cw),
            "beta": rand_signed(cw), "accumulate": 0, "update": 0,
            "k": [rand_signed(kw) for _ in range(cfg.lanes)], "v": [rand_signed(kw) for _ in range(cfg.lanes)]}
     cmd.update(fields)
@@ -55,13 +54,13 @@ async def ac_matches_golden(dut):
         want_recip.append(z_in)
         for b, ob in enumerate(beats(o, cfg)):
             out_sink.expect(ob, inputs=f"{what} o beat {b}")
-        cmd_src.put(command(cfg, rng, op=AC_FINISH))
+        cmd_src.put(command(cfg, rng, op=AcOp.FINISH))
         await out_sink.wait_for(len(out_sink.expected), timeout_cycles=budget)
 
     for rec in recs:
         n = rec.n
         dut.q.value = pack(vector_layout(cfg), rec.q)
-        cmd_src.put(command(cfg, rng, op=AC_TERMS, m=rec.m))
+        cmd_src.put(command(cfg, rng, op=AcOp.TERMS, m=rec.m))
         await settle()
         bench.check(f"step {n} z after TERMS", dut.z.value.to_signed(), rec.terms_z)
         if rng.random() < bench.params.get("probe", 0.5):   # o of the cache terms alone

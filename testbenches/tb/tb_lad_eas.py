@@ -15,7 +15,8 @@ import torch
 from amaranth import signed, unsigned
 
 from hdl.lad.common import vector_layout
-from hdl.lad.eas import key_out_layout, lookup_layout, recip_resp_layout
+from hdl.lad.common import recip_resp_layout
+from hdl.lad.eas import key_out_layout, lookup_layout
 from testbenches.streams import pack
 from testbenches.tb.lad_steps import open_bench, sfm_recip
 

@@ -17,7 +17,7 @@ import cocotb
 import torch
 
 from golden.lad_tile import LadTileConfig
-from hdl.lad.common import AC_BEATS, ac_command_layout, beat_layout, candidate_layout, vector_layout
+from hdl.lad.common import AcOp, ac_command_layout, beat_layout, candidate_layout, vector_layout
 from hdl.lad.dense import kv_request_layout
 from testbenches.streams import kv_lookup, pack
 from testbenches.tb.lad_steps import beats, open_bench
@@ -75,7 +75,7 @@ async def md_matches_golden(dut):
             if g.active:
                 want_kv += [{"value": 1, "position": pj, "beat": b} for b in range(nb)]
                 for kb, vb in zip(beats(k[pj], cfg), beats(v[pj], cfg)):
-                    corr_sink.expect({"op": AC_BEATS, "w": g.w, "alpha": g.alpha, "beta": g.beta, "accumulate": 1,
+                    corr_sink.expect({"op": AcOp.BEATS, "w": g.w, "alpha": g.alpha, "beta": g.beta, "accumulate": 1,
                                       "update": int(g.change), "k": kb, "v": vb}, inputs=what)
         intervals_seen.update(g.r for g in decided)
         x_saturated += sum(1 for g in decided if g.x in (xf.min_raw, xf.max_raw))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import cocotb
 import torch
 
-from golden.vpu import OP_AXPY, OP_DOT, OP_SQDIST, VpuConfig, axpy, reduce_beats
+from golden.vpu import VpuConfig, VpuOp, axpy, reduce_beats
 from hdl.lib.vpu import vpu_in_layout, vpu_out_layout
 from testbenches.streams import Bench
 
@@ -27,7 +27,7 @@ def _vector(cfg, rng, style):
 def _axpy_case(cfg, scalar, a, acc):
     """One AXPY beat and its golden output lanes."""
     want = axpy(scalar, torch.tensor(a), torch.tensor(acc), cfg).tolist()
-    return [_beat(cfg, OP_AXPY, True, a, acc=acc, scalar=scalar)], {"vec": want}
+    return [_beat(cfg, VpuOp.AXPY, True, a, acc=acc, scalar=scalar)], {"vec": want}
 
 
 def _reduce_case(cfg, op, a, b):
@@ -38,9 +38,9 @@ def _reduce_case(cfg, op, a, b):
 
 def transaction(cfg, rng, op=None, beats=None, style=None):
     """(beats to send, expected output): {'dot': int} or {'vec': list}."""
-    op = op if op is not None else rng.choice((OP_DOT, OP_SQDIST, OP_AXPY))
+    op = op if op is not None else rng.choice((VpuOp.DOT, VpuOp.SQDIST, VpuOp.AXPY))
     style = style or rng.choice(("uniform", "uniform", "small", "extreme"))
-    if op == OP_AXPY:
+    if op == VpuOp.AXPY:
         a = _vector(cfg, rng, style)
         lo, hi = cfg.acc_format.min_raw, cfg.acc_format.max_raw
         acc = [rng.choice((rng.randint(lo, hi), rng.randint(-1000, 1000), lo, hi)) for _ in range(cfg.lanes)]
@@ -57,11 +57,11 @@ def corner_cases(cfg, rng):
     lo, hi = cfg.in_format.min_raw, cfg.in_format.max_raw
     long = 1 + (1 << (cfg.acc_width - 2 * cfg.in_width + 2)) // cfg.lanes  # enough beats to saturate
     cases = [_reduce_case(cfg, op, [[va] * cfg.lanes] * long, [[vb] * cfg.lanes] * long)
-             for op, va, vb in ((OP_DOT, lo, lo), (OP_DOT, lo, hi), (OP_SQDIST, lo, hi), (OP_DOT, 0, hi))]
+             for op, va, vb in ((VpuOp.DOT, lo, lo), (VpuOp.DOT, lo, hi), (VpuOp.SQDIST, lo, hi), (VpuOp.DOT, 0, hi))]
     amax, amin = cfg.acc_format.max_raw, cfg.acc_format.min_raw
     for scalar, av, accv in ((hi, hi, amax), (lo, hi, amin), (lo, lo, amax), (0, hi, 0), (1, -1, 0)):
         cases.append(_axpy_case(cfg, scalar, [av] * cfg.lanes, [accv] * cfg.lanes))
-    cases.append(transaction(cfg, rng, OP_DOT, beats=1, style="extreme"))
+    cases.append(transaction(cfg, rng, VpuOp.DOT, beats=1, style="extreme"))
     return cases
 
 
