@@ -34,7 +34,7 @@ in int64.
   Fast path: ``max|start| + sum_i max|term_i| <= max_raw`` for a head means no partial sum
   can leave the range, so the result is the plain sum (per-head segment sums; for A one
   batched int64 matmul ``[G_h; g]^T [K_h; k]`` over rows padded per head). A head failing
-  that bound gets the per-head model's exact rule (``_sat_add_sequence``: partial sums by
+  that bound gets the per-head model's exact rule (``sat_add_sequence``: partial sums by
   ``cumsum``; if any leaves the range, add-then-saturate term by term; only in saturation
   corners).
 
@@ -74,7 +74,7 @@ from __future__ import annotations
 import torch
 
 from .fixedpoint import FixedFormat, round_shift, saturate
-from .lad_tile import COS_FRAC, LadTileConfig, mode_bounds
+from .lad_tile import COS_FRAC, LadTileConfig, mode_bounds, sat_add_sequence
 
 LIMB = 31
 LOW = (1 << LIMB) - 1
@@ -116,19 +116,6 @@ def round_shift_wide(hi: torch.Tensor, lo: torch.Tensor, s) -> torch.Tensor:
     hc = torch.maximum(torch.minimum(hi, torch.ones_like(sl) << (LIMB + sl)), -(torch.ones_like(sl) << (LIMB + sl)) - 1)
     small = (hc << (LIMB - sl)) + (lo >> sl)                           # s < 31
     return torch.where(s >= LIMB, big, small).clamp(-WIDE_LIM, WIDE_LIM)
-
-
-def _sat_add_sequence(start: torch.Tensor, terms: torch.Tensor, fmt: FixedFormat) -> torch.Tensor:
-    """``start + terms[0] + ...`` saturating after every add (golden.lad_tile's rule)."""
-    if terms.shape[0] == 0:
-        return start
-    partial = start + torch.cumsum(terms, 0)
-    if bool((partial <= fmt.max_raw).all()) and bool((partial >= fmt.min_raw).all()):
-        return partial[-1]
-    acc = start
-    for t in terms:
-        acc = saturate(acc + t, fmt)
-    return acc
 
 
 class Segments:
@@ -374,15 +361,15 @@ class LadTileBatch:
             for h, (bad_a, bad_bcd, bad_ef) in enumerate(bad.tolist()):
                 rows = seg.rows(h)
                 if bad_a:
-                    A[h] = _sat_add_sequence(self.A[h], torch.cat([
+                    A[h] = sat_add_sequence(self.A[h], torch.cat([
                         g[rows, :, None] * k[rows, None, :], (tg[h, :, None] * tk[h, None, :])[None]]), acc)
                 if bad_bcd:
                     a_, b_, k_, v_ = alpha[rows, None], beta[rows, None], k[rows], v[rows]
-                    BCD[h] = _sat_add_sequence(self.BCD[h], torch.cat([
+                    BCD[h] = sat_add_sequence(self.BCD[h], torch.cat([
                         torch.stack([a_ * v_, b_ * v_, a_ * k_], 1),
                         torch.stack([ta[h] * tv[h], tb[h] * tv[h], ta[h] * tk[h]])[None]]), acc)
                 if bad_ef:
-                    EF[h] = _sat_add_sequence(self.EF[h], torch.cat([torch.stack([alpha[rows], beta[rows]], 1),
+                    EF[h] = sat_add_sequence(self.EF[h], torch.cat([torch.stack([alpha[rows], beta[rows]], 1),
                                                                      torch.stack([ta[h], tb[h]])[None]]), ef)
         self.A, self.BCD, self.EF = A, BCD, EF
 
@@ -399,8 +386,8 @@ class LadTileBatch:
         if bool(bad.any()):
             for h in bad.nonzero().flatten().tolist():
                 rows = seg.rows(h)
-                N1[h] = _sat_add_sequence(N[h], torch.cat([w[rows, None] * vc[rows], (p_new[h] * v[h])[None]]), nf)
-                Z1[h] = _sat_add_sequence(Z[h], torch.cat([w[rows], p_new[h, None]]), zf)
+                N1[h] = sat_add_sequence(N[h], torch.cat([w[rows, None] * vc[rows], (p_new[h] * v[h])[None]]), nf)
+                Z1[h] = sat_add_sequence(Z[h], torch.cat([w[rows], p_new[h, None]]), zf)
         return N1, Z1
 
     def _finish(self, N: torch.Tensor, Z: torch.Tensor) -> torch.Tensor:

@@ -300,7 +300,7 @@ def mode_bounds(cfg: LadTileConfig) -> tuple[list[int | None], list[int | None]]
     return lo, hi
 
 
-def _sat_add_sequence(start, terms, fmt: FixedFormat):
+def sat_add_sequence(start, terms, fmt: FixedFormat):
     """``start + terms[0] + terms[1] + ...`` with saturation after every add (the RTL's order).
     Fast path when no partial sum leaves the range (then saturation never acted)."""
     if terms.shape[0] == 0:
@@ -391,13 +391,13 @@ class LadTileModel:
             return
         acc = self.cfg.ac_vpu.acc_format
         g = round_shift(alpha[:, None] * v, self.cfg.g_shift)   # (P, d): g_l, frac 16
-        self.A = _sat_add_sequence(self.A, g[:, :, None] * k[:, None, :], acc)
-        self.B = _sat_add_sequence(self.B, alpha[:, None] * v, acc)
-        self.C = _sat_add_sequence(self.C, beta[:, None] * v, acc)
-        self.D = _sat_add_sequence(self.D, alpha[:, None] * k, acc)
+        self.A = sat_add_sequence(self.A, g[:, :, None] * k[:, None, :], acc)
+        self.B = sat_add_sequence(self.B, alpha[:, None] * v, acc)
+        self.C = sat_add_sequence(self.C, beta[:, None] * v, acc)
+        self.D = sat_add_sequence(self.D, alpha[:, None] * k, acc)
         ef = self.cfg.ef_format
-        self.E = int(_sat_add_sequence(torch.tensor(self.E), alpha, ef))
-        self.F = int(_sat_add_sequence(torch.tensor(self.F), beta, ef))
+        self.E = int(sat_add_sequence(torch.tensor(self.E), alpha, ef))
+        self.F = int(sat_add_sequence(torch.tensor(self.F), beta, ef))
 
     def approx_scores(self, qcs: torch.Tensor, center: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
         """EAS lookups (step 2): ``s^ = sat(round_shift(qcs[center] * rho, rho_frac))`` per (center, rho)."""
@@ -495,9 +495,9 @@ class LadTileModel:
         alpha, beta, w = md.alpha[act], md.beta[act], md.w[act]
         n_fmt = cfg.ac_vpu.acc_format
         Nt = torch.tensor(N, dtype=torch.int64)
-        Nt = _sat_add_sequence(Nt, w[:, None] * self.V[ai], n_fmt)
+        Nt = sat_add_sequence(Nt, w[:, None] * self.V[ai], n_fmt)
         zf = FixedFormat(cfg.z_width, 0)
-        Z = int(_sat_add_sequence(torch.tensor(Z), w, zf))
+        Z = int(sat_add_sequence(torch.tensor(Z), w, zf))
         if changes:
             ch = torch.tensor(changes, dtype=torch.int64)
             sel = torch.isin(ai, ch)
@@ -506,7 +506,7 @@ class LadTileModel:
         # 6. the new position, N/Z, absorption
         x_new = saturate(torch.tensor(s_new - m), xf)
         p_new, r_new = (int(t) for t in exp_pwl(x_new, sfm))
-        Nt = _sat_add_sequence(Nt, (p_new * v)[None, :], n_fmt)
+        Nt = sat_add_sequence(Nt, (p_new * v)[None, :], n_fmt)
         Z = int(saturate(Z + p_new, zf))
         o, z_in = self.finish(Nt.tolist(), Z)
         if tracing:

@@ -187,8 +187,8 @@ def test_batch_equals_per_head_models_when_caches_saturate(monkeypatch):
     which the batch follows on its exact path)."""
     import golden.lad_batch as lad_batch
     exact_calls = []
-    seq = lad_batch._sat_add_sequence
-    monkeypatch.setattr(lad_batch, "_sat_add_sequence", lambda *a: exact_calls.append(1) or seq(*a))
+    seq = lad_batch.sat_add_sequence
+    monkeypatch.setattr(lad_batch, "sat_add_sequence", lambda *a: exact_calls.append(1) or seq(*a))
     cfg = small_with(NarrowCacheConfig)
     q, k, v = random_heads(cfg, SEEDS[3], 3, 70)
     batch, tiles, stats, o = run_both(cfg, q, k, v)
