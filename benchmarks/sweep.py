@@ -123,26 +123,37 @@ def write_table(rows: list[dict], front: list[bool], path: Path, hardware: bool)
 
 
 def plot(rows: list[dict], front: list[bool], path: Path, hardware: bool, title: str) -> None:
+    """Perplexity change (symmetric log scale: +-1 % and +1000 % both readable) vs keys + values
+    read; colour: SRAM (or centers). Points with the same result share one marker and one label
+    listing them; Pareto points are ringed."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    ok = [(r, f) for r, f in zip(rows, front) if "error" not in r]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    x = [r["kv_read_pct"] for r, _ in ok]
-    y = [r["delta_pct"] for r, _ in ok]
-    c = [r["sram_kib"] if hardware else r["centers_mean"] for r, _ in ok]
-    sc = ax.scatter(x, y, c=c, cmap="viridis", s=40, zorder=3)
-    fig.colorbar(sc, ax=ax, label="tile SRAM (KiB)" if hardware else "centers per head (mean)")
-    for (r, f), xi, yi in zip(ok, x, y):
-        if f:
-            ax.scatter([xi], [yi], s=140, facecolors="none", edgecolors="red", zorder=4)
-        ax.annotate(",".join(f"{k}={v}" for k, v in r["point"].items()), (xi, yi), fontsize=6,
-                    xytext=(3, 3), textcoords="offset points")
-    ax.axhline(1.0, color="grey", ls="--", lw=0.8)
-    ax.axhline(-1.0, color="grey", ls="--", lw=0.8)
+    groups: dict[tuple, list] = {}
+    for r, f in zip(rows, front):
+        if "error" not in r:
+            groups.setdefault((round(r["kv_read_pct"], 3), round(r["delta_pct"], 3)), []).append((r, f))
+    fig, ax = plt.subplots(figsize=(8, 5))
+    colour = (lambda r: r["sram_kib"]) if hardware else (lambda r: r["centers_mean"])
+    xs, ys, cs = [], [], []
+    for (x, y), members in groups.items():
+        xs.append(x)
+        ys.append(y)
+        cs.append(min(colour(r) for r, _ in members))
+        if any(f for _, f in members):
+            ax.scatter([x], [y], s=160, facecolors="none", edgecolors="red", zorder=4)
+        label = "\n".join(",".join(f"{k}={v}" for k, v in r["point"].items()) for r, _ in members)
+        ax.annotate(label, (x, y), fontsize=6, xytext=(5, -3), textcoords="offset points", va="top")
+    sc = ax.scatter(xs, ys, c=cs, cmap="viridis", s=45, zorder=3)
+    fig.colorbar(sc, ax=ax, label="tile SRAM (KiB; smallest of the points at a marker)" if hardware
+                 else "centers per head (mean)")
+    ax.set_yscale("symlog", linthresh=2.0)
+    ax.margins(x=0.2)
+    for level in (-1.0, 1.0):
+        ax.axhline(level, color="grey", ls="--", lw=0.8)
     ax.set_xlabel("keys + values read (% of dense, mean of the two)")
-    ax.set_ylabel("perplexity vs full attention (%)")
-    ax.set_title(title, fontsize=9)
+    ax.set_ylabel("perplexity vs full attention (%, symlog)")
+    ax.set_title(title + " (red ring: Pareto)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
