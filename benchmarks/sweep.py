@@ -44,11 +44,10 @@ def grid(pairs: list[str]) -> list[dict[str, str]]:
 
 def point_config(point: dict[str, str], hardware: bool):
     """The config a point evaluates (validated here, before any run starts)."""
-    from golden.cli import configure
     from golden.lad_ref import LadConfig
     from golden.lad_tile import LadTileConfig
     base = LadTileConfig() if hardware else LadConfig()
-    return configure(base, [f"{k}={v}" for k, v in point.items()])
+    return base.with_overrides(point)
 
 
 def point_command(point: dict[str, str], args) -> list[str]:

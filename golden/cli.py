@@ -35,9 +35,4 @@ def parse_overrides(pairs: list[str] | None) -> dict[str, str]:
 def configure(base, pairs: list[str] | None):
     """``base`` (a config instance) with the ``--set`` pairs applied, validated; unknown names or
     bad values raise ConfigError naming the parameter."""
-    overrides = parse_overrides(pairs)
-    if not overrides:
-        return base
-    values = {k: str(v) for k, v in base.to_dict().items()}
-    values.update(overrides)
-    return type(base).from_overrides(values)
+    return base.with_overrides(parse_overrides(pairs))

@@ -85,3 +85,12 @@ class BlockConfig:
             except ValueError:
                 raise ConfigError(f"parameter '{name}' expects {kind.__name__}, got '{text}'") from None
         return cls(**kwargs)
+
+    def with_overrides(self, overrides: dict[str, str]):
+        """This config with ``NAME=VALUE`` strings applied (parsed by field type, validated);
+        itself when there are none."""
+        if not overrides:
+            return self
+        values = {k: str(v) for k, v in self.to_dict().items()}
+        values.update(overrides)
+        return type(self).from_overrides(values)

@@ -84,13 +84,10 @@ def get_block(name: str) -> Block:
 def make_config(name: str, overrides: dict[str, str] | None = None, preset: str | None = None):
     """Config of block ``name``: its defaults (or a named preset) with ``NAME=VALUE`` overrides."""
     block = get_block(name)
-    values: dict[str, str] = {}
-    if preset is not None:
-        if preset not in block.presets:
-            raise ConfigError(f"unknown preset '{preset}' for {name} (known: {', '.join(block.presets)})")
-        values = {k: str(v) for k, v in block.presets[preset].to_dict().items()}
-    values.update(overrides or {})
-    return block.config_class.from_overrides(values)
+    if preset is not None and preset not in block.presets:
+        raise ConfigError(f"unknown preset '{preset}' for {name} (known: {', '.join(block.presets)})")
+    base = block.presets[preset] if preset is not None else block.config_class()
+    return base.with_overrides(overrides or {})
 
 
 def _source_digest() -> str:
