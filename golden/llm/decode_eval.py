@@ -113,18 +113,26 @@ def method_configs(method: str, args):
     return BASE_CONFIGS[method], tile
 
 
-def chosen_variants(method: str, args, hardware: bool) -> list[str]:
-    """The variants this run evaluates: all of them, or those named by ``--variants``."""
-    names = [method] + ([f"{method}-{'exact-scores' if method == 'lad' else 'exact-prefix'}"] if args.ablate else []) \
-        + (["lad-tile-float", "lad-tile"] if hardware else [])
+def run_variants(method: str, args, cfg, tile_cfg) -> dict[str, tuple[str, dict]]:
+    """The variants this run evaluates, name -> (attention method, its config keyword): the
+    method, its --ablate variant, with --hardware the tile's float twin and the tile; only those
+    named by ``--variants`` if given (checked before the model loads)."""
+    kw = "lad" if method == "lad" else "mac"
+    variants = {method: (method, {kw: cfg})}
+    if args.ablate:
+        variants[f"{method}-{'exact-scores' if method == 'lad' else 'exact-prefix'}"] = (method, {kw: replace(
+            cfg, **({"exact_scores": True} if method == "lad" else {"exact_prefix": True}))})
+    if tile_cfg is not None:
+        variants["lad-tile-float"] = ("lad", {"lad": tile_cfg.reference()})
+        variants["lad-tile"] = ("lad-tile", {"tile": tile_cfg})
     if not args.variants:
-        return names
+        return variants
     chosen = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = [v for v in chosen if v not in names]
+    unknown = [v for v in chosen if v not in variants]
     if unknown or not chosen:
         raise ConfigError(f"--variants: '{','.join(unknown) or args.variants}' is not among this run's variants "
-                          f"({', '.join(names)})")
-    return chosen
+                          f"({', '.join(variants)})")
+    return {name: v for name, v in variants.items() if name in chosen}
 
 
 def main(method: str, argv: list[str]) -> int:
@@ -136,7 +144,7 @@ def main(method: str, argv: list[str]) -> int:
     if args.model not in MODELS:
         raise ConfigError(f"unknown model '{args.model}' (known: {', '.join(MODELS)})")
     cfg, tile_cfg = method_configs(method, args)
-    chosen = chosen_variants(method, args, tile_cfg is not None)
+    variants = run_variants(method, args, cfg, tile_cfg)
     check_lengths(args)
     # everything that needs no model is checked before the (slow) model load
     text = read_wikitext(args.data)
@@ -150,16 +158,6 @@ def main(method: str, argv: list[str]) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     ids = wikitext_ids(tokenizer, need, args.data, text=text)
-
-    kw = (lambda c: {"lad": c}) if method == "lad" else (lambda c: {"mac": c})
-    variants = {method: (method, kw(cfg))}   # name -> (attention method, its config)
-    if args.ablate:
-        variants[f"{method}-{'exact-scores' if method == 'lad' else 'exact-prefix'}"] = (method, kw(replace(
-            cfg, **({"exact_scores": True} if method == "lad" else {"exact_prefix": True}))))
-    if tile_cfg is not None:
-        variants["lad-tile-float"] = ("lad", {"lad": tile_cfg.reference()})
-        variants["lad-tile"] = ("lad-tile", {"tile": tile_cfg})
-    variants = {name: v for name, v in variants.items() if name in chosen}
 
     results = {"method": method, "model": args.model, "command": "ladmac eval " + " ".join([method, *argv]),
                "config": cfg.to_dict(), **({"tile_config": tile_cfg.to_dict()} if tile_cfg else {}),
@@ -178,9 +176,9 @@ def main(method: str, argv: list[str]) -> int:
     results["perplexity_delta_pct"] = {k: 100.0 * (v / ppl["full"] - 1) for k, v in ppl.items()}
     results["teacher_forced_stats"] = stats
 
-    generated = {"generation": (method, kw(cfg))} if method in chosen else {}
-    if "lad-tile" in chosen:
-        generated["generation_hardware"] = ("lad-tile", {"tile": tile_cfg})
+    generated = {"generation": variants[method]} if method in variants else {}
+    if "lad-tile" in variants:
+        generated["generation_hardware"] = variants["lad-tile"]
     for key, (m_name, m_kw) in generated.items():
         gen, gen_stats = [], []
         for i in range(args.prompts):
@@ -199,7 +197,7 @@ def main(method: str, argv: list[str]) -> int:
                 "identical": sum(g["first_divergence"] == args.new_tokens for g in gen),
                 "per_prompt": gen, "stats": gen_stats}
     results["seconds"] = time.time() - t_start
-    if method == "mac":
+    if method == "mac" and method in steps:
         results["steps"] = steps[method]
     print_table(method, results)
     if args.out:
