@@ -2,10 +2,12 @@
 
 Implements golden/sfm.py bit for bit; the interval boundaries, PWL coefficients and
 reciprocal line table are computed there (docs/algorithms.md §1.1) and become constants here.
-Five pipeline stages that stall together (one result per cycle): 1. the interval of
-``x`` (parallel compares against the boundaries), the leading one of ``z``, the product
-``-x log2 e``; 2. normalise ``z`` / round ``u``, slice the table index and offset;
-3. look up the coefficients; 4. the one multiply; 5. add, round and saturate.
+Six pipeline stages that stall together (one result per cycle, latency 6): 1. compares
+of ``x`` against the interval boundaries, the leading one of ``z``, ``|x|`` for EXP2;
+2. the interval index, normalise ``z``, the partial products of ``|x| log2 e`` (each one
+MULT18X18D, registered); 3. sum and round ``u``, slice exponent, table index and offset;
+4. look up the coefficients; 5. the one multiply; 6. add, round and saturate. Each stage
+holds at most one multiplier or one long carry chain (docs/synthesis.md).
 """
 from __future__ import annotations
 
@@ -13,9 +15,10 @@ from amaranth import Array, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from golden.sfm import EXPONENT_WIDTH, SfmConfig, SfmOp
+from golden.sfm import EXPONENT_WIDTH, LOG2E_FRAC, SfmConfig, SfmOp
 
 from .arith import round_shift, saturate, stall_all_enable
+from .pipe import leading_one, partial_products, register_partials, sum_partials
 
 
 def sfm_in_layout(cfg: SfmConfig) -> data.StructLayout:
@@ -32,6 +35,18 @@ def sfm_out_layout(cfg: SfmConfig) -> data.StructLayout:
         "exponent": unsigned(cfg.exponent_width),
         "interval": unsigned(cfg.interval_width),
     })
+
+
+def exp2_clamp(cfg: SfmConfig) -> int:
+    """Smallest ``|x|`` (raw) whose EXP2 exponent exceeds ``kmax``: every larger ``|x|``
+    gives the same result (mantissa 0, exponent kmax), so the RTL clamps ``|x|`` here and
+    its multiplier is no wider than that (``|x| <= 2^(x_width-1)`` where that is smaller)."""
+    limit = ((1 << EXPONENT_WIDTH) << cfg.table_offset_shift)  # u >= limit <=> k > kmax
+    half = (1 << (cfg.exp2_shift - 1)) if cfg.exp2_shift > 0 else 0
+    # round_shift(a * L, s) >= limit  <=>  a * L + half >= limit << s
+    need = (limit << cfg.exp2_shift) - half if cfg.exp2_shift >= 0 else limit >> -cfg.exp2_shift
+    amax = -(-need // cfg.log2e_raw)
+    return min(amax, 1 << (cfg.x_width - 1))
 
 
 class Sfm(wiring.Component):
@@ -54,53 +69,70 @@ class Sfm(wiring.Component):
         offset_width = max(1, cfg.table_delta_bits)
         kmax = (1 << EXPONENT_WIDTH) - 1
 
-        def stage(name, shape=1):
-            return Signal(shape, name=name)
+        def stage(prefix, **shapes):
+            return {name: Signal(shape, name=f"{prefix}_{name}") for name, shape in shapes.items()}
 
-        # Stage 1: interval of x (parallel compares), leading one of z, -x * log2(e).
-        s1_valid, s1_op, s1_x, s1_z = stage("s1_valid"), stage("s1_op", 2), stage("s1_x", signed(cfg.x_width)), \
-            stage("s1_z", w)
-        s1_interval, s1_lead = stage("s1_interval", cfg.interval_width), stage("s1_lead", range(w))
-        s1_scaled = stage("s1_scaled", cfg.x_width + 21)
-        interval = sum((p.x < e).as_unsigned() for e in cfg.exp_boundaries_raw)
+        def carry(dst, src, *names):
+            return [dst[k].eq(src[k]) for k in names]
+
+        # Stage 1: compares of x against the boundaries, leading one of z, |x| for EXP2
+        # (0 for x >= 0, clamped at exp2_clamp: every larger |x| gives the same result).
+        bounds = cfg.exp_boundaries_raw
+        amax = exp2_clamp(cfg)
+        s1 = stage("s1", valid=1, op=2, x=signed(cfg.x_width), z=w, lt=max(1, len(bounds)), lead=range(w),
+                   zero=1, ax=max(1, amax.bit_length()))
         lead = Signal(range(w))
-        for bit in range(w):
-            with m.If(p.z[bit]):
-                m.d.comb += lead.eq(bit)
+        m.d.comb += lead.eq(leading_one(p.z))
+        neg_x = Signal(cfg.x_width + 1)
+        m.d.comb += neg_x.eq(-p.x)
         with m.If(ce):
-            m.d.sync += [s1_valid.eq(self.i.valid), s1_op.eq(p.op), s1_x.eq(p.x), s1_z.eq(p.z),
-                         s1_interval.eq(interval), s1_lead.eq(lead),
-                         s1_scaled.eq(Mux(p.x < 0, -p.x, 0) * cfg.log2e_raw)]
+            m.d.sync += [s1["valid"].eq(self.i.valid), s1["op"].eq(p.op), s1["x"].eq(p.x), s1["z"].eq(p.z),
+                         s1["lead"].eq(lead), s1["zero"].eq(p.z == 0),
+                         s1["ax"].eq(Mux(p.x >= 0, 0, Mux(p.x <= -amax, amax, neg_x)))]
+            m.d.sync += [s1["lt"][n].eq(p.x < e) for n, e in enumerate(bounds)]
 
-        # Stage 2: RECIP normalises z; EXP2 rounds u = -x log2(e); both slice index and offset.
+        # Stage 2: interval index (boundaries above x), normalised z, the partial products
+        # of |x| * log2(e) (one DSP each; summed in stage 3).
+        s2 = stage("s2", valid=1, op=2, x=signed(cfg.x_width), interval=cfg.interval_width, lead=range(w),
+                   zero=1, norm=w)
         shift = Signal(range(w))
-        norm = Signal(w)
-        m.d.comb += [shift.eq(w - 1 - s1_lead), norm.eq(s1_z << shift)]
+        m.d.comb += shift.eq(w - 1 - s1["lead"])
+        with m.If(ce):
+            m.d.sync += carry(s2, s1, "valid", "op", "x", "lead", "zero")
+            m.d.sync += [s2["norm"].eq(s1["z"] << shift),
+                         s2["interval"].eq(sum(s1["lt"][n].as_unsigned() for n in range(len(bounds))))]
+        scaled = register_partials(m, ce, partial_products(s1["ax"], cfg.log2e_raw), "s2_scaled")
+
+        # Stage 3: EXP2 sums and rounds u = -x log2(e); RECIP slices the normalised z;
+        # both give the exponent, the table index and the offset.
+        norm = s2["norm"]
         frac = norm[:w - 1]
         rest = frac[:w - 1 - cfg.table_index_bits]
         low = w - 1 - cfg.table_index_bits - cfg.table_delta_bits
         recip_index = frac[w - 1 - cfg.table_index_bits:]
         recip_offset = rest[low:] if low >= 0 else rest << -low
-        u = Signal(cfg.x_width + 2 + cfg.table_offset_shift)
-        m.d.comb += u.eq(round_shift(s1_scaled, cfg.exp2_shift))
+        half = (1 << (cfg.exp2_shift - 1)) if cfg.exp2_shift > 0 else None
+        u_full = Signal(amax.bit_length() + LOG2E_FRAC + 3)
+        m.d.comb += u_full.eq(sum_partials(scaled, half))
+        u = Signal(len(u_full))
+        m.d.comb += u.eq(u_full >> cfg.exp2_shift if cfg.exp2_shift >= 0 else u_full << -cfg.exp2_shift)
         u_int = u[cfg.table_offset_shift:]
-        s2_valid, s2_op, s2_x = stage("s2_valid"), stage("s2_op", 2), stage("s2_x", signed(cfg.x_width))
-        s2_interval, s2_exponent, s2_special = stage("s2_interval", cfg.interval_width), \
-            stage("s2_exponent", EXPONENT_WIDTH), stage("s2_special")
-        s2_index, s2_offset = stage("s2_index", cfg.table_index_bits), stage("s2_offset", offset_width)
+        over = u_int[EXPONENT_WIDTH:].any()
+        s3 = stage("s3", valid=1, op=2, x=signed(cfg.x_width), interval=cfg.interval_width,
+                   exponent=EXPONENT_WIDTH, special=1, index=cfg.table_index_bits, offset=offset_width)
         with m.If(ce):
-            m.d.sync += [s2_valid.eq(s1_valid), s2_op.eq(s1_op), s2_x.eq(s1_x), s2_interval.eq(s1_interval)]
-            with m.If(s1_op == SfmOp.EXP2):
+            m.d.sync += carry(s3, s2, "valid", "op", "x", "interval")
+            with m.If(s2["op"] == SfmOp.EXP2):
                 m.d.sync += [
-                    s2_exponent.eq(Mux(u_int > kmax, kmax, u_int)), s2_special.eq(u_int > kmax),
-                    s2_index.eq(u[cfg.table_delta_bits:cfg.table_offset_shift]),
-                    s2_offset.eq(u[:cfg.table_delta_bits] if cfg.table_delta_bits else 0),
+                    s3["exponent"].eq(Mux(over, kmax, u_int[:EXPONENT_WIDTH])), s3["special"].eq(over),
+                    s3["index"].eq(u[cfg.table_delta_bits:cfg.table_offset_shift]),
+                    s3["offset"].eq(u[:cfg.table_delta_bits] if cfg.table_delta_bits else 0),
                 ]
             with m.Else():
-                m.d.sync += [s2_exponent.eq(s1_lead), s2_special.eq(s1_z == 0),
-                             s2_index.eq(recip_index), s2_offset.eq(recip_offset)]
+                m.d.sync += [s3["exponent"].eq(s2["lead"]), s3["special"].eq(s2["zero"]),
+                             s3["index"].eq(recip_index), s3["offset"].eq(recip_offset)]
 
-        # Stage 3: coefficient look-up (PWL line of the interval, or table line).
+        # Stage 4: coefficient look-up (PWL line of the interval, or table line).
         mant = unsigned(cfg.mantissa_frac + 1)
         coef = unsigned(cfg.coef_frac + 1)
         slopes = Array(Const(v, coef) for v in cfg.exp_slopes_raw)
@@ -109,43 +141,39 @@ class Sfm(wiring.Component):
         recip_c1 = Array(Const(v, mant) for v in cfg.recip_c1_raw)
         exp2_c0 = Array(Const(v, mant) for v in cfg.exp2_c0_raw)
         exp2_c1 = Array(Const(v, mant) for v in cfg.exp2_c1_raw)
-        s3 = {name: stage(f"s3_{name}", shape) for name, shape in (
-            ("valid", 1), ("op", 2), ("x", signed(cfg.x_width)), ("interval", cfg.interval_width),
-            ("exponent", EXPONENT_WIDTH), ("special", 1), ("offset", offset_width),
-            ("slope", coef), ("intercept", coef), ("c0", mant), ("c1", mant))}
-        is_exp2 = s2_op == SfmOp.EXP2
+        s4 = stage("s4", valid=1, op=2, x=signed(cfg.x_width), interval=cfg.interval_width,
+                   exponent=EXPONENT_WIDTH, special=1, offset=offset_width, slope=coef, intercept=coef,
+                   c0=mant, c1=mant)
+        is_exp2 = s3["op"] == SfmOp.EXP2
         with m.If(ce):
-            m.d.sync += [s3["valid"].eq(s2_valid), s3["op"].eq(s2_op), s3["x"].eq(s2_x),
-                         s3["interval"].eq(s2_interval), s3["exponent"].eq(s2_exponent),
-                         s3["special"].eq(s2_special), s3["offset"].eq(s2_offset),
-                         s3["slope"].eq(slopes[s2_interval]), s3["intercept"].eq(intercepts[s2_interval]),
-                         s3["c0"].eq(Mux(is_exp2, exp2_c0[s2_index], recip_c0[s2_index])),
-                         s3["c1"].eq(Mux(is_exp2, exp2_c1[s2_index], recip_c1[s2_index]))]
+            m.d.sync += carry(s4, s3, "valid", "op", "x", "interval", "exponent", "special", "offset")
+            m.d.sync += [s4["slope"].eq(slopes[s3["interval"]]), s4["intercept"].eq(intercepts[s3["interval"]]),
+                         s4["c0"].eq(Mux(is_exp2, exp2_c0[s3["index"]], recip_c0[s3["index"]])),
+                         s4["c1"].eq(Mux(is_exp2, exp2_c1[s3["index"]], recip_c1[s3["index"]]))]
 
-        # Stage 4: the one multiply (slope * x, or c1 * offset).
-        s4 = {name: stage(f"s4_{name}", shape) for name, shape in (
-            ("valid", 1), ("op", 2), ("interval", cfg.interval_width), ("exponent", EXPONENT_WIDTH),
-            ("special", 1), ("intercept", coef), ("c0", mant),
-            ("exp_product", signed(cfg.coef_frac + 2 + cfg.x_width)),
-            ("line_product", unsigned(cfg.mantissa_frac + 1 + offset_width)))}
+        # Stage 5: the one multiply (slope * x, or c1 * offset).
+        s5 = stage("s5", valid=1, op=2, interval=cfg.interval_width, exponent=EXPONENT_WIDTH, special=1,
+                   intercept=coef, c0=mant, exp_product=signed(cfg.coef_frac + 2 + cfg.x_width),
+                   line_product=unsigned(cfg.mantissa_frac + 1 + offset_width))
         with m.If(ce):
-            m.d.sync += [s4[k].eq(s3[k]) for k in ("valid", "op", "interval", "exponent", "special", "intercept", "c0")]
-            m.d.sync += [s4["exp_product"].eq(s3["slope"] * s3["x"]), s4["line_product"].eq(s3["c1"] * s3["offset"])]
+            m.d.sync += carry(s5, s4, "valid", "op", "interval", "exponent", "special", "intercept", "c0")
+            m.d.sync += [s5["exp_product"].eq(s4["slope"] * s4["x"]),
+                         s5["line_product"].eq(s4["c1"] * s4["offset"])]
 
-        # Stage 5: add, round, saturate.
-        exp_value = saturate(round_shift(s4["exp_product"] + (s4["intercept"] << cfg.x_frac), cfg.exp_shift),
+        # Stage 6: add, round, saturate.
+        exp_value = saturate(round_shift(s5["exp_product"] + (s5["intercept"] << cfg.x_frac), cfg.exp_shift),
                              unsigned(cfg.out_width))
-        mantissa = s4["c0"] - round_shift(s4["line_product"], cfg.table_offset_shift)
+        mantissa = s5["c0"] - round_shift(s5["line_product"], cfg.table_offset_shift)
         max_mantissa = (1 << (cfg.mantissa_frac + 1)) - 1
         out = self.o.payload
         with m.If(ce):
-            m.d.sync += self.o.valid.eq(s4["valid"])
-            with m.If(s4["op"] == SfmOp.EXP):
-                m.d.sync += [out.value.eq(exp_value), out.exponent.eq(0), out.interval.eq(s4["interval"])]
+            m.d.sync += self.o.valid.eq(s5["valid"])
+            with m.If(s5["op"] == SfmOp.EXP):
+                m.d.sync += [out.value.eq(exp_value), out.exponent.eq(0), out.interval.eq(s5["interval"])]
             with m.Else():
-                m.d.sync += [out.value.eq(mantissa), out.interval.eq(0), out.exponent.eq(s4["exponent"])]
-                with m.If(s4["special"] & (s4["op"] == SfmOp.RECIP)):
+                m.d.sync += [out.value.eq(mantissa), out.interval.eq(0), out.exponent.eq(s5["exponent"])]
+                with m.If(s5["special"] & (s5["op"] == SfmOp.RECIP)):
                     m.d.sync += [out.value.eq(max_mantissa), out.exponent.eq(0)]
-                with m.If(s4["special"] & (s4["op"] == SfmOp.EXP2)):
+                with m.If(s5["special"] & (s5["op"] == SfmOp.EXP2)):
                     m.d.sync += out.value.eq(0)
         return m

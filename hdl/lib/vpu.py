@@ -1,11 +1,13 @@
 """VPU: ``lanes`` multipliers running DOT, SQDIST (accumulated over beats) and AXPY.
 
 Implements golden/vpu.py bit for bit (see its docstring for the three operations).
-Three pipeline stages that stall together when the output is not taken:
-stage 1 registers one product per lane (the multiplier is shared: ``a*b`` for DOT,
-``(a-b)**2`` for SQDIST, ``scalar*a`` for AXPY); stage 2 registers the beat's adder tree
-and the rounded AXPY products; stage 3 adds the beat into the saturating accumulator
-(DOT/SQDIST, emitted on the ``last`` beat) or forms the saturated AXPY lanes (every beat).
+Four pipeline stages that stall together when the output is not taken (latency 4):
+stage 1 registers the multiplier operands per lane (the multiplier is shared: ``a*b`` for
+DOT, ``(a-b)**2`` for SQDIST, ``scalar*a`` for AXPY); stage 2 registers one product per
+lane (a MULT18X18D with registers on both sides); stage 3 registers the beat's adder tree
+(balanced) and the rounded AXPY products; stage 4 adds the beat into the saturating
+accumulator (DOT/SQDIST, emitted on the ``last`` beat) or forms the saturated AXPY lanes
+(every beat).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from amaranth.lib.wiring import In, Out
 from golden.vpu import VpuConfig, VpuOp
 
 from .arith import round_shift, saturate, stall_all_enable
+from .pipe import tree_sum
 
 
 def vpu_in_layout(cfg: VpuConfig) -> data.StructLayout:
@@ -53,33 +56,43 @@ class Vpu(wiring.Component):
         ce = stall_all_enable(self.o)
         m.d.comb += self.i.ready.eq(ce)
 
-        # Stage 1: one multiplier per lane.
-        s1_valid = Signal()
-        s1_op = Signal(2)
-        s1_last = Signal()
-        s1_prod = [Signal(signed(2 * w + 2), name=f"s1_prod{l}") for l in range(cfg.lanes)]
-        s1_acc = [Signal(signed(cfg.acc_width), name=f"s1_acc{l}") for l in range(cfg.lanes)]
+        # Stage 1: the multiplier operands per lane (a, b for DOT; a-b twice for SQDIST;
+        # scalar, a for AXPY), so the multiplier has registers on both sides.
+        s0_valid, s0_op, s0_last = Signal(), Signal(2), Signal()
+        s0_x = [Signal(signed(w + 1), name=f"s0_x{l}") for l in range(cfg.lanes)]
+        s0_y = [Signal(signed(w + 1), name=f"s0_y{l}") for l in range(cfg.lanes)]
+        s0_acc = [Signal(signed(cfg.acc_width), name=f"s0_acc{l}") for l in range(cfg.lanes)]
         p = self.i.payload
         with m.If(ce):
-            m.d.sync += [s1_valid.eq(self.i.valid), s1_op.eq(p.op), s1_last.eq(p.last)]
+            m.d.sync += [s0_valid.eq(self.i.valid), s0_op.eq(p.op), s0_last.eq(p.last)]
             for l in range(cfg.lanes):
                 diff = Signal(signed(w + 1), name=f"diff{l}")
                 m.d.comb += diff.eq(p.a[l] - p.b[l])
                 with m.Switch(p.op):
                     with m.Case(VpuOp.DOT):
-                        m.d.sync += s1_prod[l].eq(p.a[l] * p.b[l])
+                        m.d.sync += [s0_x[l].eq(p.a[l]), s0_y[l].eq(p.b[l])]
                     with m.Case(VpuOp.SQDIST):
-                        m.d.sync += s1_prod[l].eq(diff * diff)
+                        m.d.sync += [s0_x[l].eq(diff), s0_y[l].eq(diff)]
                     with m.Default():
-                        m.d.sync += s1_prod[l].eq(p.scalar * p.a[l])
-                m.d.sync += s1_acc[l].eq(p.acc[l])
+                        m.d.sync += [s0_x[l].eq(p.scalar), s0_y[l].eq(p.a[l])]
+                m.d.sync += s0_acc[l].eq(p.acc[l])
 
-        # Stage 2: the beat's adder tree; the AXPY products rounded and added to acc.
+        # Stage 2: one multiplier per lane (one MULT18X18D at in_width <= 17).
+        s1_valid, s1_op, s1_last = Signal(), Signal(2), Signal()
+        s1_prod = [Signal(signed(2 * w + 2), name=f"s1_prod{l}") for l in range(cfg.lanes)]
+        s1_acc = [Signal(signed(cfg.acc_width), name=f"s1_acc{l}") for l in range(cfg.lanes)]
+        with m.If(ce):
+            m.d.sync += [s1_valid.eq(s0_valid), s1_op.eq(s0_op), s1_last.eq(s0_last)]
+            for l in range(cfg.lanes):
+                m.d.sync += [s1_prod[l].eq(s0_x[l] * s0_y[l]), s1_acc[l].eq(s0_acc[l])]
+
+        # Stage 3: the beat's adder tree; the AXPY products rounded and added to acc.
         s2_valid, s2_op, s2_last = Signal(), Signal(2), Signal()
         s2_beat_sum = Signal(signed(2 * w + 2 + cfg.lanes.bit_length()))
         s2_lanes = [Signal(signed(cfg.acc_width + 1), name=f"s2_lane{l}") for l in range(cfg.lanes)]
         with m.If(ce):
-            m.d.sync += [s2_valid.eq(s1_valid), s2_op.eq(s1_op), s2_last.eq(s1_last), s2_beat_sum.eq(sum(s1_prod))]
+            m.d.sync += [s2_valid.eq(s1_valid), s2_op.eq(s1_op), s2_last.eq(s1_last),
+                         s2_beat_sum.eq(tree_sum(s1_prod))]
             for l in range(cfg.lanes):
                 m.d.sync += s2_lanes[l].eq(round_shift(s1_prod[l], cfg.axpy_shift) + s1_acc[l])
 

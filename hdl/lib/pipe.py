@@ -1,0 +1,95 @@
+"""Timing helpers: a multiply split into partial products that each fit one ECP5
+MULT18X18D, so the products can be registered before the adder that sums them.
+
+Yosys (``synth_ecp5``) decomposes a wide ``a * b`` into 18x18 DSPs and sums the pieces
+combinationally in the same cycle: DSP delay plus a long carry chain between two
+registers. ``partial_products`` returns the pieces (each <= 18x18 bits, shifted into
+place) so a block can register them in one stage and add them (with any rounding
+constant) in the next; the sum is exactly ``a * b``.
+"""
+from __future__ import annotations
+
+from amaranth import Cat, Const, Mux, Signal, Value, signed, unsigned
+
+CHUNK = 17  # low chunks are unsigned 17 bits: with a sign bit they fit the DSP's 18
+
+
+def _chunks(v, width: int, is_signed: bool):
+    """[(piece, shift)]: ``v`` cut into CHUNK-bit unsigned low pieces and a top piece of at
+    most CHUNK + 1 bits (signed when ``v`` is)."""
+    out, lo = [], 0
+    while width - lo > CHUNK + 1:
+        out.append((v[lo:lo + CHUNK], lo))
+        lo += CHUNK
+    top = v[lo:width]
+    out.append((top.as_signed() if is_signed else top, lo))
+    return out
+
+
+def _operand(x):
+    if isinstance(x, int):
+        if x == 0:
+            return Const(0, 1), 1, False
+        shape = signed(x.bit_length() + 1) if x < 0 else unsigned(x.bit_length())
+        return Const(x, shape), shape.width, shape.signed
+    x = Value.cast(x)
+    return x, x.shape().width, x.shape().signed
+
+
+def partial_products(a, b) -> list[tuple[Value, int]]:
+    """``[(a_i * b_j, shift)]`` with ``sum(p << shift) == a * b``; ``b`` may be an int."""
+    va, wa, sa = _operand(a)
+    vb, wb, sb = _operand(b)
+    pieces = []
+    for pa, sha in _chunks(va, wa, sa):
+        for pb, shb in _chunks(vb, wb, sb):
+            pieces.append((pa * pb, sha + shb))
+    return pieces
+
+
+def register_partials(m, ce, pieces, name: str) -> list[tuple[Signal, int]]:
+    """The pieces in registers (loaded when ``ce``)."""
+    regs = []
+    for n, (value, shift) in enumerate(pieces):
+        reg = Signal(value.shape(), name=f"{name}_pp{n}")
+        with m.If(ce):
+            m.d.sync += reg.eq(value)
+        regs.append((reg, shift))
+    return regs
+
+
+def sum_partials(regs, extra=None) -> Value:
+    """``sum(p << shift) (+ extra)``: the registered pieces added back together."""
+    terms = [(r << s) if s else r for r, s in regs]
+    if extra is not None:
+        terms.append(extra)
+    total = terms[0]
+    for t in terms[1:]:
+        total = total + t
+    return total
+
+
+def tree_sum(values) -> Value:
+    """Sum of ``values`` as a balanced adder tree (log2(n) adders deep, not n - 1)."""
+    values = list(values)
+    while len(values) > 1:
+        values = [values[i] + values[i + 1] if i + 1 < len(values) else values[i] for i in range(0, len(values), 2)]
+    return values[0]
+
+
+def leading_one(v: Value) -> Value:
+    """Index of the highest set bit of ``v`` (0 when ``v`` is 0) as a balanced tree of
+    muxes, log2(width) deep (a priority chain over the bits is width deep)."""
+    v = Value.cast(v)
+    width = 1 << max(1, (len(v) - 1).bit_length())
+    padded = v.as_unsigned() if len(v) == width else Cat(v.as_unsigned(), Const(0, width - len(v)))
+
+    def tree(bits):
+        if len(bits) == 2:
+            return bits[1], bits[0] | bits[1]
+        half = len(bits) // 2
+        hi_index, hi_any = tree(bits[half:])
+        lo_index, lo_any = tree(bits[:half])
+        return Cat(Mux(hi_any, hi_index, lo_index), hi_any), hi_any | lo_any
+
+    return tree(padded)[0]
