@@ -40,6 +40,8 @@ class HeadConfig(BlockConfig):
     max_positions: int = param(4096, "largest context the block holds")
     intervals: int = param(8, "R: finite PWL intervals over [cutoff, 0] (plus the zero interval)")
     cutoff: float = param(-8.0, "e_R: below this x = s - m contributes nothing")
+    score_width: int = param(18, "bits of a signed score s, the running max m and x = s - m (the SFM's x)")
+    score_frac: int = param(9, "fraction bits of s, m and x")
 
     min_beats = 2   # head_dim / lanes at least this
 
@@ -49,6 +51,8 @@ class HeadConfig(BlockConfig):
                      f"head_dim ({self.head_dim}) must be a multiple of lanes ({self.lanes}) with at least "
                      f"{self.min_beats} beats per vector")
         self.require(2 <= self.max_positions <= 1 << 16, f"max_positions must be 2..65536, got {self.max_positions}")
+        self.require(8 <= self.score_width <= 24 and 4 <= self.score_frac <= self.score_width - 6,
+                     f"score_width must be 8..24 and score_frac 4..score_width-6, got {self.score_width}.{self.score_frac}")
 
     @property
     def beats(self) -> int:
@@ -89,8 +93,8 @@ class DenseConfig(HeadConfig):
 
     @cached_property
     def sfm(self) -> SfmConfig:
-        return SfmConfig(intervals=self.intervals, cutoff=self.cutoff,
-                         recip_in_width=self.sfm_out_width_sum)
+        return SfmConfig(intervals=self.intervals, cutoff=self.cutoff, x_width=self.score_width,
+                         x_frac=self.score_frac, recip_in_width=self.sfm_out_width_sum)
 
     @property
     def sfm_out_width_sum(self) -> int:

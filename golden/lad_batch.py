@@ -73,13 +73,14 @@ from __future__ import annotations
 
 import torch
 
+from .dense import dense_attention_bits
 from .fixedpoint import FixedFormat, round_shift, saturate
-from .lad_tile import COS_FRAC, LadTileConfig, mode_bounds, sat_add_sequence
+from .lad_tile import COS_FRAC, LadTileConfig, StepPath, mode_bounds, sat_add_sequence
 
 LIMB = 31
 LOW = (1 << LIMB) - 1
 WIDE_LIM = 1 << 62          # round_shift_wide's results are exact up to this magnitude, clamped beyond
-STAT_KEYS = ("position", "candidates", "active", "false_alarms", "mode_changes", "overflow", "m", "z",
+STAT_KEYS = ("position", "candidates", "active", "false_alarms", "mode_changes", "path", "m", "z",
              "centers", "new_center", "kv_beats")
 
 
@@ -165,7 +166,8 @@ class LadTileBatch:
         self.n = 0
         # main memory and the center table hold kv-format values: int16; dot products are
         # int32 products (|q k| <= 2**30) summed in int64
-        self.KV = torch.zeros(H, P, 2 * d, dtype=torch.int16)      # k | v of each position
+        self.KV = torch.zeros(H, P, 2 * d, dtype=torch.int16)      # k | v of each position (LAD steps)
+        self.KV_past: list[torch.Tensor] = []                      # (H, 2d) of positions past max_positions
         self.centers = torch.zeros(H, cfg.max_centers, d, dtype=torch.int32)
         self.center_rm = torch.zeros(H, cfg.max_centers, **i64)   # RECIP(|c|^2): mantissa
         self.center_re = torch.zeros(H, cfg.max_centers, **i64)   # and exponent
@@ -402,6 +404,27 @@ class LadTileBatch:
         o = (((N >> mf) * rm + (((N & ((1 << mf) - 1)) * rm + half) >> mf)) >> e)
         return saturate(o, cfg.kv_format)
 
+    def _exact_step(self, q, k, v):
+        """Past ``max_positions``: ``LadTileModel.exact_step`` for every head."""
+        cfg, H, n, d = self.cfg, self.heads, self.n, self.cfg.head_dim
+        zero = torch.zeros(H, dtype=torch.int64)
+        stats = {key: zero.clone() for key in STAT_KEYS}
+        stats["position"] = torch.full((H,), n, dtype=torch.int64)
+        stats["centers"] = self.n_centers.clone()
+        if n >= cfg.kv_positions:
+            stats["path"] = torch.full((H,), int(StepPath.BEYOND), dtype=torch.int64)
+            return torch.zeros(H, d, dtype=torch.int64), stats
+        self.KV_past.append(torch.cat([k, v], 1).to(torch.int16))
+        kv = torch.cat([self.KV, torch.stack(self.KV_past, 1)], 1).long()        # (H, n + 1, 2d)
+        o = torch.zeros(H, d, dtype=torch.int64)
+        for h in range(H):
+            o[h], m, z = dense_attention_bits(q[h], kv[h, :, :d], kv[h, :, d:], cfg.fallback())
+            stats["m"][h], stats["z"][h] = m, z
+        self.n = n + 1
+        stats["path"] = torch.full((H,), int(StepPath.EXACT), dtype=torch.int64)
+        stats["kv_beats"] = torch.full((H,), 2 * (n + 1) * cfg.beats, dtype=torch.int64)
+        return o, stats
+
     # -- one step ------------------------------------------------------------------------------------
     def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """Raw ``q, k, v (H, d)`` -> raw ``o (H, d)`` and the stats of ``LadTileModel.step``, each ``(H,)``."""
@@ -411,11 +434,7 @@ class LadTileBatch:
         n = self.n
         zero = torch.zeros(H, dtype=torch.int64)
         if n >= P:
-            stats = {key: zero.clone() for key in STAT_KEYS}
-            stats["position"] = torch.full((H,), n, dtype=torch.int64)
-            stats["overflow"] = torch.ones(H, dtype=torch.int64)
-            stats["centers"] = self.n_centers.clone()
-            return torch.zeros(H, d, dtype=torch.int64), stats
+            return self._exact_step(q, k, v)
         xf = sfm.x_format
         heads = self._heads
         q32, k32 = q.to(torch.int32), k.to(torch.int32)
@@ -488,6 +507,6 @@ class LadTileBatch:
         na = torch.bincount(hc[act], minlength=H)
         stats = {"position": torch.full((H,), n, dtype=torch.int64), "candidates": nc, "active": na,
                  "false_alarms": nc - na, "mode_changes": torch.bincount(sc.seg, minlength=H),
-                 "overflow": zero, "m": m, "z": Z, "centers": self.n_centers.clone(),
+                 "path": zero, "m": m, "z": Z, "centers": self.n_centers.clone(),
                  "new_center": new_center.long(), "kv_beats": cfg.beats * (nc + na)}
         return o, stats

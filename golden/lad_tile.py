@@ -40,8 +40,13 @@ One step at position ``n`` (eq. numbers are docs/algorithms.md sections):
    ``k_n, v_n`` are absorbed with ``(a_{r_n}, b_{r_n})`` and mode ``r_n`` (§1.5).
 
 Counters (§1.4): bumping ``r`` adds one; if it passes ``counter_max`` all of the
-position's counters are halved. A context of ``max_positions`` is full: further steps
-leave the state unchanged and report ``overflow`` with ``o = 0``.
+position's counters are halved.
+
+Past ``max_positions`` (the metadata SRAMs are full) a step is an exact pass over the KV
+memory: ``golden.dense.dense_attention_bits`` over positions ``0..n`` with the dense baseline's
+formats (``LadTileConfig.fallback()``), reported with ``path = StepPath.EXACT``; the LAD state
+stays as it is. Past ``kv_positions`` (the KV memory's depth) a step returns ``o = 0`` with
+``path = StepPath.BEYOND`` and changes nothing (docs/lad-tile.md, "Past max_positions").
 """
 from __future__ import annotations
 
@@ -49,9 +54,10 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import torch
+from amaranth.lib import enum
 
 from .config import param
-from .dense import SCALE_FRAC, DenseConfig, HeadConfig, score_raw
+from .dense import SCALE_FRAC, DenseConfig, HeadConfig, dense_attention_bits, score_raw
 from .fixedpoint import FixedFormat, round_shift, saturate
 from .lad_ref import LadConfig
 from .sfm import SfmConfig, exp_pwl, recip
@@ -62,6 +68,13 @@ CACHE_FRAC = 24       # A, B, C, D
 COEF_FRAC = 16        # a, b, alpha, beta, E, F (the SFM's coefficient format)
 N_FRAC = 23           # N: p (frac 15) times v (frac 8)
 Z_FRAC = 15
+
+
+class StepPath(enum.IntEnum, shape=2):
+    """What a tile step computed (the ``path`` statistic)."""
+    LAD = 0      # the LAD step (context within max_positions)
+    EXACT = 1    # past max_positions: an exact pass over the KV memory (the dense baseline's arithmetic)
+    BEYOND = 2   # past kv_positions: no output (o = 0), nothing changes
 
 
 @dataclass(frozen=True)
@@ -76,6 +89,8 @@ class LadTileConfig(HeadConfig):
     rho_width: int = param(20, "bits of the signed center ratio rho")
     rho_frac: int = param(12, "fraction bits of rho")
     cache_dot_frac: int = param(12, "fraction bits of A and D as operands of the q.A / q.D dot products")
+    kv_positions: int = param(8192, "depth of the KV memory: contexts past max_positions (up to this) are "
+                                    "computed by an exact pass over it")
 
     def validate(self):
         super().validate()
@@ -93,6 +108,12 @@ class LadTileConfig(HeadConfig):
                      f"rho_width must be 8..24 and rho_frac 4..rho_width-1, got {self.rho_width}.{self.rho_frac}")
         self.require(4 <= self.cache_dot_frac <= CACHE_FRAC,
                      f"cache_dot_frac must be 4..{CACHE_FRAC}, got {self.cache_dot_frac}")
+        self.require(self.max_positions <= self.kv_positions <= 1 << 16,
+                     f"kv_positions must be max_positions..65536, got {self.kv_positions}")
+        self.require(self.beats >= DenseConfig.min_beats,
+                     f"head_dim / lanes must be at least {DenseConfig.min_beats} (the exact pass past "
+                     f"max_positions), got {self.beats}")
+        self.fallback()
         self.sfm  # validates the PWL parameters
         self.reference()
 
@@ -121,8 +142,8 @@ class LadTileConfig(HeadConfig):
 
     @cached_property
     def sfm(self) -> SfmConfig:
-        return SfmConfig(intervals=self.intervals, cutoff=self.cutoff,
-                         recip_in_width=max(self.kk_width, self.z_width))
+        return SfmConfig(intervals=self.intervals, cutoff=self.cutoff, x_width=self.score_width,
+                         x_frac=self.score_frac, recip_in_width=max(self.kk_width, self.z_width))
 
     @cached_property
     def score_vpu(self) -> VpuConfig:
@@ -153,6 +174,15 @@ class LadTileConfig(HeadConfig):
     def dense(self) -> DenseConfig:
         """The dense baseline at this tile's shape, formats, context and PWL (same KV bandwidth)."""
         return DenseConfig(**self.head_fields())
+
+    def fallback(self) -> DenseConfig:
+        """The exact pass past ``max_positions``: the dense baseline over the whole KV memory."""
+        return DenseConfig(**{**self.head_fields(), "max_positions": self.kv_positions})
+
+    @property
+    def step_position_width(self) -> int:
+        """Bits of a step's position (up to ``kv_positions``)."""
+        return max(1, self.kv_positions.bit_length())
 
     @property
     def cos2_raw(self) -> int:
@@ -196,7 +226,7 @@ class LadTileConfig(HeadConfig):
 
 PRESETS = {
     "default": LadTileConfig(),
-    "small": LadTileConfig(head_dim=32, lanes=8, vpus=5, max_positions=64, max_centers=8),
+    "small": LadTileConfig(head_dim=32, lanes=8, vpus=5, max_positions=64, max_centers=8, kv_positions=128),
 }
 
 
@@ -238,7 +268,7 @@ class MdDecision:
 
 @dataclass(frozen=True)
 class StepTrace:
-    """The transactions of one (non-overflow) step at position ``n``, per module, as Python ints
+    """The transactions of one LAD step at position ``n``, per module, as Python ints
     and lists: what EAS, APID, MD and AC see and produce (docs/algorithms.md §1.2-1.5)."""
     n: int
     q: list[int]
@@ -319,7 +349,7 @@ class LadTileModel:
     """Bit-accurate LAD tile state and step. ``step(q, k, v)`` takes raw kv-format d-vectors and
     returns raw ``o`` and the step's statistics (what the RTL reports).
 
-    ``trace``: None, or a list to which every step that does not overflow appends its
+    ``trace``: None, or a list to which every LAD step (``path = LAD``) appends its
     :class:`StepTrace` (the transactions each module, EAS, APID, MD and AC, sees and
     produces); the per-module cocotb benches (testbenches/tb/tb_lad_*.py) replay them. ``approx_scores``,
     ``md_decide`` and ``finish`` are the step's module-level pieces, pure functions of their
@@ -337,8 +367,8 @@ class LadTileModel:
         self.lo = torch.tensor([v if v is not None else -big for v in lo], dtype=torch.int64)
         self.hi = torch.tensor([v if v is not None else big for v in hi], dtype=torch.int64)
         self.n = 0
-        self.K = torch.zeros(P, d, dtype=torch.int64)      # main memory (the KV cache)
-        self.V = torch.zeros(P, d, dtype=torch.int64)
+        self.K = torch.zeros(cfg.kv_positions, d, dtype=torch.int64)      # the KV memory
+        self.V = torch.zeros(cfg.kv_positions, d, dtype=torch.int64)
         self.centers = torch.zeros(cfg.max_centers, d, dtype=torch.int64)
         self.center_recip: list[tuple[int, int]] = []       # (mantissa, exponent) of 1/|c|^2
         self.center_of = torch.zeros(P, dtype=torch.int64)
@@ -451,16 +481,28 @@ class LadTileModel:
                      FixedFormat(cfg.z_width, 0))
         return N, Z
 
+    def exact_step(self, q, k, v, stats):
+        """A step past ``max_positions``: the exact pass (or, past ``kv_positions``, no output)."""
+        cfg, n = self.cfg, self.n
+        stats.update(centers=self.n_centers, new_center=0, kv_beats=0)
+        if n >= cfg.kv_positions:
+            stats.update(path=StepPath.BEYOND)
+            return torch.zeros(cfg.head_dim, dtype=torch.int64), stats
+        self.K[n], self.V[n] = k, v
+        o, m, z = dense_attention_bits(q, self.K[:n + 1], self.V[:n + 1], cfg.fallback())
+        self.n = n + 1
+        stats.update(path=StepPath.EXACT, m=m, z=z, kv_beats=2 * (n + 1) * cfg.beats)
+        return o, stats
+
     # -- one step ----------------------------------------------------------------------------
     def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         cfg, sfm = self.cfg, self.cfg.sfm
         q, k, v = (torch.as_tensor(t, dtype=torch.int64) for t in (q, k, v))
         n = self.n
         stats = {"position": n, "candidates": 0, "active": 0, "false_alarms": 0, "mode_changes": 0,
-                 "overflow": 0, "m": 0, "z": 0}
+                 "path": StepPath.LAD, "m": 0, "z": 0}
         if n >= cfg.max_positions:
-            stats.update(overflow=1, centers=self.n_centers, kv_beats=0, new_center=0)
-            return torch.zeros(cfg.head_dim, dtype=torch.int64), stats
+            return self.exact_step(q, k, v, stats)
         tracing = self.trace is not None
         xf = sfm.x_format
         # 1-2. EAS: center scores, the new key's center, approximate scores, m

@@ -1,6 +1,7 @@
 """LAD tile under Verilator vs the bit-accurate model golden.lad_tile (every output beat and
 every step's statistics), on random sequences with corner cases and on real SmolLM2 heads;
 and the bit-accurate model vs its float twin golden.lad_ref (docs/lad-tile.md, "Numerics")."""
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -8,7 +9,7 @@ import torch
 
 from golden.errors import ConfigError
 from golden.lad_ref import LadHead
-from golden.lad_tile import PRESETS, LadTileConfig, LadTileModel
+from golden.lad_tile import PRESETS, LadTileConfig, LadTileModel, StepPath
 from testbenches.runner import simulate
 
 SEED = 2025
@@ -16,14 +17,18 @@ TRACE = Path(__file__).parent / "data" / "smollm2_lad_trace.pt"
 SMALL = PRESETS["small"]   # d = 32, 4 beats, 2 AC VPUs, 64 positions, 8 centers
 
 
-def test_lad_tile_rtl_equals_golden_drift_overflow_full_centers():
+def test_lad_tile_rtl_equals_golden_drift_past_the_end_full_centers():
     """Keys along a few directions, drifting queries: approximations, candidates, false alarms,
-    mode changes and counter halving; 70 steps pass max_positions = 64 (overflow) and fill the
-    8-entry center table (later keys join their best center)."""
-    r = simulate("lad-tile", SMALL, "testbenches.tb.tb_lad_tile", seed=SEED, name="drift",
+    mode changes and counter halving; the 8-entry center table fills (later keys join their best
+    center); past max_positions = 64 the exact pass (steps 64-67, the dense baseline over the KV
+    memory), past kv_positions = 68 no output."""
+    cfg = replace(SMALL, kv_positions=68)
+    r = simulate("lad-tile", cfg, "testbenches.tb.tb_lad_tile", seed=SEED, name="drift",
                  params={"steps": 70, "kind": "drift"})
     assert r["mismatches"] == 0 and r["steps"] == 70
-    assert r["positions"][0] == 0 and r["overflow"] == 70 - SMALL.max_positions
+    assert r["positions"][0] == 0 and r["positions"][-1] == 68
+    assert r["paths"] == [StepPath.LAD] * 64 + [StepPath.EXACT] * 4 + [StepPath.BEYOND] * 2
+    assert all(beats == 2 * (n + 1) * cfg.beats for n, beats in zip(r["positions"][64:68], r["kv_beats"][64:68]))
     assert r["centers"] == SMALL.max_centers
     assert r["candidates"] > r["active"] > 0 and r["mode_changes"] > 0 and r["false_alarms"] > 0
     assert r["nonzero_outputs"] > r["beats"] // 2

@@ -20,7 +20,7 @@ import torch
 from ..errors import ConfigError
 from ..lad_ref import LadConfig, LadHead
 from ..lad_batch import LadTileBatch
-from ..lad_tile import LadTileConfig
+from ..lad_tile import LadTileConfig, StepPath
 from ..mac_ref import MacConfig, MacLayerState
 
 METHODS = ("full", "lad", "lad-tile", "mac")
@@ -58,12 +58,14 @@ class TileLayerState:
         sat = sum(int(((r == hi) | (r == lo)).sum()) for r in raw)
         self.saturated += sat
         o, st = self.tiles.step(*raw)
-        if bool(st["overflow"].any()):
-            raise ConfigError(f"context exceeds the tile's max_positions ({self.cfg.max_positions})")
+        if bool((st["path"] == StepPath.BEYOND).any()):
+            raise ConfigError(f"context exceeds the tile's KV memory (kv_positions = {self.cfg.kv_positions})")
+        exact = int((st["path"] == StepPath.EXACT).sum())     # past max_positions: every key and value read
         tot = {key: int(st[key].sum()) for key in
                ("candidates", "active", "false_alarms", "mode_changes", "centers", "kv_beats")}
-        tot.update(heads=self.heads, saturated=sat, positions=self.length,
-                   keys_read=tot["candidates"] + self.heads, values_read=tot["active"] + self.heads)
+        tot.update(heads=self.heads, saturated=sat, positions=self.length, exact_steps=exact,
+                   keys_read=tot["candidates"] + self.heads + exact * (self.length - 1),
+                   values_read=tot["active"] + self.heads + exact * (self.length - 1))
         return f.to_float(o), tot
 
 

@@ -8,8 +8,12 @@ its own SRAM banks and share of the VPU pool) and one SFM:
 caches; 5. APID pass B with MD: candidates read ``k_i`` (and actives ``v_i``) over
 ``kv_req``/``kv_resp``, corrections and mode-change updates go to AC; 6. the new position's
 PWL value (SFM EXP) into N, Z; 7. AC FINISH: ``o`` on ``out`` with the step's statistics;
-8. absorption of position n (AC cache update, APID metadata). A context of
-``max_positions`` overflows: the step returns ``o = 0`` with ``overflow`` set, state unchanged.
+8. absorption of position n (AC cache update, APID metadata).
+
+Past ``max_positions`` a step is the exact pass: the query goes to a dense baseline
+(``hdl.lad.dense.DenseAttention`` at ``cfg.fallback()``), which owns the KV port for the step and
+reads positions ``0..n``; its ``o``, ``m``, ``Z`` leave with ``path = EXACT``. Past
+``kv_positions`` a step returns ``o = 0`` with ``path = BEYOND`` (docs/lad-tile.md, "Past max_positions").
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from amaranth import Array, Cat, Const, Module, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from golden.lad_tile import LadTileConfig
+from golden.lad_tile import LadTileConfig, StepPath
 from golden.sfm import SfmOp
 
 from ..lib.arith import incr, saturate
@@ -25,7 +29,7 @@ from ..lib.sfm import Sfm
 from .ac import Ac
 from .apid import Apid
 from .common import AcOp, beat_layout
-from .dense import kv_request_layout
+from .dense import DenseAttention, kv_request_layout
 from .eas import Eas
 from .md import Md
 
@@ -37,11 +41,11 @@ def step_layout(cfg: LadTileConfig) -> data.StructLayout:
 def tile_out_layout(cfg: LadTileConfig) -> data.StructLayout:
     return data.StructLayout({
         "o": beat_layout(cfg),
-        "position": unsigned(cfg.position_width), "candidates": unsigned(cfg.position_width),
+        "position": unsigned(cfg.step_position_width), "candidates": unsigned(cfg.position_width),
         "active": unsigned(cfg.position_width), "false_alarms": unsigned(cfg.position_width),
         "mode_changes": unsigned(cfg.position_width), "centers": unsigned(cfg.center_width + 1),
-        "new_center": unsigned(1), "overflow": unsigned(1),
-        "m": signed(cfg.sfm.x_width), "z": signed(cfg.z_width),
+        "new_center": unsigned(1), "path": StepPath,
+        "m": signed(cfg.sfm.x_width), "z": signed(max(cfg.z_width, cfg.fallback().sfm_out_width_sum + 1)),
         "kv_beats": unsigned(32), "cycles": unsigned(32),
     })
 
@@ -53,7 +57,7 @@ class LadTile(wiring.Component):
         self.cfg = cfg
         super().__init__({
             "step_in": In(stream.Signature(step_layout(cfg))),
-            "kv_req": Out(stream.Signature(kv_request_layout(cfg))),
+            "kv_req": Out(stream.Signature(kv_request_layout(cfg.fallback()))),
             "kv_resp": In(stream.Signature(beat_layout(cfg))),
             "out": Out(stream.Signature(tile_out_layout(cfg))),
         })
@@ -68,6 +72,7 @@ class LadTile(wiring.Component):
         m.submodules.md = md = Md(cfg)
         m.submodules.ac = ac = Ac(cfg)
         m.submodules.sfm = sfm = Sfm(sfm_cfg)
+        m.submodules.exact = exact = DenseAttention(cfg.fallback())
 
         q_buf = Array(Signal(L * kw, name=f"q_beat{b}") for b in range(nb))
         k_buf = Array(Signal(L * kw, name=f"k_beat{b}") for b in range(nb))
@@ -80,10 +85,20 @@ class LadTile(wiring.Component):
         wiring.connect(m, eas.approx, apid.approx)
         wiring.connect(m, apid.cand, md.cand)
         wiring.connect(m, md.verdict, apid.verdict)
-        wiring.connect(m, wiring.flipped(self.kv_req), md.kv_req)
-        wiring.connect(m, wiring.flipped(self.kv_resp), md.kv_resp)
+        # the KV port: MD's (candidates) or, past max_positions, the exact pass's
+        exact_pass = Signal()
+        with m.If(exact_pass):
+            m.d.comb += [self.kv_req.valid.eq(exact.kv_req.valid), self.kv_req.payload.eq(exact.kv_req.payload),
+                         exact.kv_req.ready.eq(self.kv_req.ready), exact.kv_resp.valid.eq(self.kv_resp.valid),
+                         exact.kv_resp.payload.eq(self.kv_resp.payload), self.kv_resp.ready.eq(exact.kv_resp.ready)]
+        with m.Else():
+            req = md.kv_req.payload
+            m.d.comb += [self.kv_req.valid.eq(md.kv_req.valid), self.kv_req.payload.value.eq(req.value),
+                         self.kv_req.payload.position.eq(req.position), self.kv_req.payload.beat.eq(req.beat),
+                         md.kv_req.ready.eq(self.kv_req.ready), md.kv_resp.valid.eq(self.kv_resp.valid),
+                         md.kv_resp.payload.eq(self.kv_resp.payload), self.kv_resp.ready.eq(md.kv_resp.ready)]
 
-        n = Signal(cfg.position_width)
+        n = Signal(cfg.step_position_width)
         beat = Signal(range(nb))
         key = Signal(eas.key_out.payload.shape())
         p_new, r_new = Signal(sfm_cfg.value_width), Signal(sfm_cfg.interval_width)
@@ -112,8 +127,10 @@ class LadTile(wiring.Component):
                     with m.If(beat == nb - 1):
                         m.d.sync += [kv_beats.eq(0), cycles.eq(0), absorb_sent.eq(0)]
                         m.d.sync += [s.eq(c) for s, c in zip(snap, counts)]
-                        with m.If(n >= cfg.max_positions):
-                            m.next = "OVERFLOW"
+                        with m.If(n >= cfg.kv_positions):
+                            m.next = "BEYOND"
+                        with m.Elif(n >= cfg.max_positions):
+                            m.next = "EXACT_QUERY"
                         with m.Else():
                             m.next = "EAS"
             with m.State("EAS"):
@@ -241,9 +258,28 @@ class LadTile(wiring.Component):
                 with m.If(absorb_sent | apid.absorb.ready):
                     m.d.sync += [n.eq(n + 1), beat.eq(0)]
                     m.next = "LOAD"
-            with m.State("OVERFLOW"):
-                m.d.comb += [self.out.valid.eq(1), self.out.payload.position.eq(n), self.out.payload.overflow.eq(1),
-                             self.out.payload.centers.eq(eas.centers)]
+            with m.State("EXACT_QUERY"):   # past max_positions: the query to the exact pass
+                m.d.comb += [exact.query.valid.eq(1), exact.query.payload.q.eq(q_buf[beat]),
+                             exact.query.payload.length.eq(n + 1)]
+                with m.If(exact.query.ready):
+                    m.d.sync += beat.eq(incr(beat, nb))
+                    with m.If(beat == nb - 1):
+                        m.next = "EXACT"
+            with m.State("EXACT"):         # it owns the KV port; its o beats leave with its statistics
+                d = exact.out.payload
+                m.d.comb += [exact_pass.eq(1), self.out.valid.eq(exact.out.valid), exact.out.ready.eq(self.out.ready),
+                             self.out.payload.o.eq(d.o), self.out.payload.position.eq(n),
+                             self.out.payload.path.eq(StepPath.EXACT), self.out.payload.centers.eq(eas.centers),
+                             self.out.payload.m.eq(d.m), self.out.payload.z.eq(d.z),
+                             self.out.payload.kv_beats.eq(d.kv_beats), self.out.payload.cycles.eq(d.cycles)]
+                with m.If(self.out.valid & self.out.ready):
+                    m.d.sync += beat.eq(incr(beat, nb))
+                    with m.If(beat == nb - 1):
+                        m.d.sync += n.eq(n + 1)
+                        m.next = "LOAD"
+            with m.State("BEYOND"):        # past kv_positions: no output, nothing changes
+                m.d.comb += [self.out.valid.eq(1), self.out.payload.position.eq(n),
+                             self.out.payload.path.eq(StepPath.BEYOND), self.out.payload.centers.eq(eas.centers)]
                 with m.If(self.out.ready):
                     m.d.sync += beat.eq(incr(beat, nb))
                     with m.If(beat == nb - 1):

@@ -15,7 +15,7 @@ from testbenches.streams import Bench, kv_lookup
 from testbenches.tb.lad_steps import beats, sequence
 
 STAT_FIELDS = ("position", "candidates", "active", "false_alarms", "mode_changes", "centers", "new_center",
-               "overflow", "m", "z", "kv_beats")
+               "path", "m", "z", "kv_beats")
 
 
 @cocotb.test()
@@ -42,6 +42,7 @@ async def lad_tile_matches_golden(dut):
         step_cycles=[got["cycles"] for _, got in sink.received[::nb]],
         kv_beats=[got["kv_beats"] for _, got in sink.received[::nb]],
         candidates=sum_of("candidates"), active=sum_of("active"), false_alarms=sum_of("false_alarms"),
-        mode_changes=sum_of("mode_changes"), overflow=sum_of("overflow"), centers=stats[-1]["centers"],
+        mode_changes=sum_of("mode_changes"), centers=stats[-1]["centers"],
+        paths=[int(st["path"]) for st in stats],
         new_centers=sum_of("new_center"), nonzero_outputs=sum(1 for w, _ in sink.expected if any(w["o"])),
         positions=[st["position"] for st in stats])
