@@ -89,6 +89,8 @@ class LadTileConfig(HeadConfig):
     rho_width: int = param(20, "bits of the signed center ratio rho")
     rho_frac: int = param(12, "fraction bits of rho")
     cache_dot_frac: int = param(12, "fraction bits of A and D as operands of the q.A / q.D dot products")
+    eas_beats: int = param(2, "cycles per center in EAS's center pass: each center is read head_dim / eas_beats "
+                              "elements per cycle (the two EAS VPUs have that many lanes); divides head_dim / lanes")
     kv_positions: int = param(8192, "depth of the KV memory: contexts past max_positions (up to this) are "
                                     "computed by an exact pass over it")
 
@@ -108,6 +110,9 @@ class LadTileConfig(HeadConfig):
                      f"rho_width must be 8..24 and rho_frac 4..rho_width-1, got {self.rho_width}.{self.rho_frac}")
         self.require(4 <= self.cache_dot_frac <= CACHE_FRAC,
                      f"cache_dot_frac must be 4..{CACHE_FRAC}, got {self.cache_dot_frac}")
+        self.require(self.eas_beats >= 1 and self.beats % self.eas_beats == 0 and self.eas_lanes <= 64,
+                     f"eas_beats must divide head_dim / lanes ({self.beats}) and leave at most 64 EAS lanes, "
+                     f"got {self.eas_beats}")
         self.require(self.max_positions <= self.kv_positions <= 1 << 16,
                      f"kv_positions must be max_positions..65536, got {self.kv_positions}")
         self.require(self.beats >= DenseConfig.min_beats,
@@ -121,6 +126,11 @@ class LadTileConfig(HeadConfig):
     @property
     def ac_vpus(self) -> int:
         return self.vpus - 3
+
+    @property
+    def eas_lanes(self) -> int:
+        """Elements of a center (and of q, k_n) EAS reads per cycle: ``head_dim / eas_beats``."""
+        return self.head_dim // self.eas_beats
 
     @property
     def rho_format(self) -> FixedFormat:
@@ -147,9 +157,14 @@ class LadTileConfig(HeadConfig):
 
     @cached_property
     def score_vpu(self) -> VpuConfig:
-        """EAS and MD: exact dot products of two kv-format vectors (never saturate)."""
+        """MD: exact dot products of two kv-format vectors (never saturate)."""
         return VpuConfig(lanes=self.lanes, in_width=self.kv_width,
                          acc_width=2 * self.kv_width + 2 + max(1, (self.head_dim - 1).bit_length()), axpy_shift=0)
+
+    @cached_property
+    def eas_vpu(self) -> VpuConfig:
+        """EAS: q.c_j and k_n.c_j, ``eas_lanes`` elements per cycle (same widths as ``score_vpu``)."""
+        return VpuConfig(lanes=self.eas_lanes, in_width=self.kv_width, acc_width=self.score_vpu.acc_width, axpy_shift=0)
 
     # AC datapath widths (docs/lad-tile.md, formats as built): one place for RTL and model.
     ac_operand_width = 30   # A_r, D_r as q.A / q.D operands; the AXPY scalars alpha, beta, g, w
