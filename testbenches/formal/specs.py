@@ -1,0 +1,156 @@
+"""What is checked formally for each block of hdl/registry.py: the configs (``small`` for
+``make test``, ``big`` for ``make formal``), the counting / gate / environment / liveness rules
+of :mod:`testbenches.formal.harness`, and the depths (docs/verification.md has the results)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from golden.dense import DenseConfig
+from golden.lad_tile import LadTileConfig
+from golden.mac_unit import MacUnitConfig
+from golden.sfm import SfmConfig
+from golden.sram import SramConfig
+from golden.vpu import VpuConfig, VpuOp
+
+from .harness import Count, Gate, Live, Response
+
+
+@dataclass(frozen=True)
+class Depths:
+    """k of the k-induction (``prove``), BMC depth of the counting rules (``bmc``), of the
+    liveness check (``live``) and of the covers (``cover``)."""
+    prove: int
+    bmc: int
+    live: int
+    cover: int
+
+
+@dataclass(frozen=True)
+class FormalSpec:
+    block: str
+    small: object                     # the config of `make test`
+    big: object                       # the config of `make formal`
+    rules: Callable                   # cfg -> dict(counts=, gates=, responses=, lives=)
+    depths: Callable                  # cfg -> Depths
+    note: str = ""
+
+
+# Beats a stall-all pipeline may hold: above the VPU's, SFM's and merge unit's stage counts
+# (5, 6 and 2 at the time of writing, changed by retiming), far below unbounded.
+PIPELINE_CAP = 8
+
+
+def _vpu_rules(cfg):
+    produces = lambda p: (p.op == VpuOp.AXPY) | p.last   # an AXPY beat or the last beat of a reduction
+    return dict(counts=[Count("o", "i", cap=PIPELINE_CAP, in_when=produces)], lives=[Live("i", 1)])
+
+
+def _sfm_rules(cfg):
+    return dict(counts=[Count("o", "i", cap=PIPELINE_CAP)], lives=[Live("i", 1)])
+
+
+def _sram_rules(cfg):
+    counts = [Count(f"read{n}_resp", f"read{n}_req", cap=cfg.read_latency) for n in range(cfg.read_ports)]
+    lives = [Live("write", 1)] + [Live(f"read{n}_req", 1) for n in range(cfg.read_ports)]
+    return dict(counts=counts, lives=lives)
+
+
+def _match_rules(cfg):
+    return dict(counts=[Count("result", "query", in_per=cfg.beats, cap=1)],
+                lives=[Live("query", cfg.window * cfg.beats + 16)])
+
+
+def _merge_rules(cfg):
+    return dict(counts=[Count("o", "i", cap=PIPELINE_CAP)], lives=[Live("i", 24)])
+
+
+def _unit_rules(cfg):
+    match, merge = _match_rules(cfg), _merge_rules(cfg)
+    rename = {"query": "match_query", "result": "match_result", "i": "merge_in", "o": "merge_out"}
+    counts = [Count(rename[c.out], rename[c.inp], c.in_per, c.out_per, c.cap) for c in match["counts"] + merge["counts"]]
+    lives = [Live(rename[lv.inp], lv.bound) for lv in match["lives"] + merge["lives"]]
+    return dict(counts=counts, lives=lives)
+
+
+def _dense_rules(cfg):
+    nb = cfg.beats
+    length = lambda w: (w.query.payload.length >= 1) & (w.query.payload.length <= cfg.max_positions)
+    return dict(assumes=[lambda w: ~w.query.valid | length(w)],
+                counts=[Count("out", "query", in_per=nb, out_per=nb, cap=1)],
+                gates=[Gate("kv_req", "query", "out", in_per=nb, done_per=nb)],
+                responses=[Response("kv_req", "kv_resp")],
+                lives=[Live("query", 8 * cfg.max_positions * nb + 64)])
+
+
+def _tile_rules(cfg):
+    nb = cfg.beats
+    return dict(counts=[Count("out", "step_in", in_per=nb, out_per=nb, cap=1)],
+                gates=[Gate("kv_req", "step_in", "out", in_per=nb, done_per=nb)],
+                responses=[Response("kv_req", "kv_resp")],
+                lives=[Live("step_in", 40 * cfg.max_positions * nb + 256)])
+
+
+def _eas_rules(cfg):
+    return dict(counts=[Count("key_out", "start", cap=1), Count("approx", "lookup", cap=2)],
+                responses=[Response("recip_req", "recip_resp")],
+                lives=[Live("start", 8 * cfg.max_centers * cfg.beats + 64), Live("lookup", 8)])
+
+
+def _apid_rules(cfg):
+    return dict(counts=[Count("smax", "scan", cap=1, in_when=lambda p: p.classify == 0),
+                        Count("done", "scan", cap=1, in_when=lambda p: p.classify == 1)],
+                responses=[Response("lookup", "approx"), Response("cand", "verdict")],
+                lives=[Live("scan", 8 * cfg.max_positions + 32), Live("absorb", 8 * cfg.max_positions + 32)])
+
+
+def _md_rules(cfg):
+    return dict(counts=[Count("verdict", "cand", cap=1)],
+                gates=[Gate("kv_req", "cand", "verdict")],
+                responses=[Response("kv_req", "kv_resp")],
+                lives=[Live("cand", 8 * cfg.beats + 32)])
+
+
+def _ac_rules(cfg):
+    from hdl.lad.common import AcOp
+    finish = lambda p: p.op == AcOp.FINISH
+    return dict(counts=[Count("out", "cmd", out_per=cfg.beats, cap=1, in_when=finish),
+                        Count("recip_req", "cmd", cap=1, in_when=finish)],
+                responses=[Response("recip_req", "recip_resp")],
+                lives=[Live("cmd", 8 * cfg.beats * cfg.head_dim + 64)])
+
+
+_TINY_LAD = LadTileConfig(head_dim=4, lanes=1, vpus=4, max_positions=4, max_centers=2)
+_SMALL_LAD = LadTileConfig(head_dim=8, lanes=2, vpus=5, max_positions=8, max_centers=4)
+_TINY_MAC = MacUnitConfig(window=2, head_dim=2, heads=1, lanes=1, q_width=4, q_frac=2, score_width=8,
+                          score_frac=2, sum_width=8, sum_frac=4, out_width=4, out_frac=2, mantissa_frac=8)
+_SMALL_MAC = MacUnitConfig(window=4, head_dim=4, heads=2, lanes=2, q_width=6, q_frac=3, score_width=10,
+                           score_frac=4, sum_width=12, sum_frac=6, out_width=6, out_frac=3, mantissa_frac=8)
+
+
+def _d(prove, bmc, live, cover):
+    return lambda cfg: Depths(prove, bmc, live, cover)
+
+
+SPECS: dict[str, FormalSpec] = {s.block: s for s in [
+    FormalSpec("vpu", VpuConfig(lanes=2, in_width=4, acc_width=10, axpy_shift=3),
+               VpuConfig(lanes=4, in_width=8, acc_width=20, axpy_shift=7), _vpu_rules, _d(2, 14, 8, 12)),
+    FormalSpec("sfm", SfmConfig(x_width=8, x_frac=4, coef_frac=8, out_width=8, out_frac=7, intervals=2, cutoff=-4.0,
+                                recip_in_width=6, table_index_bits=2, table_delta_bits=2, mantissa_frac=8),
+               SfmConfig(x_width=12, x_frac=7, coef_frac=12, out_width=12, out_frac=11, intervals=4, cutoff=-8.0,
+                         recip_in_width=12, table_index_bits=4, table_delta_bits=4, mantissa_frac=10),
+               _sfm_rules, _d(2, 16, 8, 14)),
+    FormalSpec("sram", SramConfig(depth=4, width=4, read_ports=2, read_latency=2),
+               SramConfig(depth=16, width=8, read_ports=4, read_latency=4), _sram_rules, _d(2, 12, 8, 10)),
+    FormalSpec("mac-match", _TINY_MAC, _SMALL_MAC, _match_rules, _d(2, 20, 24, 20)),
+    FormalSpec("mac-merge", _TINY_MAC, _SMALL_MAC, _merge_rules, _d(2, 24, 28, 24)),
+    FormalSpec("mac-unit", _TINY_MAC, _SMALL_MAC, _unit_rules, _d(2, 24, 28, 24)),
+    FormalSpec("dense", DenseConfig(head_dim=4, lanes=1, max_positions=2, kv_width=6, kv_frac=3),
+               DenseConfig(head_dim=8, lanes=2, max_positions=4, kv_width=8, kv_frac=4), _dense_rules,
+               _d(2, 30, 40, 30)),
+    FormalSpec("lad-tile", _TINY_LAD, _SMALL_LAD, _tile_rules, _d(2, 30, 40, 40)),
+    FormalSpec("lad-eas", _TINY_LAD, _SMALL_LAD, _eas_rules, _d(2, 24, 30, 24)),
+    FormalSpec("lad-apid", _TINY_LAD, _SMALL_LAD, _apid_rules, _d(2, 24, 30, 24)),
+    FormalSpec("lad-md", _TINY_LAD, _SMALL_LAD, _md_rules, _d(2, 24, 30, 24)),
+    FormalSpec("lad-ac", _TINY_LAD, _SMALL_LAD, _ac_rules, _d(2, 24, 30, 24)),
+]}
