@@ -91,6 +91,8 @@ class LadTileConfig(HeadConfig):
     cache_dot_frac: int = param(12, "fraction bits of A and D as operands of the q.A / q.D dot products")
     eas_beats: int = param(2, "cycles per center in EAS's center pass: each center is read head_dim / eas_beats "
                               "elements per cycle (the two EAS VPUs have that many lanes); divides head_dim / lanes")
+    md_inflight: int = param(4, "candidates MD holds at once: their key reads are issued back to back, the "
+                                "actives' value reads between them (the KV port's requests in flight)")
     kv_positions: int = param(8192, "depth of the KV memory: contexts past max_positions (up to this) are "
                                     "computed by an exact pass over it")
 
@@ -113,6 +115,7 @@ class LadTileConfig(HeadConfig):
         self.require(self.eas_beats >= 1 and self.beats % self.eas_beats == 0 and self.eas_lanes <= 64,
                      f"eas_beats must divide head_dim / lanes ({self.beats}) and leave at most 64 EAS lanes, "
                      f"got {self.eas_beats}")
+        self.require(1 <= self.md_inflight <= 16, f"md_inflight must be 1..16, got {self.md_inflight}")
         self.require(self.max_positions <= self.kv_positions <= 1 << 16,
                      f"kv_positions must be max_positions..65536, got {self.kv_positions}")
         self.require(self.beats >= DenseConfig.min_beats,
