@@ -70,6 +70,7 @@ def sram_banks(cfg: LadTileConfig) -> dict[str, SramConfig]:
         "apid.metadata": SramConfig(depth=cfg.max_positions, width=meta_layout(cfg).size),
         "apid.approx_scores": SramConfig(depth=cfg.max_positions, width=xw),
         **{f"ac.a{p}": SramConfig(depth=a_words, width=L * cfg.ac_acc_width) for p in range(P)},
+        "exact.scores": SramConfig(depth=cfg.kv_positions, width=xw),   # the exact pass's score buffer
     }
 
 
