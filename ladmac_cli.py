@@ -109,6 +109,11 @@ def cmd_synth(rest: list[str]) -> int:
     return main(rest)
 
 
+def cmd_formal(rest: list[str]) -> int:
+    from testbenches.formal.cli import main
+    return main(rest)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from golden.cli import Parser, add_overrides
     from hdl.registry import BLOCKS
@@ -136,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("method", choices=["lad", "mac", "attncache"])
     sub.add_parser("synth", help="synthesise a block for ECP5 / generic cells (see `ladmac synth -h`)",
                    add_help=False)
+    sub.add_parser("formal", help="formal stream properties of blocks (SymbiYosys; see `ladmac formal -h`)",
+                   add_help=False)
     sub.add_parser("sweep", help="design sweep of LAD inside SmolLM2 through Ray (see `ladmac sweep lad -h`)",
                    add_help=False)
     return parser
@@ -151,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_eval(args, rest)
         if argv[:1] == ["synth"]:
             return cmd_synth(argv[1:])
+        if argv[:1] == ["formal"]:
+            return cmd_formal(argv[1:])
         if argv[:1] == ["sweep"]:
             return cmd_sweep(argv[1:])
         args = parser.parse_args(argv)

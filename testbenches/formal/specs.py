@@ -105,8 +105,10 @@ def _apid_rules(cfg):
 
 
 def _md_rules(cfg):
-    return dict(counts=[Count("verdict", "cand", cap=1)],
-                gates=[Gate("kv_req", "cand", "verdict")],
+    nb = cfg.beats
+    # per candidate: k_i (nb beats), and v_i too when it is active; nb BEATS commands to AC
+    return dict(counts=[Count("verdict", "cand", cap=1), Count("kv_req", "cand", out_per=2 * nb),
+                        Count("corr", "cand", out_per=nb)],
                 responses=[Response("kv_req", "kv_resp")],
                 lives=[Live("cand", 8 * cfg.beats + 32)])
 
