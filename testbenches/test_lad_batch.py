@@ -242,3 +242,38 @@ def test_step_api():
     o, st = batch.step(z, z, z)
     assert batch.n == 1 and batch.n_centers.tolist() == [1, 1] and o.shape == (2, cfg.head_dim)
     assert all(t.shape == (2,) and t.dtype == torch.int64 for t in st.values())
+
+
+def far_below_m(cfg: LadTileConfig):
+    """A small-tile sequence whose 13th key scores ~60 above the others; returns the tile's worst
+    |o - o_float| / max|v| over its steps, the widest score span and the final modes."""
+    from golden.lad_ref import LadHead
+    d, f = cfg.head_dim, cfg.kv_format
+    gen = torch.Generator().manual_seed(SEEDS[0])
+    q = f.quantize(torch.randn(d, generator=gen)).expand(24, d)
+    k = f.quantize(torch.randn(24, d, generator=gen) * 0.5)
+    v = f.quantize(torch.randn(24, d, generator=gen))
+    qr = q[0].double() * 2 ** -8
+    k[12] = f.quantize(qr * 60 * d ** 0.5 / float(qr @ qr))               # s = q.k / sqrt(d) ~ +60
+    batch, ref = LadTileBatch(cfg, 1), LadHead(cfg.reference())
+    vmax, worst, span = float(f.to_float(v).abs().max()), 0.0, 0.0
+    for i in range(24):
+        o, _ = batch.step(q[None, i], k[None, i], v[None, i])
+        of, _ = ref.step(f.to_float(q[i]), f.to_float(k[i]), f.to_float(v[i]))
+        worst = max(worst, float((f.to_float(o[0]) - of).abs().max()) / vmax)
+        s = (k[:i + 1] * q[i]).sum(-1).double() * 2 ** -16 / d ** 0.5
+        span = max(span, float(s.max() - s.min()))
+    return worst, span, batch.mode[0, :12]
+
+
+def test_scores_far_below_m_keep_the_cache_identity():
+    """A key far above the rest (real SmolLM2 heads: scores up to 107, m - s up to 113) moves the
+    absorbed positions from their finite modes to the zero interval with x below -32: MD's
+    corrections ``w = alpha x + beta`` need that x unsaturated. At the default score format
+    (s18.9) the tile stays within the stated bound of its float twin on every step; the former
+    s16.10 (floor -32) does not."""
+    cfg = small_with(max_centers=64)
+    worst, span, modes = far_below_m(cfg)
+    assert span > 40 and int((modes == cfg.intervals).sum()) >= 10
+    assert worst <= 0.05, worst
+    assert far_below_m(small_with(max_centers=64, score_width=16, score_frac=10))[0] > 0.2
