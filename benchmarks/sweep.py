@@ -87,7 +87,9 @@ def summarize(point: dict[str, str], result: dict, hardware: bool) -> dict:
     row.update(perplexity=result["perplexity"][variant], full=result["perplexity"]["full"],
                delta_pct=result["perplexity_delta_pct"][variant], keys_read_pct=st["keys_read_pct"],
                values_read_pct=st["values_read_pct"], kv_read_pct=(st["keys_read_pct"] + st["values_read_pct"]) / 2,
-               centers_mean=st["centers_per_head_mean"], seconds=result.get("seconds"))
+               centers_mean=st["centers_per_head_mean"], seconds=result.get("seconds"),
+               kv_read_last_pct=(st.get("keys_read_last512_pct", float("nan")) +
+                                 st.get("values_read_last512_pct", float("nan"))) / 2)
     if hardware:
         from hdl.lad.common import sram_bits
         row["sram_kib"] = sram_bits(point_config(point, True)) / 8192
@@ -105,7 +107,7 @@ def pareto(rows: list[dict], keys: tuple[str, ...]) -> list[bool]:
 
 def write_table(rows: list[dict], front: list[bool], path: Path, hardware: bool) -> None:
     names = sorted({k for r in rows for k in r["point"]})
-    head = names + ["perplexity", "vs full", "keys read", "values read", "centers/head"] + \
+    head = names + ["perplexity", "vs full", "keys read", "values read", "K+V read, last 512 steps", "centers/head"] + \
         (["SRAM KiB"] if hardware else []) + ["Pareto"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r, f in zip(rows, front):
@@ -114,7 +116,8 @@ def write_table(rows: list[dict], front: list[bool], path: Path, hardware: bool)
             cells += [r["error"]] + [""] * (len(head) - len(names) - 2) + [""]
         else:
             cells += [f"{r['perplexity']:.3f}", f"{r['delta_pct']:+.2f}%", f"{r['keys_read_pct']:.1f}%",
-                      f"{r['values_read_pct']:.1f}%", f"{r['centers_mean']:.0f}"]
+                      f"{r['values_read_pct']:.1f}%", f"{r.get('kv_read_last_pct', float('nan')):.1f}%",
+                      f"{r['centers_mean']:.0f}"]
             cells += [f"{r['sram_kib']:.0f}"] if hardware else []
             cells += ["yes" if f else ""]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")

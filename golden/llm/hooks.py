@@ -128,6 +128,7 @@ class Controller:
                 self.totals[k] = self.totals.get(k, 0) + v
                 self._step[k] = self._step.get(k, 0) + v
         self.totals["layer_steps"] = self.totals.get("layer_steps", 0) + 1
+        self._step["layer_steps"] = self._step.get("layer_steps", 0) + 1
 
     def end_token(self, context: int) -> None:
         """Close one decode step (token) of ``context`` keys: its stats summed over layers."""

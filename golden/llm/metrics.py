@@ -40,6 +40,21 @@ def generation_scores(out: list[int], ref: list[int]) -> dict:
     return {"rouge_l": rouge_l(out, ref), "token_agreement": agree, "first_divergence": first}
 
 
+LAST_STEPS = 512   # the KV-read figure of issue 12 is averaged over the last 512 decode steps
+
+
+def read_last_steps(steps: list[dict], last: int) -> dict:
+    """Keys and values read as % of dense over the last ``last`` decode steps (all layers and heads):
+    a step's dense reads are its positions times its heads, summed per layer (each step record sums
+    ``positions`` and ``heads`` over its ``layer_steps`` layers, which all hold the same count)."""
+    tail = [s for s in steps[-last:] if s.get("layer_steps") and "keys_read" in s]
+    dense = sum(s["positions"] * s["heads"] / s["layer_steps"] for s in tail)
+    if not dense:
+        return {}
+    return {f"keys_read_last{last}_pct": 100.0 * sum(s["keys_read"] for s in tail) / dense,
+            f"values_read_last{last}_pct": 100.0 * sum(s["values_read"] for s in tail) / dense}
+
+
 def summarize(ctl) -> dict:
     """Run-level stats of the controller's method (``ctl``: a :class:`golden.llm.hooks.Controller`)."""
     t = ctl.totals
@@ -58,6 +73,7 @@ def summarize(ctl) -> dict:
             "mode_changes_pct": 100.0 * t["mode_changes"] / pos_heads,
             "keys_read_pct": 100.0 * t["keys_read"] / pos_heads,
             "values_read_pct": 100.0 * t["values_read"] / pos_heads,
+            **read_last_steps(ctl.steps, LAST_STEPS),
             "centers_per_head_mean": sum(c for c in centers) / max(1, len(centers)),
             "positions_at_end": max(lengths) if lengths else 0,
             "centers_per_head_min": min(int(s.n_centers.min()) for s in ctl.states.values()),
