@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from amaranth import Module, Signal, ResetSignal, Value
+from amaranth import Module, Mux, Signal, ResetSignal, Value
 from amaranth.hdl import Assert, Assume, Cover
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import Flow
@@ -155,7 +155,7 @@ class FormalWrapper(wiring.Component):
         for name, flow in self.ports.items():
             s = getattr(self, name)
             held = Signal(name=f"{name}_held")
-            payload_bits = Value.cast(s.payload)
+            payload_bits = Value.cast(s.payload).as_unsigned()   # signed payloads compare as bits
             prev = Signal(len(payload_bits), name=f"{name}_prev")
             m.d.sync += [held.eq(s.valid & ~s.ready), prev.eq(payload_bits)]
             valid_kept = ~(started & held) | s.valid
@@ -172,7 +172,7 @@ class FormalWrapper(wiring.Component):
         outstanding = {}
         for r in self.responses:
             n = Signal(range(-256, 256), name=f"{r.resp}_outstanding")
-            m.d.sync += n.eq(n + transfer(r.req) * r.per - transfer(r.resp))
+            m.d.sync += n.eq(n + Mux(transfer(r.req), r.per, 0) - transfer(r.resp))   # no $mul: cut cells are the dut's
             outstanding[r.resp] = n
             m.d.comb += Assume(~getattr(self, r.resp).valid | (n > 0))
 

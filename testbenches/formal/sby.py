@@ -45,6 +45,8 @@ class Result:
     workdir: Path | None = None
     trace: Path | None = None
     log_tail: str = ""
+    abstract: tuple = ()              # cell types cut to free values (see FormalSpec.abstract)
+    checked: int | None = None        # BMC / base case: steps 0..checked-1 passed (a timeout's partial result)
 
     def line(self) -> str:
         what = {"prove": f"k-induction k={self.depth}", "bmc": f"BMC depth {self.depth}",
@@ -56,6 +58,10 @@ class Result:
             extra += f"; {len(self.reached)}/{len(self.reached) + len(self.unreached)} reached"
             if self.unreached:
                 extra += f" (unreached: {', '.join(self.unreached)})"
+        if self.status == "TIMEOUT" and self.checked:
+            extra += f"; no counterexample in steps 0..{self.checked - 1} before the timeout"
+        if self.abstract:
+            extra += f"; {'/'.join(self.abstract)} cut"
         return f"{self.block:<10} {self.mode:<6} {what:<26} {self.status:<7} {self.seconds:6.1f} s{extra}"
 
 
@@ -97,9 +103,11 @@ def run(block: str, cfg=None, mode: str = "prove", depth: int | None = None, *, 
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
     (workdir / "top.il").write_text(text)
+    cuts = [f"cutpoint t:{cell}" for cell in spec.abstract] if mode != "cover" else []
     (workdir / "task.sby").write_text("\n".join([
         "[options]", f"mode {_MODE[mode]}", f"depth {depth}", "multiclock off", *([f"timeout {timeout}"] if timeout else []),
-        "", "[engines]", ENGINE, "", "[script]", "read_rtlil top.il", "prep -top top", "", "[files]", "top.il", ""]))
+        "", "[engines]", ENGINE, "", "[script]", "read_rtlil top.il", "prep -top top", *cuts, "",
+        "[files]", "top.il", ""]))
     t0 = time.time()
     done = subprocess.run(["yowasp-sby", "-f", "-d", "run", "task.sby"], cwd=workdir, env=tool_env(),
                           capture_output=True, text=True)
@@ -107,6 +115,7 @@ def run(block: str, cfg=None, mode: str = "prove", depth: int | None = None, *, 
     log = done.stdout + done.stderr
     (workdir / "sby.log").write_text(log)
     result = Result(block, mode, depth, _status(log), seconds, top.property_names, workdir=workdir,
+                    abstract=tuple(spec.abstract) if cuts else (),
                     log_tail="\n".join(log.splitlines()[-25:]))
     _parse(log, result)
     return result
@@ -130,6 +139,9 @@ def _parse(log: str, result: Result) -> None:
     for m in re.finditer(r"Unreached cover statement at top: ([^\s(]+?):0\b", log):
         if m.group(1) not in result.unreached:
             result.unreached.append(m.group(1))
+    steps = [int(n) for n in re.findall(r"Checking assertions in step (\d+)", log)]
+    if steps:
+        result.checked = max(steps) + (result.status == "PASS")
     m = re.search(r"counterexample trace(?: \[\w+\])?: (\S+\.vcd)", log)
     if m:
         result.trace = result.workdir / m.group(1)
