@@ -93,3 +93,29 @@ def leading_one(v: Value) -> Value:
         return Cat(Mux(hi_any, hi_index, lo_index), hi_any), hi_any | lo_any
 
     return tree(padded)[0]
+
+
+def _extend(t: Value, width: int) -> Value:
+    """``t`` sign- or zero-extended (or cut) to ``width`` bits, as an unsigned bit pattern."""
+    t = Value.cast(t)
+    if len(t) >= width:
+        return t.as_unsigned()[:width]
+    fill = t[-1].replicate(width - len(t)) if t.shape().signed else Const(0, width - len(t))
+    return Cat(t.as_unsigned(), fill)
+
+
+def csa_sum(terms, width: int) -> Value:
+    """Sum of ``terms`` modulo ``2**width`` (exact where the sum fits ``width`` bits, signed or
+    unsigned; the result is unsigned, ``.as_signed()`` it for signed sums): 3:2 carry-save
+    compressors (one LUT level each, no carry chain) reduce the terms to two, which one
+    carry chain adds."""
+    terms = [_extend(t, width) for t in terms]
+    while len(terms) > 2:
+        nxt = []
+        for i in range(0, len(terms) - 2, 3):
+            a, b, c = terms[i:i + 3]
+            nxt.append(a ^ b ^ c)
+            nxt.append(Cat(Const(0, 1), ((a & b) | (a & c) | (b & c))[:width - 1]))
+        nxt.extend(terms[len(terms) - len(terms) % 3:])
+        terms = nxt
+    return (terms[0] + terms[1])[:width] if len(terms) == 2 else terms[0]

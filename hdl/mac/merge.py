@@ -6,21 +6,28 @@ S keys). A transaction is ``head_dim/lanes`` beats on ``i``; the scalars (op, m1
 s2) are read from its first beat while it waits. Scalar phase, one SFM shared in turn:
 EXP2 of ``-|m1 - m2|`` scales the smaller-max state's sum, giving ``a``, ``b`` and
 ``s = a ± b``; the cancellation flag is set when ``s <= 0`` or (⊖) ``s * 2^cancel_bits < a``;
-RECIP of ``s`` gives ``w1 = a/s`` and ``w2 = ±b/s``. Vector phase: one beat per cycle through a
-two-stage pipeline (products; add, round, saturate):
-``o = sat(round_shift(w1 o1 + w2 o2, mantissa_frac))`` (zeros when flagged). The wide
-scalar products are registered before their variable rounding shifts.
+RECIP of ``s`` gives ``w1 = a/s`` and ``w2 = ±b/s``. Each scalar step is its own cycle:
+the partial products of a wide multiply are registered (one MULT18X18D each), then summed
+with the rounding constant, then shifted (docs/synthesis.md).
+
+The transaction's beats are loaded into a buffer (``d/L`` words of both lane vectors)
+while its scalar phase runs, so the next transaction's first beat, and with it the next
+scalar phase, is visible as soon as the last beat is loaded: the scalar phase of one
+transaction overlaps the vector phase of the one before. Vector phase: one beat per cycle
+through a four-stage pipeline (buffer read; partial products; sum; round and saturate):
+``o = sat(round_shift(w1 o1 + w2 o2, mantissa_frac))`` (zeros when flagged).
 """
 from __future__ import annotations
 
-from amaranth import Module, Mux, Signal, signed, unsigned
-from amaranth.lib import data, stream, wiring
+from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from golden.mac_unit import MacUnitConfig, MergeOp
 from golden.sfm import SfmOp
 
 from ..lib.arith import round_shift, saturate, stall_all_enable
+from ..lib.pipe import csa_sum, partial_products, register_partials
 from ..lib.sfm import Sfm
 
 
@@ -54,52 +61,85 @@ class MergeUnit(wiring.Component):
     def elaborate(self, platform):
         cfg, m = self.cfg, Module()
         m.submodules.sfm = sfm = Sfm(cfg.sfm)
-        frac, nb = cfg.mantissa_frac, cfg.beats
+        frac, nb, lanes, ow = cfg.mantissa_frac, cfg.beats, cfg.lanes, cfg.out_width
         p = self.i.payload
+        ce = stall_all_enable(self.o)
 
+        # -- beat buffer: both lane vectors of each beat of the transaction -----------------
+        m.submodules.buf = buf = memory.Memory(shape=unsigned(2 * lanes * ow), depth=nb, init=[])
+        wp, rp = buf.write_port(), buf.read_port(domain="sync")
+        pending = Signal()      # scalars of the transaction at the head of ``i`` taken, beats not all loaded
+        loaded = Signal()       # the buffer holds every beat of the transaction not yet handed off
+        load_beat = Signal(range(nb))
+        vec_active = Signal()   # the vector phase is reading the buffer
+        vec_beat = Signal(range(nb + 1))
+        slot_free = ~loaded & (~vec_active | (load_beat < vec_beat))
+        m.d.comb += [self.i.ready.eq(pending & slot_free),
+                     wp.en.eq(self.i.valid & self.i.ready), wp.addr.eq(load_beat),
+                     wp.data.eq(Cat(p.o1.as_value(), p.o2.as_value()))]
+        with m.If(wp.en):
+            m.d.sync += load_beat.eq(load_beat + 1)
+            with m.If(load_beat == nb - 1):
+                m.d.sync += [load_beat.eq(0), pending.eq(0), loaded.eq(1)]
+
+        # -- scalar phase ------------------------------------------------------------------
         op = Signal()
-        first_is_max = Signal()
+        first_is_max, exp_one = Signal(), Signal()
         m_out = Signal(signed(cfg.score_width))
         x = Signal(signed(cfg.score_width))
-        s1, s2 = Signal(cfg.sum_width), Signal(cfg.sum_width)
+        s1, s2, small = Signal(cfg.sum_width), Signal(cfg.sum_width), Signal(cfg.sum_width)
         a, b = Signal(cfg.sum_width + 1), Signal(cfg.sum_width + 1)
         s_full = Signal(signed(cfg.sum_width + 3))
         s_out = Signal(cfg.sum_width)
         flagged = Signal()
-        w1, w2 = Signal(signed(cfg.weight_width)), Signal(signed(cfg.weight_width))
-        beat = Signal(range(nb))
-        product_width = cfg.sum_width + 1 + cfg.mantissa_frac + 1
-        product, product2 = Signal(product_width), Signal(product_width)
-        product_shift = Signal(range(cfg.mantissa_frac + (1 << 6)))
+        ww = cfg.weight_width
+        w1, w2 = Signal(signed(ww)), Signal(signed(ww))
+        shift = Signal(range(frac + (1 << 6)))
+        mant = sfm.o.payload.value
+
+        half = Signal(1 << 6)  # the rounding half of ``shift``: bit shift - 1 (shift <= 64)
+
+        def set_shift(value):
+            """shift <= value, with its rounding half (registered with it)."""
+            return [shift.eq(value), half.eq(Mux((value >= 1) & (value <= 64), Const(1, 64) << (value - 1).as_unsigned()[:6], 0))]
+
+        def rounding(pieces, width, name):
+            """(t, zero, sh): t = the product's registered pieces plus the rounding half, in one
+            carry chain after carry-save compressors; round_shift(product, shift) is
+            ``t >> sh``, or 0 where ``zero`` (shift > width: product < 2^width)."""
+            t = Signal(width + 1, name=f"{name}_t")
+            zero = Signal(name=f"{name}_zero")
+            terms = [(r << sh) if sh else r for r, sh in pieces] + [half[:width]]
+            m.d.sync += [t.eq(csa_sum(terms, width + 1)), zero.eq(shift > width)]
+            return t, zero, shift[:width.bit_length()]
+
+        # The scalar products' pieces (registered in the state after the SFM answers).
+        sfm_ok = sfm.o.valid
+        scale_pp = register_partials(m, sfm_ok, partial_products(small, mant), "scale")
+        w1_pp = register_partials(m, sfm_ok, partial_products(a, mant), "w1")
+        w2_pp = register_partials(m, sfm_ok, partial_products(b, mant), "w2")
+
+        # hand-off to the vector phase: weights (w2 negated for ⊖), m, s, flag
+        v_w1, v_w2 = Signal(signed(ww)), Signal(signed(ww + 1))
+        v_m, v_s, v_flagged = Signal(signed(cfg.score_width)), Signal(cfg.sum_width), Signal()
+        handoff = Signal()
+        with m.If(handoff):
+            m.d.sync += [v_w1.eq(w1), v_w2.eq(Mux(op == MergeOp.DOWNDATE, -w2, w2)), v_m.eq(m_out),
+                         v_s.eq(s_out), v_flagged.eq(flagged), loaded.eq(0), vec_active.eq(1), vec_beat.eq(0)]
 
         diff = Signal(signed(cfg.score_width + 1))
-        m.d.comb += diff.eq(p.m1 - p.m2)
-        x_min = cfg.sfm.x_format.min_raw
-        neg_abs = Mux(diff >= 0, -diff, diff)
-
-        streaming = Signal()
-        ce = stall_all_enable(self.o)
-        m.d.comb += self.i.ready.eq(streaming & ce)
-        # vector pipeline: stage 1 the two products per lane, stage 2 add, round, saturate
-        v1_valid = Signal()
-        pw = cfg.weight_width + cfg.out_width
-        v1_p1 = [Signal(signed(pw), name=f"v1_p1_{l}") for l in range(cfg.lanes)]
-        v1_p2 = [Signal(signed(pw), name=f"v1_p2_{l}") for l in range(cfg.lanes)]
-        v1_m, v1_s, v1_flagged = Signal(signed(cfg.score_width)), Signal(cfg.sum_width), Signal()
-        with m.If(ce):
-            m.d.sync += [v1_valid.eq(streaming & self.i.valid), v1_m.eq(m_out), v1_s.eq(s_out), v1_flagged.eq(flagged)]
-            m.d.sync += [v1_p1[l].eq(w1 * p.o1[l]) for l in range(cfg.lanes)]
-            m.d.sync += [v1_p2[l].eq(w2 * p.o2[l]) for l in range(cfg.lanes)]
-            m.d.sync += self.o.valid.eq(v1_valid)
-            m.d.sync += [self.o.payload.m.eq(v1_m), self.o.payload.s.eq(v1_s), self.o.payload.flagged.eq(v1_flagged)]
-            m.d.sync += [self.o.payload.o[l].eq(saturate(round_shift(v1_p1[l] + v1_p2[l], frac), signed(cfg.out_width)))
-                         for l in range(cfg.lanes)]
+        neg_abs = Signal(signed(cfg.score_width + 1))
+        m.d.comb += [diff.eq(p.m1 - p.m2), neg_abs.eq(Mux(diff >= 0, p.m2 - p.m1, diff))]
+        peek = Signal()  # take the scalars of the first beat at the head of ``i``
+        with m.If(peek):
+            m.d.sync += [op.eq(p.op), first_is_max.eq(diff >= 0), m_out.eq(Mux(diff >= 0, p.m1, p.m2)),
+                         x.eq(saturate(neg_abs, signed(cfg.score_width))), exp_one.eq(p.m1 == p.m2),
+                         s1.eq(p.s1), s2.eq(p.s2), small.eq(Mux(diff >= 0, p.s2, p.s1)), pending.eq(1)]
 
         with m.FSM():
             with m.State("IDLE"):
-                with m.If(self.i.valid):  # peek at the first beat's scalars
-                    m.d.sync += [op.eq(p.op), first_is_max.eq(diff >= 0), m_out.eq(Mux(diff >= 0, p.m1, p.m2)),
-                                 x.eq(Mux(neg_abs < x_min, x_min, neg_abs)), s1.eq(p.s1), s2.eq(p.s2)]
+                m.d.comb += peek.eq(self.i.valid & ~pending & ~loaded)
+                with m.If(peek):
                     m.next = "EXP_REQUEST"
             with m.State("EXP_REQUEST"):
                 m.d.comb += [sfm.i.valid.eq(1), sfm.i.payload.op.eq(SfmOp.EXP2), sfm.i.payload.x.eq(x)]
@@ -108,44 +148,75 @@ class MergeUnit(wiring.Component):
             with m.State("EXP_WAIT"):
                 m.d.comb += sfm.o.ready.eq(1)
                 with m.If(sfm.o.valid):
-                    m.d.sync += [product.eq(Mux(first_is_max, s2, s1) * sfm.o.payload.value),
-                                 product_shift.eq(frac + sfm.o.payload.exponent)]
-                    m.next = "SCALE"
-            with m.State("SCALE"):
-                small = Mux(first_is_max, s2, s1)
-                scaled = Mux(x == 0, small, round_shift(product, product_shift))  # exp(0) = 1 exactly
-                a_next = Mux(first_is_max, s1, scaled)
-                b_next = Mux(first_is_max, scaled, s2)
-                m.d.sync += [a.eq(a_next), b.eq(b_next),
-                             s_full.eq(Mux(op == MergeOp.DOWNDATE, a_next - b_next, a_next + b_next))]
+                    m.d.sync += set_shift(frac + sfm.o.payload.exponent)
+                    m.next = "SCALE_SUM"
+            with m.State("SCALE_SUM"):
+                scale_t, scale_zero, scale_sh = rounding(scale_pp, cfg.sum_width + len(mant), "scale")
+                m.next = "SCALE_SHIFT"
+            with m.State("SCALE_SHIFT"):
+                scaled = Mux(exp_one, small, Mux(scale_zero, 0, scale_t >> scale_sh))  # exp(0) = 1 exactly
+                m.d.sync += [a.eq(Mux(first_is_max, s1, scaled)), b.eq(Mux(first_is_max, scaled, s2))]
+                m.next = "SUM"
+            with m.State("SUM"):
+                m.d.sync += s_full.eq(Mux(op == MergeOp.DOWNDATE, a - b, a + b))
                 m.next = "CHECK"
             with m.State("CHECK"):
                 cancel = (s_full <= 0) | ((op == MergeOp.DOWNDATE) & ((s_full << cfg.cancel_bits) < a))
-                m.d.sync += [flagged.eq(cancel), s_out.eq(saturate(s_full, unsigned(cfg.sum_width)))]
+                sat = saturate(s_full, unsigned(cfg.sum_width))
+                m.d.comb += [sfm.i.valid.eq(~cancel), sfm.i.payload.op.eq(SfmOp.RECIP), sfm.i.payload.z.eq(sat)]
+                m.d.sync += [flagged.eq(cancel), s_out.eq(sat)]
                 with m.If(cancel):
-                    m.d.sync += [w1.eq(0), w2.eq(0), s_out.eq(0), beat.eq(0)]
-                    m.next = "STREAM"
-                with m.Else():
-                    m.next = "RECIP_REQUEST"
-            with m.State("RECIP_REQUEST"):
-                m.d.comb += [sfm.i.valid.eq(1), sfm.i.payload.op.eq(SfmOp.RECIP), sfm.i.payload.z.eq(s_out)]
-                with m.If(sfm.i.ready):
+                    m.d.sync += [w1.eq(0), w2.eq(0), s_out.eq(0)]
+                    m.next = "DONE"
+                with m.Elif(sfm.i.ready):
                     m.next = "RECIP_WAIT"
             with m.State("RECIP_WAIT"):
                 m.d.comb += sfm.o.ready.eq(1)
                 with m.If(sfm.o.valid):
-                    r = sfm.o.payload.value
-                    m.d.sync += [product.eq(a * r), product2.eq(b * r), product_shift.eq(sfm.o.payload.exponent)]
-                    m.next = "WEIGHTS"
-            with m.State("WEIGHTS"):
-                weight2 = round_shift(product2, product_shift)
-                m.d.sync += [w1.eq(round_shift(product, product_shift)),
-                             w2.eq(Mux(op == MergeOp.DOWNDATE, -weight2, weight2)), beat.eq(0)]
-                m.next = "STREAM"
-            with m.State("STREAM"):
-                m.d.comb += streaming.eq(1)
-                with m.If(self.i.valid & self.i.ready):
-                    m.d.sync += beat.eq(beat + 1)
-                    with m.If(beat == nb - 1):
+                    m.d.sync += set_shift(sfm.o.payload.exponent)
+                    m.next = "WEIGHT_SUM"
+            with m.State("WEIGHT_SUM"):
+                w1_t, w1_zero, w1_sh = rounding(w1_pp, cfg.sum_width + 1 + len(mant), "w1")
+                w2_t, w2_zero, w2_sh = rounding(w2_pp, cfg.sum_width + 1 + len(mant), "w2")
+                m.next = "WEIGHT_SHIFT"
+            with m.State("WEIGHT_SHIFT"):
+                m.d.sync += [w1.eq(Mux(w1_zero, 0, w1_t >> w1_sh)), w2.eq(Mux(w2_zero, 0, w2_t >> w2_sh))]
+                m.next = "DONE"
+            with m.State("DONE"):  # hand off; take the next transaction's scalars in the same cycle
+                with m.If(~vec_active & loaded):
+                    m.d.comb += [handoff.eq(1), peek.eq(self.i.valid & ~pending)]
+                    with m.If(peek):
+                        m.next = "EXP_REQUEST"
+                    with m.Else():
                         m.next = "IDLE"
+
+        # -- vector phase: buffer read; partial products; sum; round and saturate -----------
+        m.d.comb += [rp.addr.eq(vec_beat), rp.en.eq(ce)]
+        v0_valid, v0_w1, v0_w2 = Signal(), Signal(signed(ww)), Signal(signed(ww + 1))
+        v0_m, v0_s, v0_flagged = Signal(signed(cfg.score_width)), Signal(cfg.sum_width), Signal()
+        with m.If(ce):
+            m.d.sync += [v0_valid.eq(vec_active), v0_w1.eq(v_w1), v0_w2.eq(v_w2), v0_m.eq(v_m), v0_s.eq(v_s),
+                         v0_flagged.eq(v_flagged)]
+            with m.If(vec_active):
+                m.d.sync += vec_beat.eq(vec_beat + 1)
+                with m.If(vec_beat == nb - 1):
+                    m.d.sync += vec_active.eq(0)
+        o1 = [rp.data[l * ow:(l + 1) * ow].as_signed() for l in range(lanes)]
+        o2 = [rp.data[(lanes + l) * ow:(lanes + l + 1) * ow].as_signed() for l in range(lanes)]
+        v1_valid = Signal()
+        v1_m, v1_s, v1_flagged = Signal(signed(cfg.score_width)), Signal(cfg.sum_width), Signal()
+        v1_pp = [register_partials(m, ce, partial_products(v0_w1, o1[l]) + partial_products(v0_w2, o2[l]),
+                                   f"v1_{l}") for l in range(lanes)]
+        v2_valid = Signal()
+        v2_m, v2_s, v2_flagged = Signal(signed(cfg.score_width)), Signal(cfg.sum_width), Signal()
+        v2_sum = [Signal(signed(ww + ow + 2), name=f"v2_sum{l}") for l in range(lanes)]
+        with m.If(ce):
+            m.d.sync += [v1_valid.eq(v0_valid), v1_m.eq(v0_m), v1_s.eq(v0_s), v1_flagged.eq(v0_flagged)]
+            m.d.sync += [v2_valid.eq(v1_valid), v2_m.eq(v1_m), v2_s.eq(v1_s), v2_flagged.eq(v1_flagged)]
+            m.d.sync += [v2_sum[l].eq(csa_sum([(r << s) if s else r for r, s in v1_pp[l]], len(v2_sum[l])).as_signed())
+                         for l in range(lanes)]
+            m.d.sync += [self.o.valid.eq(v2_valid), self.o.payload.m.eq(v2_m), self.o.payload.s.eq(v2_s),
+                         self.o.payload.flagged.eq(v2_flagged)]
+            m.d.sync += [self.o.payload.o[l].eq(saturate(round_shift(v2_sum[l], frac), signed(ow)))
+                         for l in range(lanes)]
         return m
