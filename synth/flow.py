@@ -43,6 +43,8 @@ DEFAULT_FREQ_MHZ = 100.0
 CACHE_DIR = BUILD_ROOT / "synth"
 FLOW_VERSION = 1  # bump when the report format changes
 NEXTPNR_OPTS = ["--report", "report.json", "--timing-allow-fail", "--seed", "1"]
+DEFAULT_SEEDS = 1      # placement seeds per ad-hoc run (`ladmac synth BLOCK`)
+DOC_SEEDS = 3          # `ladmac synth --all` / `make synth`: Fmax is the mean over seeds 1..3
 
 
 class DoesNotFit(ConfigError):
@@ -117,8 +119,9 @@ def _source_hash() -> str:
     return h.hexdigest()[:12]
 
 
-def cache_key(block: str, cfg, verilog_text: str, target: str, freq_mhz: float) -> str:
+def cache_key(block: str, cfg, verilog_text: str, target: str, freq_mhz: float, seeds: int = 1) -> str:
     blob = json.dumps({"block": block, "config": cfg.to_dict(), "target": target, "freq": freq_mhz,
+                       **({"seeds": seeds} if seeds != 1 else {}),
                        "tools": toolchain_versions(), "verilog": hashlib.sha256(verilog_text.encode()).hexdigest(),
                        "flow": _source_hash(), "format": FLOW_VERSION}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -242,7 +245,22 @@ def _yosys_two_phase(block: str, work: Path, yosys: str) -> dict:
     return cells
 
 
-def run_ecp5(block: str, component, work: Path, freq_mhz: float, bitstream: bool) -> dict:
+def _nextpnr_seed(env: dict, dev: dict, work: Path, seed: int) -> float:
+    """Post-route Fmax of one more placement (seed ``seed``) of the synthesised netlist."""
+    opts = [o for o in NEXTPNR_OPTS]
+    opts[opts.index("--seed") + 1] = str(seed)
+    opts[opts.index("--report") + 1] = f"report_seed{seed}.json"
+    done = _run([env["NEXTPNR_ECP5"], "--quiet", "--log", f"top_seed{seed}.tim",
+                 type(platform())._nextpnr_device_options[dev["device"]], "--package", dev["package"],
+                 "--speed", str(dev["speed"]), "--json", "top.json", "--lpf", "top.lpf",
+                 *opts, "--threads", "2"], work, f"nextpnr_seed{seed}.log", env=env)
+    log = _read(work / f"top_seed{seed}.tim") + done.stdout + done.stderr
+    if done.returncode or not (work / f"report_seed{seed}.json").exists():
+        raise ToolError(f"nextpnr-ecp5 (seed {seed}) failed: " + "; ".join(_errors(log)[:3] or [log[-300:]]))
+    return reports.parse_nextpnr(work / f"report_seed{seed}.json", log)["fmax_mhz"]
+
+
+def run_ecp5(block: str, component, work: Path, freq_mhz: float, bitstream: bool, seeds: int = 1) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     for stale in ("report.json", "stat_ecp5.json", "top.bit", "top.tim"):
         (work / stale).unlink(missing_ok=True)
@@ -277,6 +295,10 @@ def run_ecp5(block: str, component, work: Path, freq_mhz: float, bitstream: bool
                         + "; ".join(_errors(log)[:3] or [log[-300:]]) + f" (logs in {work})")
     pnr = reports.parse_nextpnr(work / "report.json", log)
     reports.annotate_path(pnr["critical_path"], reports.cell_types(work / "top.json"))
+    # further placements of the same netlist (seeds 2..N): Fmax is their mean; the
+    # critical path and utilisation are seed 1's
+    per_seed = [pnr["fmax_mhz"]] + [_nextpnr_seed(env, dev, work, seed) for seed in range(2, seeds + 1)]
+    t_seeds = time.time() - t0 - elapsed
     out = {
         "device": dev,
         "target_mhz": freq_mhz,
@@ -286,12 +308,13 @@ def run_ecp5(block: str, component, work: Path, freq_mhz: float, bitstream: bool
         "core": reports.ecp5_summary(cells["core"]),
         "design": reports.ecp5_summary(cells["total"]),
         "utilisation": pnr["utilisation"],
-        "fmax_mhz": pnr["fmax_mhz"],
+        "fmax_mhz": round(sum(per_seed) / len(per_seed), 2),
+        "fmax_seeds_mhz": per_seed,
         "clocks": pnr["clocks"],
         "critical_path": pnr["critical_path"],
         "lut_mapper": cells.get("lut_mapper", "abc9"),
         "seconds": {"total": round(elapsed, 1)} if bitstream else
-                   {"yosys": round(t_yosys, 1), "nextpnr": round(elapsed - t_yosys, 1)},
+                   {"yosys": round(t_yosys, 1), "nextpnr": round(elapsed - t_yosys + t_seeds, 1)},
     }
     if bitstream:
         bit = work / "top.bit"
@@ -308,8 +331,12 @@ def _read(path: Path) -> str:
 # -- entry point ------------------------------------------------------------------------
 def synthesize(block: str, cfg, *, target: str = "ecp5", freq_mhz: float = DEFAULT_FREQ_MHZ,
                bitstream: bool = False, use_cache: bool = True, preset: str | None = None,
-               log=None) -> dict:
-    """Report dict for ``block`` at ``cfg`` (see the module docstring); cached."""
+               log=None, seeds: int = DEFAULT_SEEDS) -> dict:
+    """Report dict for ``block`` at ``cfg`` (see the module docstring); cached. With
+    ``seeds`` > 1 nextpnr places and routes the netlist once per seed 1..seeds and the
+    reported Fmax is the mean (each seed's figure in ``fmax_seeds_mhz``)."""
+    if not isinstance(seeds, int) or not 1 <= seeds <= 16:
+        raise ConfigError(f"seeds must be 1..16, got {seeds}")
     from hdl.registry import generate_verilog, get_block
     if target not in ("ecp5", "generic"):
         raise ConfigError(f"unknown target '{target}' (known: ecp5, generic)")
@@ -319,7 +346,7 @@ def synthesize(block: str, cfg, *, target: str = "ecp5", freq_mhz: float = DEFAU
     if target == "ecp5":
         pll_params(BOARD_CLOCK_MHZ, freq_mhz)  # bad --freq fails before any work
     verilog_text = generate_verilog(block, cfg)
-    key = cache_key(block, cfg, verilog_text, target, freq_mhz)
+    key = cache_key(block, cfg, verilog_text, target, freq_mhz, seeds if target == "ecp5" else 1)
     work = run_dir(block, key)
     cached = work / "result.json"
     if use_cache and cached.exists():
@@ -334,7 +361,7 @@ def synthesize(block: str, cfg, *, target: str = "ecp5", freq_mhz: float = DEFAU
               "toolchain": toolchain_versions(), "verilog_sha256": hashlib.sha256(verilog_text.encode()).hexdigest(),
               "key": key, "dir": str(work)}
     if target == "ecp5":  # first: a design that does not fit fails fast
-        result["ecp5"] = run_ecp5(block, spec.build(cfg), work / "ecp5", freq_mhz, bitstream)
+        result["ecp5"] = run_ecp5(block, spec.build(cfg), work / "ecp5", freq_mhz, bitstream, seeds)
     result["generic"] = run_generic(spec.build(cfg), work / "generic")
     result["seconds"] = round(time.time() - t0, 1)
     result["cached"] = False
