@@ -98,12 +98,14 @@ class FormalWrapper(wiring.Component):
     """``dut`` with its stream ports under protocol properties (see the module docstring).
 
     ``mode``: ``"prove"`` (protocol assertions only, for k-induction), ``"bmc"`` (protocol,
-    counting and gate assertions), ``"live"`` (liveness assertions with the live environment),
-    ``"cover"`` (covers only, no assertions)."""
+    counting and gate assertions), ``"deep"`` (as bmc without the payload assertions: for a
+    model whose datapath cells are cut to free values, where a payload computed through them
+    is no longer a function of held state), ``"live"`` (liveness assertions with the live
+    environment), ``"cover"`` (covers only, no assertions)."""
 
     def __init__(self, dut, *, mode: str, counts=(), gates=(), responses=(), lives=(), assumes=(),
                  mutation: Mutation | None = None):
-        assert mode in ("prove", "bmc", "live", "cover"), mode
+        assert mode in ("prove", "bmc", "deep", "live", "cover"), mode
         self.dut, self.mode, self.mutation = dut, mode, mutation
         self.counts, self.gates, self.responses, self.lives = list(counts), list(gates), list(responses), list(lives)
         self.assumes = list(assumes)   # wrapper -> Value: the block's input contract (e.g. a length >= 1)
@@ -162,9 +164,10 @@ class FormalWrapper(wiring.Component):
             payload_kept = ~(started & held) | (payload_bits == prev)
             if flow == Flow.In:
                 m.d.comb += [Assume(valid_kept), Assume(payload_kept)]
-            elif mode in ("prove", "bmc"):
+            elif mode in ("prove", "bmc", "deep"):
                 self._prop(m, Assert, valid_kept, f"{name}.valid_held")
-                self._prop(m, Assert, payload_kept, f"{name}.payload_stable")
+                if mode != "deep":
+                    self._prop(m, Assert, payload_kept, f"{name}.payload_stable")
             elif mode == "cover":
                 self._prop(m, Cover, started & held & s.valid & s.ready, f"{name}.stall_then_transfer")
 
@@ -198,7 +201,7 @@ class FormalWrapper(wiring.Component):
             in_now_done = in_done + (in_now & (in_beat == c.in_per - 1))
             # an output beat (first of its unit or not) belongs to unit out_done + 1
             ok = ~out_now | (in_now_done > out_done)
-            if mode == "bmc":
+            if mode in ("bmc", "deep"):
                 self._prop(m, Assert, ok, f"{c.out}<={c.inp}")
                 if c.cap is not None:
                     self._prop(m, Assert, in_done <= out_done + c.cap, f"{c.inp}-{c.out}<={c.cap}")
@@ -213,7 +216,7 @@ class FormalWrapper(wiring.Component):
             in_done, in_beat, in_now = units(g.inp, g.in_per, None, f"{tag}_in")
             done, _, _ = units(g.done, g.done_per, None, f"{tag}_done")
             in_flight = (in_done + ((in_beat != 0) | in_now)) > done   # a step begun, not finished
-            if mode == "bmc":
+            if mode in ("bmc", "deep"):
                 self._prop(m, Assert, ~getattr(self, g.out).valid | in_flight, f"{g.out}.only_in_step")
             elif mode == "cover":
                 self._prop(m, Cover, getattr(self, g.out).valid & in_flight, f"{g.out}.in_step")

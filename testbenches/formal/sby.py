@@ -3,8 +3,8 @@
 ``formal`` extra of pyproject.toml.
 
 A task is a block, a config, a mode of :class:`~testbenches.formal.harness.FormalWrapper` and a
-depth: ``prove`` is k-induction (SymbiYosys ``mode prove``), ``bmc`` and ``live`` are bounded
-model checks, ``cover`` finds a trace for every cover. The wrapper is converted to RTLIL in
+depth: ``prove`` is k-induction (SymbiYosys ``mode prove``), ``bmc``, ``deep`` and ``live`` are bounded
+model checks (``deep`` and ``live`` on the cut model where the spec cuts datapath cells), ``cover`` finds a trace for every cover. The wrapper is converted to RTLIL in
 Python; the work folder is build/formal/<block>-<config key>-<mode>[-<mutation>]/.
 """
 from __future__ import annotations
@@ -27,7 +27,9 @@ from .harness import FormalWrapper, Mutation
 from .specs import SPECS
 
 ENGINE = "smtbmc yices"
-_MODE = {"prove": "prove", "bmc": "bmc", "live": "bmc", "cover": "cover"}
+_MODE = {"prove": "prove", "bmc": "bmc", "deep": "bmc", "live": "bmc", "cover": "cover"}
+# the modes that run on the cut model where the spec has one (FormalSpec.abstract)
+_CUT_MODES = ("deep", "live")
 
 
 @dataclass
@@ -50,6 +52,7 @@ class Result:
 
     def line(self) -> str:
         what = {"prove": f"k-induction k={self.depth}", "bmc": f"BMC depth {self.depth}",
+                "deep": f"BMC depth {self.depth} (cut)",
                 "live": f"liveness BMC depth {self.depth}", "cover": f"cover depth {self.depth}"}[self.mode]
         extra = ""
         if self.failed:
@@ -103,7 +106,7 @@ def run(block: str, cfg=None, mode: str = "prove", depth: int | None = None, *, 
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
     (workdir / "top.il").write_text(text)
-    cuts = [f"cutpoint t:{cell}" for cell in spec.abstract] if mode != "cover" else []
+    cuts = [f"cutpoint t:{cell}" for cell in spec.abstract] if mode in _CUT_MODES else []
     (workdir / "task.sby").write_text("\n".join([
         "[options]", f"mode {_MODE[mode]}", f"depth {depth}", "multiclock off", *([f"timeout {timeout}"] if timeout else []),
         "", "[engines]", ENGINE, "", "[script]", "read_rtlil top.il", "prep -top top", *cuts, "",

@@ -18,12 +18,14 @@ from .harness import Count, Gate, Live, Response
 
 @dataclass(frozen=True)
 class Depths:
-    """k of the k-induction (``prove``), BMC depth of the counting rules (``bmc``), of the
-    liveness check (``live``) and of the covers (``cover``)."""
-    prove: int
+    """k of the k-induction (``prove``; None: not attempted, it does not close), BMC depth of
+    the protocol and counting rules (``bmc``), of the counting rules on the cut model
+    (``deep``; None: no cut model), of the liveness check (``live``) and of the covers."""
+    prove: int | None
     bmc: int
     live: int
     cover: int
+    deep: int | None = None
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,8 @@ def _apid_rules(cfg):
 def _md_rules(cfg):
     nb = cfg.beats
     # per candidate: k_i (nb beats), and v_i too when it is active; nb BEATS commands to AC
-    return dict(counts=[Count("verdict", "cand", cap=1), Count("kv_req", "cand", out_per=2 * nb),
+    inflight = getattr(cfg, "md_inflight", 1)   # candidates MD holds at once
+    return dict(counts=[Count("verdict", "cand", cap=inflight), Count("kv_req", "cand", out_per=2 * nb),
                         Count("corr", "cand", out_per=nb)],
                 responses=[Response("kv_req", "kv_resp")],
                 lives=[Live("cand", 8 * cfg.beats + 32)])
@@ -134,12 +137,15 @@ _SMALL_MAC = MacUnitConfig(window=4, head_dim=4, heads=2, lanes=2, q_width=6, q_
                            score_frac=4, sum_width=12, sum_frac=6, out_width=6, out_frac=3, mantissa_frac=8)
 
 
+_FSM_NOTE = ("k-induction does not close at small k (unreachable FSM / counter states); liveness: one step "
+             "is longer than the BMC reaches")
+
 # Datapath cells cut for the larger blocks: multipliers and variable shifts (see FormalSpec.abstract).
 CUT = ("$mul", "$shl", "$shr", "$sshl", "$sshr", "$shift", "$shiftx")
 
 
-def _d(prove, bmc, live, cover):
-    return lambda cfg: Depths(prove, bmc, live, cover)
+def _d(prove, bmc, live, cover, deep=None):
+    return lambda cfg: Depths(prove, bmc, live, cover, deep)
 
 
 SPECS: dict[str, FormalSpec] = {s.block: s for s in [
@@ -157,10 +163,15 @@ SPECS: dict[str, FormalSpec] = {s.block: s for s in [
     FormalSpec("mac-unit", _TINY_MAC, _SMALL_MAC, _unit_rules, _d(2, 24, 28, 24)),
     FormalSpec("dense", DenseConfig(head_dim=4, lanes=1, max_positions=2, kv_width=6, kv_frac=3),
                DenseConfig(head_dim=8, lanes=2, max_positions=4, kv_width=8, kv_frac=4), _dense_rules,
-               _d(2, 30, 40, 30), abstract=CUT),
-    FormalSpec("lad-tile", _TINY_LAD, _SMALL_LAD, _tile_rules, _d(2, 30, 40, 40), abstract=CUT),
-    FormalSpec("lad-eas", _TINY_LAD, _SMALL_LAD, _eas_rules, _d(2, 24, 30, 24), abstract=CUT),
-    FormalSpec("lad-apid", _TINY_LAD, _SMALL_LAD, _apid_rules, _d(2, 24, 30, 24), abstract=CUT),
-    FormalSpec("lad-md", _TINY_LAD, _SMALL_LAD, _md_rules, _d(2, 24, 30, 24), abstract=CUT),
-    FormalSpec("lad-ac", _TINY_LAD, _SMALL_LAD, _ac_rules, _d(2, 24, 30, 24), abstract=CUT),
+               _d(None, 20, None, 24, deep=26), abstract=CUT, note=_FSM_NOTE),
+    FormalSpec("lad-tile", _TINY_LAD, _SMALL_LAD, _tile_rules, _d(None, 8, None, 12, deep=14), abstract=CUT,
+               note=_FSM_NOTE),
+    FormalSpec("lad-eas", _TINY_LAD, _SMALL_LAD, _eas_rules, _d(None, 12, None, 16, deep=30), abstract=CUT,
+               note=_FSM_NOTE),
+    FormalSpec("lad-apid", _TINY_LAD, _SMALL_LAD, _apid_rules, _d(None, 10, None, 12, deep=16), abstract=CUT,
+               note=_FSM_NOTE),
+    FormalSpec("lad-md", _TINY_LAD, _SMALL_LAD, _md_rules, _d(None, 12, None, 16, deep=18), abstract=CUT,
+               note=_FSM_NOTE),
+    FormalSpec("lad-ac", _TINY_LAD, _SMALL_LAD, _ac_rules, _d(None, 10, None, 12, deep=16), abstract=CUT,
+               note=_FSM_NOTE),
 ]}
