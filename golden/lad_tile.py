@@ -82,7 +82,8 @@ class LadTileConfig(HeadConfig):
     """The tile: HeadConfig (shape, q/k/v/o format, context = metadata SRAM depth, PWL) plus LAD's own
     parameters. Derived widths of the AC datapath live here so that RTL and model read one value."""
     vpus: int = param(7, "VPUs in the pool: 2 for EAS (q.c and k.c), 1 for MD, the rest for AC's q.A rows")
-    max_centers: int = param(256, "center table entries; when full, keys join their best center")
+    max_centers: int = param(4096, "center table entries (default: one per position, so the table cannot "
+                                   "fill; when full, keys join their best center)")
     center_cos: float = param(0.98, "a key joins its best center when |cos| >= this")
     counter_bits: int = param(4, "bits of each per-position, per-interval saturating mode counter")
     guard_margin: float = param(0.0, "APID widens each mode interval by this much on both sides")
@@ -102,7 +103,7 @@ class LadTileConfig(HeadConfig):
         self.require(self.head_dim % self.ac_vpus == 0,
                      f"head_dim ({self.head_dim}) must be a multiple of the AC VPUs (vpus - 3 = {self.ac_vpus})")
         self.require(1 <= self.max_centers <= self.max_positions,
-                     f"max_centers must be 1..max_positions, got {self.max_centers}")
+                     f"max_centers must be 1..max_positions ({self.max_positions}), got {self.max_centers}")
         self.require(0.0 < self.center_cos <= 1.0, f"center_cos must be in (0, 1], got {self.center_cos}")
         self.require(1 <= self.counter_bits <= 8, f"counter_bits must be 1..8, got {self.counter_bits}")
         self.require(self.guard_margin >= 0, f"guard_margin must be >= 0, got {self.guard_margin}")

@@ -107,9 +107,9 @@ def method_configs(method: str, args):
     if tile.head_dim != MODEL_HEAD_DIM:
         raise ConfigError(f"LadTileConfig: head_dim is {MODEL_HEAD_DIM} for SmolLM2, got {tile.head_dim}")
     longest = max(args.context + args.tokens, args.prompt_len + args.new_tokens if args.prompts else 0)
-    if longest > tile.max_positions:
-        raise ConfigError(f"--hardware: a context of {longest} tokens exceeds the tile's max_positions "
-                          f"({tile.max_positions})")
+    if longest > tile.kv_positions:     # past max_positions the tile's steps are exact passes
+        raise ConfigError(f"--hardware: a context of {longest} tokens exceeds the tile's KV memory "
+                          f"(kv_positions = {tile.kv_positions})")
     return BASE_CONFIGS[method], tile
 
 
