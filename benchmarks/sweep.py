@@ -105,6 +105,12 @@ def pareto(rows: list[dict], keys: tuple[str, ...]) -> list[bool]:
     return ["error" not in r and not dominated(r) for r in rows]
 
 
+def last_read(row: dict) -> str:
+    """Keys + values read over the last 512 steps; "n/a" for a point cached before the eval reported it."""
+    value = row.get("kv_read_last_pct", float("nan"))
+    return "n/a" if value != value else f"{value:.1f}%"
+
+
 def write_table(rows: list[dict], front: list[bool], path: Path, hardware: bool) -> None:
     names = sorted({k for r in rows for k in r["point"]})
     head = names + ["perplexity", "vs full", "keys read", "values read", "K+V read, last 512 steps", "centers/head"] + \
@@ -116,7 +122,7 @@ def write_table(rows: list[dict], front: list[bool], path: Path, hardware: bool)
             cells += [r["error"]] + [""] * (len(head) - len(names) - 2) + [""]
         else:
             cells += [f"{r['perplexity']:.3f}", f"{r['delta_pct']:+.2f}%", f"{r['keys_read_pct']:.1f}%",
-                      f"{r['values_read_pct']:.1f}%", f"{r.get('kv_read_last_pct', float('nan')):.1f}%",
+                      f"{r['values_read_pct']:.1f}%", last_read(r),
                       f"{r['centers_mean']:.0f}"]
             cells += [f"{r['sram_kib']:.0f}"] if hardware else []
             cells += ["yes" if f else ""]
