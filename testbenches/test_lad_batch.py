@@ -277,3 +277,27 @@ def test_scores_far_below_m_keep_the_cache_identity():
     assert span > 40 and int((modes == cfg.intervals).sum()) >= 10
     assert worst <= 0.05, worst
     assert far_below_m(small_with(max_centers=64, score_width=16, score_frac=10))[0] > 0.2
+
+
+def test_llm_layer_state_counts_exact_passes_and_stops_past_the_kv_memory():
+    """golden.llm.hooks.TileLayerState (the eval's per-layer tile): past max_positions every head's
+    step is an exact pass (all keys and values read, output = the dense baseline's), past
+    kv_positions a one-line ConfigError."""
+    from golden.errors import ConfigError
+    from golden.llm.hooks import TileLayerState
+    cfg = small_with(max_positions=8, max_centers=8, kv_positions=12)
+    H, d, f = 3, cfg.head_dim, cfg.kv_format
+    q, k, v = (f.to_float(x) for x in random_heads(cfg, SEEDS[1], H, 13, kind="all_active"))
+    layer = TileLayerState(cfg, H, 1 / d ** 0.5)
+    for i in range(12):
+        o, st = layer.step(q[:, i], k[:, i], v[:, i])
+        if i < 8:
+            assert st["exact_steps"] == 0 and st["keys_read"] < H * (i + 1) or i == 0
+        else:
+            assert st["exact_steps"] == H and st["keys_read"] == st["values_read"] == H * (i + 1)
+            raw = [f.quantize(t) for t in (q, k, v)]
+            for h in range(H):
+                ref, _, _ = dense_attention_bits(raw[0][h, i], raw[1][h, :i + 1], raw[2][h, :i + 1], cfg.fallback())
+                assert torch.equal(f.quantize(o[h]), ref) and bool(ref.any())
+    with pytest.raises(ConfigError, match="kv_positions = 12"):
+        layer.step(q[:, 12], k[:, 12], v[:, 12])
