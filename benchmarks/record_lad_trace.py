@@ -22,12 +22,27 @@ DEFAULT_OUT = PROJECT_ROOT / "testbenches" / "data" / "smollm2_lad_trace.pt"
 DEFAULT_PAIRS = ((3, 0), (12, 4), (25, 8))
 
 
-def record_heads(tokens: int, pairs=DEFAULT_PAIRS) -> dict:
-    """q, k, v (len(pairs), tokens, head_dim) float32 of each (layer, query head) pair."""
+def forward_with(model, ids, record, name: str = "ladmac_record") -> None:
+    """One no-grad forward pass of ``model`` over ``ids`` in which every attention call first hands
+    ``(module, query, key, value)`` to ``record`` (transformers' AttentionInterface); sdpa computes
+    the output."""
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+    def attention(module, query, key, value, attention_mask, **kw):
+        record(module, query, key, value)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
+
+    AttentionInterface.register(name, attention)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    model.set_attn_implementation(name)
+    with torch.no_grad():
+        model(ids)
+
+
+def record_heads(tokens: int, pairs=DEFAULT_PAIRS) -> dict:
+    """q, k, v (len(pairs), tokens, head_dim) float32 of each (layer, query head) pair."""
     from golden.llm.data import wikitext_ids
     from golden.llm.smollm2 import load_smollm2
 
@@ -36,16 +51,11 @@ def record_heads(tokens: int, pairs=DEFAULT_PAIRS) -> dict:
     layers = {layer for layer, _ in pairs}
     captured = {}
 
-    def recording_attention(module, query, key, value, attention_mask, **kw):
+    def keep(module, query, key, value):
         if module.layer_idx in layers:
             captured[module.layer_idx] = (query[0].detach(), key[0].detach(), value[0].detach())
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
 
-    AttentionInterface.register("ladmac_record_lad", recording_attention)
-    AttentionMaskInterface.register("ladmac_record_lad", sdpa_mask)
-    model.set_attn_implementation("ladmac_record_lad")
-    with torch.no_grad():
-        model(ids)
+    forward_with(model, ids, keep, "ladmac_record_lad")
     qs, ks, vs = [], [], []
     for layer, head in pairs:
         q, k, v = captured[layer]

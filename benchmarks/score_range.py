@@ -20,10 +20,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=2048)
     args = parser.parse_args()
-    from transformers import AttentionInterface
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
+    from benchmarks.record_lad_trace import forward_with
     from golden.llm.data import wikitext_ids
     from golden.llm.smollm2 import load_smollm2
 
@@ -31,7 +28,7 @@ def main() -> None:
     ids = wikitext_ids(tokenizer, args.tokens).reshape(1, -1)
     rows = {}
 
-    def recording_attention(module, query, key, value, attention_mask, **kw):
+    def measure(module, query, key, value):
         q, k = query[0].float(), key[0].float()
         k = k.repeat_interleave(q.shape[0] // k.shape[0], 0)
         s = q @ k.transpose(1, 2) / math.sqrt(q.shape[-1])
@@ -40,13 +37,8 @@ def main() -> None:
         gap = (m - s)[:, causal]
         rows[module.layer_idx] = (float(s[:, causal].abs().max()), float(gap.max()),
                                   float(torch.quantile(gap[:, ::max(1, gap.shape[1] // 200000)].flatten(), 0.999)))
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
 
-    AttentionInterface.register("ladmac_score_range", recording_attention)
-    AttentionMaskInterface.register("ladmac_score_range", sdpa_mask)
-    model.set_attn_implementation("ladmac_score_range")
-    with torch.no_grad():
-        model(ids)
+    forward_with(model, ids, measure, "ladmac_score_range")
     print("| layer | max abs(s) | max m - s | 99.9th pct m - s |\n|---|---|---|---|")
     for layer, (smax, gmax, gq) in sorted(rows.items()):
         print(f"| {layer} | {smax:.1f} | {gmax:.1f} | {gq:.1f} |")
