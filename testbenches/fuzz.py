@@ -42,10 +42,12 @@ def _draw(field, default, rng: random.Random):
     return default
 
 
-def draw_raw(block: str, rng: random.Random, keep: float = 0.5) -> dict:
+def draw_raw(block: str, rng: random.Random, keep: float | None = None) -> dict:
     """One random assignment of the block's parameters around its smallest preset (each kept
-    at the preset's value with probability ``keep``), not yet validated."""
+    at the preset's value with probability ``keep``, itself drawn in [0.2, 0.8] by default),
+    not yet validated."""
     b = get_block(block)
+    keep = rng.uniform(0.2, 0.8) if keep is None else keep
     base = b.presets[b.smallest_preset]
     out = {}
     for f in dataclasses.fields(b.config_class):

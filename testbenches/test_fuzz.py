@@ -14,7 +14,7 @@ from testbenches.fuzz import draw_raw, fuzz_one, random_config
 
 
 def test_random_vpu_config_bit_exact():
-    report = fuzz_one("vpu", seed=1, vectors=100)
+    report = fuzz_one("vpu", seed=3, vectors=100)   # lanes 4, in_width 13, acc_width 38, axpy_shift 2
     assert report["mismatches"] == 0 and report["vectors"] >= 100, report
 
 
