@@ -86,7 +86,7 @@ def _dense_rules(cfg):
                 counts=[Count("out", "query", in_per=nb, out_per=nb, cap=1)],
                 gates=[Gate("kv_req", "query", "out", in_per=nb, done_per=nb)],
                 responses=[Response("kv_req", "kv_resp")],
-                lives=[Live("query", 8 * cfg.max_positions * nb + 64)])
+                lives=[Live("query", 16 * cfg.max_positions * nb + 32)])
 
 
 def _tile_rules(cfg):
@@ -163,8 +163,8 @@ SPECS: dict[str, FormalSpec] = {s.block: s for s in [
     FormalSpec("mac-unit", _TINY_MAC, _SMALL_MAC, _unit_rules, _d(2, 24, 28, 24)),
     FormalSpec("dense", DenseConfig(head_dim=4, lanes=1, max_positions=2, kv_width=6, kv_frac=3),
                DenseConfig(head_dim=8, lanes=2, max_positions=4, kv_width=8, kv_frac=4), _dense_rules,
-               _d(None, 20, None, 24, deep=26), abstract=CUT, note=_FSM_NOTE),
-    FormalSpec("lad-tile", _TINY_LAD, _SMALL_LAD, _tile_rules, _d(None, 8, None, 12, deep=14), abstract=CUT,
+               _d(None, 20, None, 24, deep=40), abstract=CUT, note=_FSM_NOTE),
+    FormalSpec("lad-tile", _TINY_LAD, _SMALL_LAD, _tile_rules, _d(None, 12, None, 16, deep=30), abstract=CUT,
                note=_FSM_NOTE),
     FormalSpec("lad-eas", _TINY_LAD, _SMALL_LAD, _eas_rules, _d(None, 12, None, 16, deep=30), abstract=CUT,
                note=_FSM_NOTE),
