@@ -18,7 +18,7 @@ from amaranth.lib.wiring import In, Out
 from golden.sfm import EXPONENT_WIDTH, LOG2E_FRAC, SfmConfig, SfmOp
 
 from .arith import round_shift, saturate, stall_all_enable
-from .pipe import leading_one, partial_products, register_partials, sum_partials
+from .pipe import csa_sum, leading_one, partial_products, register_partials, sum_partials
 
 
 def sfm_in_layout(cfg: SfmConfig) -> data.StructLayout:
@@ -136,32 +136,38 @@ class Sfm(wiring.Component):
         mant = unsigned(cfg.mantissa_frac + 1)
         coef = unsigned(cfg.coef_frac + 1)
         slopes = Array(Const(v, coef) for v in cfg.exp_slopes_raw)
-        intercepts = Array(Const(v, coef) for v in cfg.exp_intercepts_raw)
         recip_c0 = Array(Const(v, mant) for v in cfg.recip_c0_raw)
         recip_c1 = Array(Const(v, mant) for v in cfg.recip_c1_raw)
         exp2_c0 = Array(Const(v, mant) for v in cfg.exp2_c0_raw)
         exp2_c1 = Array(Const(v, mant) for v in cfg.exp2_c1_raw)
+        # EXP's intercept comes as (b << x_frac) + the rounding half of exp_shift, so stage 6
+        # has one add: round_shift(a x + (b << x_frac), exp_shift) = (a x + bias) >> exp_shift
+        exp_half = (1 << (cfg.exp_shift - 1)) if cfg.exp_shift > 0 else 0
+        bias_raw = [(v << cfg.x_frac) + exp_half for v in cfg.exp_intercepts_raw]
+        bias_shape = unsigned(max(1, max(bias_raw).bit_length()))
+        biases = Array(Const(v, bias_shape) for v in bias_raw)
         s4 = stage("s4", valid=1, op=2, x=signed(cfg.x_width), interval=cfg.interval_width,
-                   exponent=EXPONENT_WIDTH, special=1, offset=offset_width, slope=coef, intercept=coef,
+                   exponent=EXPONENT_WIDTH, special=1, offset=offset_width, slope=coef, intercept=bias_shape,
                    c0=mant, c1=mant)
         is_exp2 = s3["op"] == SfmOp.EXP2
         with m.If(ce):
             m.d.sync += carry(s4, s3, "valid", "op", "x", "interval", "exponent", "special", "offset")
-            m.d.sync += [s4["slope"].eq(slopes[s3["interval"]]), s4["intercept"].eq(intercepts[s3["interval"]]),
+            m.d.sync += [s4["slope"].eq(slopes[s3["interval"]]), s4["intercept"].eq(biases[s3["interval"]]),
                          s4["c0"].eq(Mux(is_exp2, exp2_c0[s3["index"]], recip_c0[s3["index"]])),
                          s4["c1"].eq(Mux(is_exp2, exp2_c1[s3["index"]], recip_c1[s3["index"]]))]
 
-        # Stage 5: the one multiply (slope * x, or c1 * offset).
+        # Stage 5: the one multiply (slope * x as registered DSP pieces, or c1 * offset).
         s5 = stage("s5", valid=1, op=2, interval=cfg.interval_width, exponent=EXPONENT_WIDTH, special=1,
-                   intercept=coef, c0=mant, exp_product=signed(cfg.coef_frac + 2 + cfg.x_width),
-                   line_product=unsigned(cfg.mantissa_frac + 1 + offset_width))
+                   intercept=bias_shape, c0=mant, line_product=unsigned(cfg.mantissa_frac + 1 + offset_width))
         with m.If(ce):
             m.d.sync += carry(s5, s4, "valid", "op", "interval", "exponent", "special", "intercept", "c0")
-            m.d.sync += [s5["exp_product"].eq(s4["slope"] * s4["x"]),
-                         s5["line_product"].eq(s4["c1"] * s4["offset"])]
+            m.d.sync += s5["line_product"].eq(s4["c1"] * s4["offset"])
+        exp_pieces = register_partials(m, ce, partial_products(s4["slope"], s4["x"]), "s5_exp")
 
         # Stage 6: add, round, saturate.
-        exp_value = saturate(round_shift(s5["exp_product"] + (s5["intercept"] << cfg.x_frac), cfg.exp_shift),
+        exp_width = max(cfg.coef_frac + 2 + cfg.x_width, bias_shape.width + 1) + 2
+        exp_sum = csa_sum([(r << sh) if sh else r for r, sh in exp_pieces] + [s5["intercept"]], exp_width).as_signed()
+        exp_value = saturate(exp_sum >> cfg.exp_shift if cfg.exp_shift > 0 else exp_sum << -cfg.exp_shift,
                              unsigned(cfg.out_width))
         mantissa = s5["c0"] - round_shift(s5["line_product"], cfg.table_offset_shift)
         max_mantissa = (1 << (cfg.mantissa_frac + 1)) - 1
