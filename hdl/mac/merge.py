@@ -136,13 +136,22 @@ class MergeUnit(wiring.Component):
                          x.eq(saturate(neg_abs, signed(cfg.score_width))), exp_one.eq(p.m1 == p.m2),
                          s1.eq(p.s1), s2.eq(p.s2), small.eq(Mux(diff >= 0, p.s2, p.s1)), pending.eq(1)]
 
+        # the SFM's operands do not depend on the state (only its valid does): x for EXP2,
+        # the saturated sum for RECIP; ``recip`` selects the function
+        recip = Signal()
+        sat = saturate(s_full, unsigned(cfg.sum_width))
+        m.d.comb += [sfm.i.payload.op.eq(Mux(recip, SfmOp.RECIP, SfmOp.EXP2)), sfm.i.payload.x.eq(x),
+                     sfm.i.payload.z.eq(sat)]
+        with m.If(peek):
+            m.d.sync += recip.eq(0)
+
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += peek.eq(self.i.valid & ~pending & ~loaded)
                 with m.If(peek):
                     m.next = "EXP_REQUEST"
             with m.State("EXP_REQUEST"):
-                m.d.comb += [sfm.i.valid.eq(1), sfm.i.payload.op.eq(SfmOp.EXP2), sfm.i.payload.x.eq(x)]
+                m.d.comb += sfm.i.valid.eq(1)
                 with m.If(sfm.i.ready):
                     m.next = "EXP_WAIT"
             with m.State("EXP_WAIT"):
@@ -158,12 +167,11 @@ class MergeUnit(wiring.Component):
                 m.d.sync += [a.eq(Mux(first_is_max, s1, scaled)), b.eq(Mux(first_is_max, scaled, s2))]
                 m.next = "SUM"
             with m.State("SUM"):
-                m.d.sync += s_full.eq(Mux(op == MergeOp.DOWNDATE, a - b, a + b))
+                m.d.sync += [s_full.eq(Mux(op == MergeOp.DOWNDATE, a - b, a + b)), recip.eq(1)]
                 m.next = "CHECK"
             with m.State("CHECK"):
                 cancel = (s_full <= 0) | ((op == MergeOp.DOWNDATE) & ((s_full << cfg.cancel_bits) < a))
-                sat = saturate(s_full, unsigned(cfg.sum_width))
-                m.d.comb += [sfm.i.valid.eq(~cancel), sfm.i.payload.op.eq(SfmOp.RECIP), sfm.i.payload.z.eq(sat)]
+                m.d.comb += sfm.i.valid.eq(~cancel)
                 m.d.sync += [flagged.eq(cancel), s_out.eq(sat)]
                 with m.If(cancel):
                     m.d.sync += [w1.eq(0), w2.eq(0), s_out.eq(0)]
