@@ -61,6 +61,7 @@ def test_lad_md_rtl_equals_golden(kind, steps, seed):
     assert r["mismatches"] == 0, r["mismatch_list"]
     assert r["trace_candidates"] > 0 and r["active"] > 0 and r["false_alarms"] > 0 and r["mode_changes"] > 0
     assert r["halvings"] > 0 and r["x_saturated"] > 0 and r["nonzero_w"] > 0
+    assert r["overlapped"] > 0.3 * r["candidates"]   # pipelined: key reads of the next candidates in flight
     assert r["intervals_seen"] == list(range(SMALL.n_intervals))
 
 

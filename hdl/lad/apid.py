@@ -5,14 +5,17 @@ step's approximate scores. ``scan`` with ``classify = 0`` (pass A) reads every a
 position's metadata, asks EAS for ``s^_i`` (``lookup``/``approx``), keeps it and emits the
 maximum on ``smax``. ``classify = 1`` (pass B, with ``m``): ``x^_i = sat(s^_i - m)``; a position
 inside its guarded mode interval bumps its mode counter; the others go to MD on ``cand``
-and wait for MD's ``verdict`` (new mode and counters), which is written back. ``done``
-reports the candidates. ``absorb`` writes the new position (its interval as mode, counter 1).
-One position per cycle where nothing waits.
+without waiting: MD's ``verdict`` (position, new mode and counters; in candidate order) is
+written back whenever it comes, with the center and rho kept in a FIFO of the candidates in
+flight (``md_inflight`` deep; a verdict's write takes the metadata port before a quiet
+position's). ``done`` reports the candidates once every verdict is back. ``absorb`` writes the
+new position (its interval as mode, counter 1). One position per cycle where nothing waits.
 """
 from __future__ import annotations
 
-from amaranth import Module, Signal, signed, unsigned
+from amaranth import Cat, Module, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
 from golden.lad_tile import LadTileConfig
@@ -64,7 +67,8 @@ class Apid(wiring.Component):
         finished = Signal(cfg.position_width)
         best = Signal(signed(xw))
         candidates = Signal(cfg.position_width)
-        sent = Signal()
+        # candidates sent to MD, verdict not yet back: their (center, rho), in order
+        m.submodules.pending = pending = SyncFIFO(width=cfg.center_width + cfg.rho_width, depth=cfg.md_inflight)
 
         with m.FSM():
             with m.State("IDLE"):
@@ -72,7 +76,7 @@ class Apid(wiring.Component):
                 with m.If(self.scan.valid):
                     p = self.scan.payload
                     m.d.sync += [length.eq(p.length), m_ref.eq(p.m), issued.eq(0), finished.eq(0),
-                                 best.eq(-(1 << (xw - 1))), candidates.eq(0), sent.eq(0)]
+                                 best.eq(-(1 << (xw - 1))), candidates.eq(0)]
                     with m.If(p.classify):
                         m.next = "CLASSIFY"
                     with m.Else():
@@ -120,27 +124,36 @@ class Apid(wiring.Component):
                 is_cand = Signal()
                 m.d.comb += is_cand.eq(outside_mode(x_hat, word.mode, cfg))
                 bumped = bump_counters(m, word.counters, word.mode, cfg, "quiet_counters")
-                take = Signal()
-                m.d.comb += [take.eq(meta_resp.valid & (~is_cand | (sent & self.verdict.valid))),
-                             meta_resp.ready.eq(take), a_resp.ready.eq(take),
-                             self.cand.valid.eq(meta_resp.valid & is_cand & ~sent),
+                # a verdict is written back as it comes (it has the metadata port first)
+                v_write = Signal()
+                m.d.comb += [self.verdict.ready.eq(pending.r_rdy), v_write.eq(self.verdict.valid & pending.r_rdy),
+                             pending.r_en.eq(v_write)]
+                kept = Signal(ml)
+                m.d.comb += [kept.center.eq(pending.r_data[:cfg.center_width]),
+                             kept.rho.eq(pending.r_data[cfg.center_width:]),
+                             kept.mode.eq(self.verdict.payload.mode), kept.counters.eq(self.verdict.payload.counters)]
+                take_quiet, take_cand = Signal(), Signal()
+                m.d.comb += [self.cand.valid.eq(meta_resp.valid & is_cand & pending.w_rdy),
                              self.cand.payload.position.eq(finished), self.cand.payload.mode.eq(word.mode),
                              self.cand.payload.counters.eq(word.counters),
-                             self.verdict.ready.eq(meta_resp.valid & is_cand & sent)]
-                with m.If(self.cand.valid & self.cand.ready):
-                    m.d.sync += [sent.eq(1), candidates.eq(candidates + 1)]
-                new_word = Signal(ml)
-                m.d.comb += [new_word.center.eq(word.center), new_word.rho.eq(word.rho)]
-                with m.If(is_cand):
-                    m.d.comb += [new_word.mode.eq(self.verdict.payload.mode),
-                                 new_word.counters.eq(self.verdict.payload.counters)]
-                with m.Else():
-                    m.d.comb += [new_word.mode.eq(word.mode), new_word.counters.eq(bumped)]
-                with m.If(take):
+                             take_cand.eq(self.cand.valid & self.cand.ready),
+                             take_quiet.eq(meta_resp.valid & ~is_cand & ~v_write),
+                             meta_resp.ready.eq(take_quiet | take_cand), a_resp.ready.eq(take_quiet | take_cand),
+                             pending.w_en.eq(take_cand), pending.w_data.eq(Cat(word.center, word.rho))]
+                with m.If(take_cand):
+                    m.d.sync += candidates.eq(candidates + 1)
+                quiet_word = Signal(ml)
+                m.d.comb += [quiet_word.center.eq(word.center), quiet_word.rho.eq(word.rho),
+                             quiet_word.mode.eq(word.mode), quiet_word.counters.eq(bumped)]
+                with m.If(v_write):
+                    m.d.comb += [meta.write.valid.eq(1), meta.write.payload.addr.eq(self.verdict.payload.position),
+                                 meta.write.payload.data.eq(kept)]
+                with m.Elif(take_quiet):
                     m.d.comb += [meta.write.valid.eq(1), meta.write.payload.addr.eq(finished),
-                                 meta.write.payload.data.eq(new_word)]
-                    m.d.sync += [finished.eq(finished + 1), sent.eq(0)]
-                with m.If(finished == length):
+                                 meta.write.payload.data.eq(quiet_word)]
+                with m.If(take_quiet | take_cand):
+                    m.d.sync += finished.eq(finished + 1)
+                with m.If((finished == length) & ~pending.r_rdy):
                     m.next = "DONE"
             with m.State("DONE"):
                 m.d.comb += [self.done.valid.eq(1), self.done.payload.eq(candidates)]

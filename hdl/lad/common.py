@@ -57,14 +57,14 @@ def sram_banks(cfg: LadTileConfig) -> dict[str, SramConfig]:
     """Every SRAM bank of the tile, by module: the one sizing that the modules build and that
     reports (``sram_bits``, docs/lad-tile.md's SRAM map, design sweeps) count.
 
-    EAS: centers (``beats`` words per center), their scores q.c_j and 1/|c_j|^2; APID: each
+    EAS: centers (``eas_beats`` words of ``eas_lanes`` elements per center), their scores q.c_j and 1/|c_j|^2; APID: each
     position's metadata (mode, counters, center, rho) and approximate score; AC: cache A, row
     ``l`` in bank ``l mod (vpus - 3)``, one word per beat of ``ac_acc_width``-bit lanes."""
     L, nb, d, P = cfg.lanes, cfg.beats, cfg.head_dim, cfg.ac_vpus
     xw = cfg.sfm.x_width
     a_words = max(2, d // P * nb)
     return {
-        "eas.centers": SramConfig(depth=cfg.max_centers * nb, width=L * cfg.kv_width),
+        "eas.centers": SramConfig(depth=max(2, cfg.max_centers * cfg.eas_beats), width=cfg.eas_lanes * cfg.kv_width),
         "eas.center_scores": SramConfig(depth=max(2, cfg.max_centers), width=xw),
         "eas.center_recips": SramConfig(depth=max(2, cfg.max_centers), width=recip_resp_layout(cfg).size),
         "apid.metadata": SramConfig(depth=cfg.max_positions, width=meta_layout(cfg).size),

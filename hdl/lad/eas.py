@@ -1,8 +1,8 @@
 """EAS: directional centers and approximate scores (docs/algorithms.md §1.4; golden/lad_tile.py steps 1-2).
 
-``start`` runs one step: two VPUs take ``q.k_n`` (the new position's exact score) and
-``|k_n|^2``, then read every center ``c_j`` once from the centers SRAM, beat by beat,
-computing ``q.c_j`` (its scaled score goes to the center-score SRAM) and ``k_n.c_j``
+``start`` runs one step: two VPUs of ``eas_lanes`` lanes (``cfg.eas_vpu``) take ``q.k_n`` (the new
+position's exact score) and ``|k_n|^2``, then read every center ``c_j`` once from the centers SRAM,
+``eas_lanes`` elements per cycle (a center is ``eas_beats`` words; ``eas_beats`` cycles per center), computing ``q.c_j`` (its scaled score goes to the center-score SRAM) and ``k_n.c_j``
 in lockstep; ``t_j = round_shift((k_n.c_j)^2 rc_j, mf + e_j)`` with ``(rc_j, e_j)`` the stored
 RECIP of ``|c_j|^2`` picks the best center (first maximum). ``k_n`` joins it when
 ``t_j 2^16 >= cos^2 |k_n|^2`` (or the table is full), with
@@ -51,11 +51,11 @@ class Eas(wiring.Component):
 
     def elaborate(self, platform):
         cfg, m = self.cfg, Module()
-        L, nb = cfg.lanes, cfg.beats
+        L, nb = cfg.eas_lanes, cfg.eas_beats   # EAS's own beats: eas_lanes elements each
         xw, mf = cfg.sfm.x_width, cfg.sfm.mantissa_frac
         rl = recip_resp_layout(cfg)
-        m.submodules.vpu_q = vpu_q = Vpu(cfg.score_vpu)
-        m.submodules.vpu_k = vpu_k = Vpu(cfg.score_vpu)
+        m.submodules.vpu_q = vpu_q = Vpu(cfg.eas_vpu)
+        m.submodules.vpu_k = vpu_k = Vpu(cfg.eas_vpu)
         banks = sram_banks(cfg)
         m.submodules.center_mem = cmem = SramBank(banks["eas.centers"])
         m.submodules.score_mem = smem = SramBank(banks["eas.center_scores"])
@@ -90,9 +90,9 @@ class Eas(wiring.Component):
         best_valid = Signal()
         best_j = Signal(cfg.center_width)
         best_t = Signal(2 * cfg.kk_width + mf + 2)
-        best_dot = Signal(signed(cfg.score_vpu.acc_width))
+        best_dot = Signal(signed(cfg.eas_vpu.acc_width))
         best_rc = Signal(rl)
-        kdot = Signal(signed(cfg.score_vpu.acc_width))
+        kdot = Signal(signed(cfg.eas_vpu.acc_width))
         kdot_j = Signal(cfg.center_width)
         write_b = Signal(range(nb))
         new_rc = Signal(rl)

@@ -7,11 +7,19 @@ an active position (``r_i`` differs from the mode) also reads ``v_i`` and sends 
 ``BEATS`` command per beat: ``w_i = round_shift(alpha x_i + (beta << x_frac), exp_shift)``
 with ``alpha = a_{r_i} - a*``, ``beta = b_{r_i} - b*``, and the cache update when the mode
 changes (counter of ``r_i`` above the mode's). Counts actives, false alarms, mode changes.
+
+Pipelined: MD holds up to ``md_inflight`` candidates (slots, in arrival order). Their key
+reads go out back to back; an active's value read goes out as soon as its verdict is given
+(before any key read not yet issued), so the KV port streams: a candidate costs its key's
+``beats`` requests, an active its value's as well. A tag FIFO routes the in-order responses
+(key beats to the VPU, value beats with the kept key beats to AC). Verdicts leave in
+candidate order; nothing assumes the VPU's latency.
 """
 from __future__ import annotations
 
 from amaranth import Array, Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import stream, wiring
+from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
 from golden.lad_tile import LadTileConfig
@@ -41,88 +49,147 @@ class Md(wiring.Component):
 
     def elaborate(self, platform):
         cfg, m = self.cfg, Module()
-        L, nb, kw = cfg.lanes, cfg.beats, cfg.kv_width
+        L, nb, kw, S = cfg.lanes, cfg.beats, cfg.kv_width, cfg.md_inflight
         sfm = cfg.sfm
         xw, cw = sfm.x_width, sfm.coef_frac + 2
+        cl = candidate_layout(cfg)
+        cnt_width = cl.members["counters"].size
         m.submodules.vpu = vpu = Vpu(cfg.score_vpu)
         q_beats = Array(Cat(self.q[b * L + i] for i in range(L)) for b in range(nb))
-        k_buf = Array(Signal(L * kw, name=f"k_beat{b}") for b in range(nb))
         slopes = Array(Const(v, signed(cw)) for v in sfm.exp_slopes_raw)
         intercepts = Array(Const(v, signed(cw)) for v in sfm.exp_intercepts_raw)
 
-        position = Signal(cfg.position_width)
+        # the slots: a ring of S candidates in arrival order
+        slot_pos = Array(Signal(cfg.position_width, name=f"slot{s}_position") for s in range(S))
+        slot_mode = Array(Signal(sfm.interval_width, name=f"slot{s}_mode") for s in range(S))
+        slot_cnt = Array(Signal(cnt_width, name=f"slot{s}_counters") for s in range(S))
+        slot_w = Array(Signal(signed(W_WIDTH), name=f"slot{s}_w") for s in range(S))
+        slot_alpha = Array(Signal(signed(cw), name=f"slot{s}_alpha") for s in range(S))
+        slot_beta = Array(Signal(signed(cw), name=f"slot{s}_beta") for s in range(S))
+        slot_change = Array(Signal(name=f"slot{s}_change") for s in range(S))
+        k_mem = Array(Signal(L * kw, name=f"slot{s}_k{b}") for s in range(S) for b in range(nb))
+        done = [Signal(name=f"slot{s}_done") for s in range(S)]
+        done_arr = Array(done)
+        tail, head = Signal(range(S)), Signal(range(S))        # next slot to fill, oldest slot
+        count = Signal(range(S + 1))                           # slots in use
+        kptr, kpend = Signal(range(S)), Signal(range(S + 1))   # next slot to read the key of; how many wait
+        dptr = Signal(range(S))                                # next slot to decide (key dots come in order)
+        m.d.comb += self.busy.eq(count != 0)
+
+        def k_index(slot, b):
+            return slot * nb + b if nb > 1 else slot
+
+        # value reads to issue (slots, in verdict order) and the tags of the issued reads
+        sbits = max(1, (S - 1).bit_length())
+        m.submodules.vq = vq = SyncFIFO(width=sbits, depth=S)
+        m.submodules.tags = tags = SyncFIFO(width=sbits + 1, depth=2 * S)
+
+        # allocation and release
+        alloc, free = Signal(), Signal()
+        m.d.comb += [self.cand.ready.eq(count < S), alloc.eq(self.cand.valid & self.cand.ready),
+                     free.eq((count != 0) & done_arr[head])]
+        with m.If(alloc):
+            c = self.cand.payload
+            m.d.sync += [slot_pos[tail].eq(c.position), slot_mode[tail].eq(c.mode), slot_cnt[tail].eq(c.counters),
+                         tail.eq(incr(tail, S))]
+        with m.If(free):
+            m.d.sync += head.eq(incr(head, S))
+        m.d.sync += count.eq(count + alloc - free)
+
+        # issue: one block of nb requests at a time; the next block loads as the last beat goes
+        iss_active, iss_value = Signal(), Signal()
+        iss_slot, iss_b = Signal(range(S)), Signal(range(nb))
+        m.d.comb += [self.kv_req.valid.eq(iss_active), self.kv_req.payload.value.eq(iss_value),
+                     self.kv_req.payload.position.eq(slot_pos[iss_slot]), self.kv_req.payload.beat.eq(iss_b)]
+        req_fire = Signal()
+        m.d.comb += req_fire.eq(self.kv_req.valid & self.kv_req.ready)
+        with m.If(req_fire):
+            m.d.sync += iss_b.eq(incr(iss_b, nb))
+        key_load = Signal()
+        with m.If(~iss_active | (req_fire & (iss_b == nb - 1))):
+            with m.If(vq.r_rdy & tags.w_rdy):      # an active's value first
+                m.d.comb += [vq.r_en.eq(1), tags.w_en.eq(1), tags.w_data.eq(Cat(vq.r_data, Const(1, 1)))]
+                m.d.sync += [iss_active.eq(1), iss_value.eq(1), iss_slot.eq(vq.r_data)]
+            with m.Elif((kpend != 0) & tags.w_rdy):
+                m.d.comb += [key_load.eq(1), tags.w_en.eq(1), tags.w_data.eq(Cat(kptr[:sbits] if S > 1 else Const(0, 1),
+                                                                                  Const(0, 1)))]
+                m.d.sync += [iss_active.eq(1), iss_value.eq(0), iss_slot.eq(kptr), kptr.eq(incr(kptr, S))]
+            with m.Else():
+                m.d.sync += iss_active.eq(0)
+        m.d.sync += kpend.eq(kpend + alloc - key_load)
+
+        # responses, routed by their tags: key beats to the VPU (and kept), value beats to AC
+        t_slot, t_value = Signal(range(S)), Signal()
+        m.d.comb += [t_slot.eq(tags.r_data[:sbits]), t_value.eq(tags.r_data[sbits])]
+        rb = Signal(range(nb))
+        resp_fire = Signal()
+        m.d.comb += resp_fire.eq(self.kv_resp.valid & self.kv_resp.ready)
+        value_done = Signal()
+        m.d.comb += [vpu.i.payload.op.eq(VpuOp.DOT), vpu.i.payload.last.eq(rb == nb - 1),
+                     vpu.i.payload.a.eq(self.kv_resp.payload), vpu.i.payload.b.eq(q_beats[rb])]
+        cmd = self.corr.payload
+        m.d.comb += [cmd.op.eq(AcOp.BEATS), cmd.w.eq(slot_w[t_slot]), cmd.alpha.eq(slot_alpha[t_slot]),
+                     cmd.beta.eq(slot_beta[t_slot]), cmd.accumulate.eq(1), cmd.update.eq(slot_change[t_slot]),
+                     cmd.k.eq(k_mem[k_index(t_slot, rb)]), cmd.v.eq(self.kv_resp.payload)]
+        with m.If(tags.r_rdy):
+            with m.If(t_value):
+                m.d.comb += [self.corr.valid.eq(self.kv_resp.valid), self.kv_resp.ready.eq(self.corr.ready)]
+                m.d.comb += value_done.eq(resp_fire & (rb == nb - 1))
+            with m.Else():
+                m.d.comb += [vpu.i.valid.eq(self.kv_resp.valid), self.kv_resp.ready.eq(vpu.i.ready)]
+                with m.If(resp_fire):
+                    m.d.sync += k_mem[k_index(t_slot, rb)].eq(self.kv_resp.payload)
+        with m.If(resp_fire):
+            m.d.sync += rb.eq(incr(rb, nb))
+            with m.If(rb == nb - 1):
+                m.d.comb += tags.r_en.eq(1)
+
+        # decisions, one candidate at a time in slot order
         mode = Signal(sfm.interval_width)
-        counters = Signal(candidate_layout(cfg).members["counters"])
+        counters = Signal(cl.members["counters"])
         x = Signal(signed(xw))
         r = Signal(sfm.interval_width)
-        req_b, resp_b = Signal(range(nb + 1)), Signal(range(nb))
         change = Signal()
         alpha, beta = Signal(signed(cw)), Signal(signed(cw))
         w = Signal(signed(W_WIDTH))
-
         bumped = bump_counters(m, counters, r, cfg, "md_counters")
-        m.d.comb += self.kv_req.payload.position.eq(position)
-
+        false_alarm = Signal()
         with m.FSM():
-            with m.State("IDLE"):
-                m.d.comb += self.cand.ready.eq(1)
-                with m.If(self.cand.valid):
-                    c = self.cand.payload
-                    m.d.sync += [position.eq(c.position), mode.eq(c.mode), counters.eq(c.counters),
-                                 req_b.eq(0), resp_b.eq(0)]
-                    m.next = "KEY"
-            with m.State("KEY"):   # k_i beats -> DOT with q (and kept for a cache update)
-                m.d.comb += self.busy.eq(1)
-                m.d.comb += [self.kv_req.valid.eq(req_b < nb), self.kv_req.payload.value.eq(0),
-                             self.kv_req.payload.beat.eq(req_b)]
-                with m.If(self.kv_req.valid & self.kv_req.ready):
-                    m.d.sync += req_b.eq(req_b + 1)
-                m.d.comb += [vpu.i.valid.eq(self.kv_resp.valid), self.kv_resp.ready.eq(vpu.i.ready),
-                             vpu.i.payload.op.eq(VpuOp.DOT), vpu.i.payload.last.eq(resp_b == nb - 1),
-                             vpu.i.payload.a.eq(self.kv_resp.payload), vpu.i.payload.b.eq(q_beats[resp_b]),
-                             vpu.o.ready.eq(1)]
-                with m.If(self.kv_resp.valid & self.kv_resp.ready):
-                    m.d.sync += [k_buf[resp_b].eq(self.kv_resp.payload), resp_b.eq(incr(resp_b, nb))]
+            with m.State("SCORE"):
+                m.d.comb += vpu.o.ready.eq(1)
                 with m.If(vpu.o.valid):
                     xv = saturate(score_of(vpu.o.payload.dot, cfg) - self.m, signed(xw))
-                    m.d.sync += [x.eq(xv), r.eq(interval_of(xv, cfg))]
+                    m.d.sync += [x.eq(xv), r.eq(interval_of(xv, cfg)), mode.eq(slot_mode[dptr]),
+                                 counters.eq(slot_cnt[dptr])]
                     m.next = "DECIDE"
             with m.State("DECIDE"):
-                m.d.comb += self.busy.eq(1)
                 m.d.sync += [alpha.eq(slopes[r] - slopes[mode]), beta.eq(intercepts[r] - intercepts[mode]),
                              change.eq((r != mode) & (bumped[r] > bumped[mode]))]
                 m.next = "WEIGHT"
             with m.State("WEIGHT"):
-                m.d.comb += self.busy.eq(1)
                 m.d.sync += w.eq(round_shift(alpha * x + (beta << sfm.x_frac), sfm.exp_shift))
                 m.next = "VERDICT"
             with m.State("VERDICT"):
-                m.d.comb += [self.busy.eq(1), self.verdict.valid.eq(1), self.verdict.payload.position.eq(position),
+                m.d.comb += [self.verdict.valid.eq(1), self.verdict.payload.position.eq(slot_pos[dptr]),
                              self.verdict.payload.mode.eq(Mux(change, r, mode)),
                              self.verdict.payload.counters.eq(bumped)]
                 with m.If(self.verdict.ready):
-                    m.d.sync += req_b.eq(0)
+                    m.d.sync += dptr.eq(incr(dptr, S))
                     with m.If(r == mode):
+                        m.d.comb += false_alarm.eq(1)
                         m.d.sync += self.false_alarms.eq(self.false_alarms + 1)
-                        m.next = "IDLE"
                     with m.Else():
-                        m.d.sync += self.active.eq(self.active + 1)
+                        m.d.comb += [vq.w_en.eq(1), vq.w_data.eq(dptr)]
+                        m.d.sync += [self.active.eq(self.active + 1), slot_w[dptr].eq(w),
+                                     slot_alpha[dptr].eq(alpha), slot_beta[dptr].eq(beta),
+                                     slot_change[dptr].eq(change)]
                         with m.If(change):
                             m.d.sync += self.mode_changes.eq(self.mode_changes + 1)
-                        m.next = "VALUE"
-            with m.State("VALUE"):   # v_i beats -> AC, with the kept k_i beats
-                m.d.comb += self.busy.eq(1)
-                m.d.comb += [self.kv_req.valid.eq(req_b < nb), self.kv_req.payload.value.eq(1),
-                             self.kv_req.payload.beat.eq(req_b)]
-                with m.If(self.kv_req.valid & self.kv_req.ready):
-                    m.d.sync += req_b.eq(req_b + 1)
-                cmd = self.corr.payload
-                m.d.comb += [self.corr.valid.eq(self.kv_resp.valid), self.kv_resp.ready.eq(self.corr.ready),
-                             cmd.op.eq(AcOp.BEATS), cmd.w.eq(w), cmd.alpha.eq(alpha), cmd.beta.eq(beta),
-                             cmd.accumulate.eq(1), cmd.update.eq(change), cmd.k.eq(k_buf[resp_b]),
-                             cmd.v.eq(self.kv_resp.payload)]
-                with m.If(self.corr.valid & self.corr.ready):
-                    m.d.sync += resp_b.eq(incr(resp_b, nb))
-                    with m.If(resp_b == nb - 1):
-                        m.next = "IDLE"
+                    m.next = "SCORE"
+        # a slot is done after its verdict (false alarm) or its value's last beat (active)
+        for s in range(S):
+            with m.If(free & (head == s)):
+                m.d.sync += done[s].eq(0)
+            with m.If((false_alarm & (dptr == s)) | (value_done & (t_slot == s))):
+                m.d.sync += done[s].eq(1)
         return m

@@ -57,7 +57,8 @@ def eas_corners(cfg: LadTileConfig, k: torch.Tensor, rng) -> torch.Tensor:
 
 def sequence(bench: Bench):
     """Raw (steps, d) q, k, v of the run: ``trace`` (head ``head`` of a SmolLM2 file), else
-    ``kind`` of :func:`random_sequence`; ``eas_corners`` puts the EAS corner keys in."""
+    ``kind`` of :func:`random_sequence`; ``eas_corners`` puts the EAS corner keys in (and one
+    query at the format's extremes)."""
     cfg, rng, p = bench.cfg, bench.rng, bench.params
     steps = bench.steps(24)
     if p.get("trace"):
@@ -68,6 +69,9 @@ def sequence(bench: Bench):
         q, k, v = random_sequence(cfg, rng.randrange(1 << 30), steps, p.get("kind", "drift"))
     if p.get("eas_corners"):
         k = eas_corners(cfg, k, rng)
+        # one query at the kv format's extremes: center scores (and s^) saturate the score format
+        q = q.clone()
+        q[steps // 2] = torch.where(q[steps // 2] < 0, cfg.kv_format.min_raw, cfg.kv_format.max_raw)
     return q, k, v
 
 
