@@ -1,13 +1,13 @@
 """VPU: ``lanes`` multipliers running DOT, SQDIST (accumulated over beats) and AXPY.
 
 Implements golden/vpu.py bit for bit (see its docstring for the three operations).
-Four pipeline stages that stall together when the output is not taken (latency 4):
+Five pipeline stages that stall together when the output is not taken (latency 5):
 stage 1 registers the multiplier operands per lane (the multiplier is shared: ``a*b`` for
 DOT, ``(a-b)**2`` for SQDIST, ``scalar*a`` for AXPY); stage 2 registers one product per
-lane (a MULT18X18D with registers on both sides); stage 3 registers the beat's adder tree
-(balanced) and the rounded AXPY products; stage 4 adds the beat into the saturating
-accumulator (DOT/SQDIST, emitted on the ``last`` beat) or forms the saturated AXPY lanes
-(every beat).
+lane (a MULT18X18D with registers on both sides); stages 3 and 4 register the beat's
+balanced adder tree (pair sums, then the rest) and the rounded AXPY products, then those
+plus ``acc``; stage 5 adds the beat into the saturating accumulator (DOT/SQDIST, emitted
+on the ``last`` beat) or forms the saturated AXPY lanes (every beat).
 """
 from __future__ import annotations
 
@@ -86,17 +86,30 @@ class Vpu(wiring.Component):
             for l in range(cfg.lanes):
                 m.d.sync += [s1_prod[l].eq(s0_x[l] * s0_y[l]), s1_acc[l].eq(s0_acc[l])]
 
-        # Stage 3: the beat's adder tree; the AXPY products rounded and added to acc.
+        # Stage 3: the first level of the beat's adder tree (pair sums); the AXPY products rounded.
+        npairs = (cfg.lanes + 1) // 2
+        pw = 2 * w + 2
         s2_valid, s2_op, s2_last = Signal(), Signal(2), Signal()
-        s2_beat_sum = Signal(signed(2 * w + 2 + cfg.lanes.bit_length()))
-        s2_lanes = [Signal(signed(cfg.acc_width + 1), name=f"s2_lane{l}") for l in range(cfg.lanes)]
+        s2_pairs = [Signal(signed(pw + 1), name=f"s2_pair{n}") for n in range(npairs)]
+        s2_round = [Signal(signed(pw + 1), name=f"s2_round{l}") for l in range(cfg.lanes)]
+        s2_acc = [Signal(signed(cfg.acc_width), name=f"s2_acc{l}") for l in range(cfg.lanes)]
         with m.If(ce):
-            m.d.sync += [s2_valid.eq(s1_valid), s2_op.eq(s1_op), s2_last.eq(s1_last),
-                         s2_beat_sum.eq(tree_sum(s1_prod))]
+            m.d.sync += [s2_valid.eq(s1_valid), s2_op.eq(s1_op), s2_last.eq(s1_last)]
+            m.d.sync += [s2_pairs[n].eq(tree_sum(s1_prod[2 * n:2 * n + 2])) for n in range(npairs)]
             for l in range(cfg.lanes):
-                m.d.sync += s2_lanes[l].eq(round_shift(s1_prod[l], cfg.axpy_shift) + s1_acc[l])
+                m.d.sync += [s2_round[l].eq(round_shift(s1_prod[l], cfg.axpy_shift)), s2_acc[l].eq(s1_acc[l])]
 
-        # Stage 3: accumulate with saturation, or saturate the AXPY lanes.
+        # Stage 4: the rest of the adder tree; the rounded AXPY products added to acc.
+        s3_valid, s3_op, s3_last = Signal(), Signal(2), Signal()
+        s3_beat_sum = Signal(signed(pw + cfg.lanes.bit_length()))
+        s3_lanes = [Signal(signed(cfg.acc_width + 1), name=f"s3_lane{l}") for l in range(cfg.lanes)]
+        with m.If(ce):
+            m.d.sync += [s3_valid.eq(s2_valid), s3_op.eq(s2_op), s3_last.eq(s2_last),
+                         s3_beat_sum.eq(tree_sum(s2_pairs))]
+            m.d.sync += [s3_lanes[l].eq(s2_round[l] + s2_acc[l]) for l in range(cfg.lanes)]
+        s2_valid, s2_op, s2_last, s2_beat_sum, s2_lanes = s3_valid, s3_op, s3_last, s3_beat_sum, s3_lanes
+
+        # Stage 5: accumulate with saturation, or saturate the AXPY lanes.
         acc = Signal(signed(cfg.acc_width))
         acc_next = Signal(signed(cfg.acc_width))
         m.d.comb += acc_next.eq(saturate(acc + s2_beat_sum, signed(cfg.acc_width)))
