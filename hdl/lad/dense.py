@@ -89,6 +89,7 @@ class DenseAttention(wiring.Component):
         done_beat = Signal(range(nb))
         score_pos = Signal(cfg.position_width)  # pass 2: next score to read
         out_beat = Signal(range(nb))
+        inflight = Signal(range(nb + 1))         # pass 2: AXPY beats issued, not yet written back
 
         with m.If(self.kv_req.valid & self.kv_req.ready):
             m.d.sync += kv_beats.eq(kv_beats + 1)
@@ -160,10 +161,12 @@ class DenseAttention(wiring.Component):
                     m.d.sync += req_beat.eq(incr(req_beat, nb))
                     with m.If(req_beat == nb - 1):
                         m.d.sync += req_pos.eq(req_pos + 1)
-                # value beats + p -> VPU AXPY into N
-                both = self.kv_resp.valid & p_fifo.r_rdy
-                m.d.comb += [vpu.i.valid.eq(both), self.kv_resp.ready.eq(vpu.i.ready & p_fifo.r_rdy),
-                             p_fifo.r_en.eq(vpu.i.ready & self.kv_resp.valid & (resp_beat == nb - 1)),
+                # value beats + p -> VPU AXPY into N; a beat of N is read again only after its
+                # update is written back (at most nb - 1 beats in the VPU), whatever its latency
+                room = inflight < nb
+                both = self.kv_resp.valid & p_fifo.r_rdy & room
+                m.d.comb += [vpu.i.valid.eq(both), self.kv_resp.ready.eq(vpu.i.ready & p_fifo.r_rdy & room),
+                             p_fifo.r_en.eq(vpu.i.ready & self.kv_resp.valid & room & (resp_beat == nb - 1)),
                              vpu.i.payload.op.eq(VpuOp.AXPY), vpu.i.payload.last.eq(1),
                              vpu.i.payload.scalar.eq(p_fifo.r_data)]
                 acc_word = numer[resp_beat]
@@ -173,6 +176,7 @@ class DenseAttention(wiring.Component):
                                  vpu.i.payload.acc[l].eq(acc_word[l * aw:(l + 1) * aw].as_signed())]
                 with m.If(vpu.i.valid & vpu.i.ready):
                     m.d.sync += resp_beat.eq(incr(resp_beat, nb))
+                m.d.sync += inflight.eq(inflight + (vpu.i.valid & vpu.i.ready) - vpu.o.valid)
                 m.d.comb += vpu.o.ready.eq(1)
                 with m.If(vpu.o.valid):
                     m.d.sync += [numer[done_beat].eq(vpu.o.payload.vec),
