@@ -14,7 +14,7 @@ from testbenches.fuzz import draw_raw, fuzz_one, random_config
 
 
 def test_random_vpu_config_bit_exact():
-    report = fuzz_one("vpu", seed=3, vectors=100)   # lanes 4, in_width 13, acc_width 38, axpy_shift 2
+    report = fuzz_one("vpu", seed=2, vectors=100)   # lanes 4, in_width 4, acc_width 20, axpy_shift 7
     assert report["mismatches"] == 0 and report["vectors"] >= 100, report
 
 
