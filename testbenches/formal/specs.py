@@ -98,7 +98,7 @@ def _tile_rules(cfg):
 
 
 def _eas_rules(cfg):
-    return dict(counts=[Count("key_out", "start", cap=1), Count("approx", "lookup", cap=2)],
+    return dict(counts=[Count("key_out", "start", cap=1), Count("approx", "lookup", cap=1)],
                 responses=[Response("recip_req", "recip_resp")],
                 lives=[Live("start", 8 * cfg.max_centers * cfg.beats + 64), Live("lookup", 8)])
 
@@ -170,7 +170,7 @@ SPECS: dict[str, FormalSpec] = {s.block: s for s in [
                note=_FSM_NOTE),
     FormalSpec("lad-apid", _TINY_LAD, _SMALL_LAD, _apid_rules, _d(None, 10, None, 12, deep=16), abstract=CUT,
                note=_FSM_NOTE),
-    FormalSpec("lad-md", _TINY_LAD, _SMALL_LAD, _md_rules, _d(None, 12, None, 16, deep=18), abstract=CUT,
+    FormalSpec("lad-md", _TINY_LAD, _SMALL_LAD, _md_rules, _d(None, 12, None, 24, deep=18), abstract=CUT,
                note=_FSM_NOTE),
     FormalSpec("lad-ac", _TINY_LAD, _SMALL_LAD, _ac_rules, _d(None, 10, None, 12, deep=16), abstract=CUT,
                note=_FSM_NOTE),
