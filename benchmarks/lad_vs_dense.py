@@ -3,6 +3,7 @@
     .venv/bin/python -m benchmarks.lad_vs_dense [--contexts 128 256 512 1024 2048 4096]
         [--heads 3:0 12:4 25:8] [--rtl-steps 320 192 0] [--window 64]
         [--plot docs/img/lad_vs_dense.png] [--out build/results/lad_vs_dense.json] [--reuse-rtl JSON]
+        [--set NAME=VALUE ...]   (LadTileConfig overrides, e.g. max_centers=4096 eas_beats=1)
 
 For each (layer, query head) the script records q, k, v of the first max(contexts) WikiText-2
 tokens (benchmarks/record_lad_trace.py), then:
@@ -21,6 +22,13 @@ tokens (benchmarks/record_lad_trace.py), then:
    3 of every 4 measured steps at positions >= 16 (the first steps overlap fixed latencies)
    and checked on the 4th; both errors are printed. Such figures are marked "model".
    (Simulating 4096 steps is ~10^8 cycles: out of reach for cocotb.)
+
+4. the tile's own floor per step: ``max(KV beats, on-chip passes)`` with the on-chip passes at
+   the configured parallelism, ``eas_beats * centers`` (EAS's center pass) ``+ 2 * position``
+   (APID's two passes, one position per cycle) ``+ (d / ac_vpus) * beats * (2 + mode changes)``
+   (AC: the q.A pass, the absorption's and each mode change's update of cache A). The passes
+   depend on each other (EAS -> APID pass A -> m -> pass B), so they add; the KV reads overlap
+   pass B. ``cycles / floor`` is how far the schedule is from it.
 
 Per-step figures swing a lot from one step to the next (a query that attends elsewhere makes
 many positions change interval), so each row is the mean over the ``window`` steps ending at
@@ -54,6 +62,13 @@ def golden_stats(cfg: LadTileConfig, q, k, v, desc: str) -> list[dict]:
         _, st = model.step(q[i], k[i], v[i])
         out.append({**st, "centers_before": st["centers"] - st["new_center"]})
     return out
+
+
+def floor_cycles(cfg: LadTileConfig, st: dict) -> int:
+    """The step's floor at the configured parallelism (module docstring, item 4)."""
+    onchip = (cfg.eas_beats * st["centers_before"] + 2 * st["position"]
+              + cfg.head_dim // cfg.ac_vpus * cfg.beats * (2 + st["mode_changes"]))
+    return max(st["kv_beats"], onchip)
 
 
 def features(stats: list[dict]) -> torch.Tensor:
@@ -106,6 +121,8 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=64, help="steps averaged per reported context")
     parser.add_argument("--reuse-rtl", type=Path, default=None,
                         help="take the measured RTL cycles from this earlier --out JSON")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
+                        help="LadTileConfig override (repeatable)")
     parser.add_argument("--plot", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -115,11 +132,18 @@ def main() -> None:
         sys.exit(f"ladmac: error: --reuse-rtl {args.reuse_rtl}: no such file")
     from benchmarks.record_lad_trace import record_heads
     t0 = time.time()
-    cfg = LadTileConfig()
+    cfg = LadTileConfig().with_overrides(dict(o.split("=", 1) for o in args.overrides))
     dense_cfg = cfg.dense()
     pairs = tuple(tuple(int(x) for x in s.split(":")) for s in args.heads)
     # float16 as stored for the testbench (testbenches/data), then the tile's s16.8: RTL and model see the same
-    trace = {n: t.half().float() for n, t in record_heads(max(args.contexts), pairs).items() if n in ("q", "k", "v")}
+    cache = Path("build") / "results" / f"lad_vs_dense_trace-{max(args.contexts)}-{'_'.join(args.heads).replace(':', '.')}.pt"
+    if cache.is_file():   # the recorded heads of an earlier run (the model's forward pass is the slow part)
+        trace = torch.load(cache)
+    else:
+        trace = {n: t.half().float() for n, t in record_heads(max(args.contexts), pairs).items()
+                 if n in ("q", "k", "v")}
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(trace, cache)
     f = cfg.kv_format
     bytes_per_beat = cfg.lanes * cfg.kv_width // 8
     results = {"config": cfg.to_dict(), "contexts": args.contexts, "heads": [list(p) for p in pairs],
@@ -154,14 +178,16 @@ def main() -> None:
             "cycles": [measured[i] if i < len(measured) else model_cycles[i] for i in range(len(stats))],
             "candidates": [st["candidates"] for st in stats], "active": [st["active"] for st in stats],
             "false_alarms": [st["false_alarms"] for st in stats], "centers": [st["centers"] for st in stats],
+            "floor": [floor_cycles(cfg, st) for st in stats], "mode_changes": [st["mode_changes"] for st in stats],
             "measured_steps": len(measured)}
     results["per_step"] = {f"{a}:{b}": series[h] for h, (a, b) in enumerate(pairs)}
 
     w = args.window
     print(f"Each row: mean over the {w} steps ending at the context (LAD), dense at the context.")
     print("| head (layer:q) | context | LAD KV bytes/step | dense KV bytes/step | KV ratio | candidates % | "
-          "active % | false alarms % | centers | LAD cycles/step | dense cycles/step | cycle ratio |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "active % | false alarms % | centers | LAD cycles/step | dense cycles/step | cycle ratio | "
+          "floor/step | cycles / floor |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for h, pair in enumerate(pairs):
         s = series[h]
         for n in args.contexts:
@@ -173,12 +199,14 @@ def main() -> None:
             row = {"head": list(pair), "context": n, "lad_kv_bytes": mean("kv_bytes"), "dense_kv_bytes": dense_bytes,
                    "candidates_pct": share("candidates"), "active_pct": share("active"),
                    "false_alarm_pct": share("false_alarms"), "centers": s["centers"][n - 1],
-                   "lad_cycles": mean("cycles"), "lad_cycles_measured": measured, "dense_cycles": dense_cycles[n]}
+                   "lad_cycles": mean("cycles"), "lad_cycles_measured": measured, "dense_cycles": dense_cycles[n],
+                   "floor": mean("floor"), "mode_changes": mean("mode_changes")}
             results["rows"].append(row)
             print(f"| {pair[0]}:{pair[1]} | {n} | {row['lad_kv_bytes']:.0f} | {dense_bytes} | "
                   f"{row['lad_kv_bytes'] / dense_bytes:.3f} | {row['candidates_pct']:.1f} | {row['active_pct']:.1f} | "
                   f"{row['false_alarm_pct']:.1f} | {row['centers']} | {row['lad_cycles']:.0f}"
-                  f"{'' if measured else ' (model)'} | {dense_cycles[n]} | {row['lad_cycles'] / dense_cycles[n]:.3f} |",
+                  f"{'' if measured else ' (model)'} | {dense_cycles[n]} | {row['lad_cycles'] / dense_cycles[n]:.3f} | "
+                  f"{row['floor']:.0f} | {row['lad_cycles'] / row['floor']:.2f} |",
                   flush=True)
     cm = results["cycle_model"]
     print(f"cycle model fitted on {cm['steps']} RTL steps at positions >= {FIT_FROM} (3 of 4): max relative error "

@@ -15,7 +15,12 @@ from golden.sram import SramConfig
 from ..lib.arith import round_shift, saturate
 
 
-W_WIDTH = 24  # correction weights w = alpha x + beta (frac 15): |w| < 2^22 for any x
+def w_width(cfg: LadTileConfig) -> int:
+    """Signed bits of a correction weight ``w = round_shift(alpha x + (beta << x_frac), exp_shift)``
+    (frac 15) for any x of the score format: ``|alpha|, |beta| < 2^(coef_frac + 1)``, ``|x| <= 2^(x_width - 1)``
+    (27 bits at s18.9; a fixed 24 bits held only for |x| <= 32 and wrapped saturated x's weights)."""
+    cw = cfg.sfm.coef_frac + 2
+    return cw + cfg.sfm.x_width - cfg.sfm.exp_shift + 1
 
 
 def beat_layout(cfg: LadTileConfig) -> data.ArrayLayout:
@@ -87,7 +92,7 @@ def ac_command_layout(cfg: LadTileConfig) -> data.StructLayout:
     return data.StructLayout({
         "op": AcOp,
         "m": signed(xw),
-        "w": signed(W_WIDTH),
+        "w": signed(w_width(cfg)),
         "alpha": signed(cfg.sfm.coef_frac + 2),
         "beta": signed(cfg.sfm.coef_frac + 2),
         "accumulate": unsigned(1),

@@ -28,8 +28,8 @@ from golden.vpu import VpuOp
 from ..lib.arith import incr, round_shift, saturate
 from ..lib.vpu import Vpu
 from .dense import kv_request_layout
-from .common import (W_WIDTH, AcOp, ac_command_layout, beat_layout, bump_counters, candidate_layout, interval_of,
-                     score_of, vector_layout)
+from .common import (AcOp, ac_command_layout, beat_layout, bump_counters, candidate_layout, interval_of,
+                     score_of, vector_layout, w_width)
 
 
 class Md(wiring.Component):
@@ -63,7 +63,7 @@ class Md(wiring.Component):
         slot_pos = Array(Signal(cfg.position_width, name=f"slot{s}_position") for s in range(S))
         slot_mode = Array(Signal(sfm.interval_width, name=f"slot{s}_mode") for s in range(S))
         slot_cnt = Array(Signal(cnt_width, name=f"slot{s}_counters") for s in range(S))
-        slot_w = Array(Signal(signed(W_WIDTH), name=f"slot{s}_w") for s in range(S))
+        slot_w = Array(Signal(signed(w_width(cfg)), name=f"slot{s}_w") for s in range(S))
         slot_alpha = Array(Signal(signed(cw), name=f"slot{s}_alpha") for s in range(S))
         slot_beta = Array(Signal(signed(cw), name=f"slot{s}_beta") for s in range(S))
         slot_change = Array(Signal(name=f"slot{s}_change") for s in range(S))
@@ -151,7 +151,7 @@ class Md(wiring.Component):
         r = Signal(sfm.interval_width)
         change = Signal()
         alpha, beta = Signal(signed(cw)), Signal(signed(cw))
-        w = Signal(signed(W_WIDTH))
+        w = Signal(signed(w_width(cfg)))
         bumped = bump_counters(m, counters, r, cfg, "md_counters")
         false_alarm = Signal()
         with m.FSM():

@@ -17,7 +17,7 @@ import cocotb
 from amaranth import unsigned
 
 from golden.lad_tile import LadTileConfig
-from hdl.lad.common import W_WIDTH, AcOp, ac_command_layout, beat_layout, recip_resp_layout, vector_layout
+from hdl.lad.common import AcOp, ac_command_layout, beat_layout, recip_resp_layout, vector_layout, w_width
 from testbenches.streams import pack
 from testbenches.tb.lad_steps import beats, open_bench, sfm_recip
 
@@ -27,7 +27,7 @@ def command(cfg: LadTileConfig, rng, **fields) -> dict:
     def rand_signed(bits):
         return rng.randint(-(1 << (bits - 1)), (1 << (bits - 1)) - 1)
     cw, kw = cfg.sfm.coef_frac + 2, cfg.kv_width
-    cmd = {"op": AcOp.BEATS, "m": rand_signed(cfg.sfm.x_width), "w": rand_signed(W_WIDTH), "alpha": rand_signed(cw),
+    cmd = {"op": AcOp.BEATS, "m": rand_signed(cfg.sfm.x_width), "w": rand_signed(w_width(cfg)), "alpha": rand_signed(cw),
            "beta": rand_signed(cw), "accumulate": 0, "update": 0,
            "k": [rand_signed(kw) for _ in range(cfg.lanes)], "v": [rand_signed(kw) for _ in range(cfg.lanes)]}
     cmd.update(fields)
