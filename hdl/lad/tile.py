@@ -38,6 +38,11 @@ def step_layout(cfg: LadTileConfig) -> data.StructLayout:
     return data.StructLayout({"q": beat_layout(cfg), "k": beat_layout(cfg), "v": beat_layout(cfg)})
 
 
+def tile_kv_request_layout(cfg: LadTileConfig) -> data.StructLayout:
+    """The tile's KV-memory requests: positions up to ``kv_positions`` (the exact pass reads them all)."""
+    return kv_request_layout(cfg.fallback())
+
+
 def tile_out_layout(cfg: LadTileConfig) -> data.StructLayout:
     return data.StructLayout({
         "o": beat_layout(cfg),
@@ -57,7 +62,7 @@ class LadTile(wiring.Component):
         self.cfg = cfg
         super().__init__({
             "step_in": In(stream.Signature(step_layout(cfg))),
-            "kv_req": Out(stream.Signature(kv_request_layout(cfg.fallback()))),
+            "kv_req": Out(stream.Signature(tile_kv_request_layout(cfg))),
             "kv_resp": In(stream.Signature(beat_layout(cfg))),
             "out": Out(stream.Signature(tile_out_layout(cfg))),
         })

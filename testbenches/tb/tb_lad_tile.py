@@ -9,8 +9,7 @@ import cocotb
 
 from golden.lad_tile import LadTileConfig, LadTileModel
 from hdl.lad.common import beat_layout
-from hdl.lad.dense import kv_request_layout
-from hdl.lad.tile import step_layout, tile_out_layout
+from hdl.lad.tile import step_layout, tile_kv_request_layout, tile_out_layout
 from testbenches.streams import Bench, kv_lookup
 from testbenches.tb.lad_steps import beats, sequence
 
@@ -25,7 +24,7 @@ async def lad_tile_matches_golden(dut):
     q, k, v = sequence(bench)
     steps, nb = q.shape[0], cfg.beats
     src, sink = bench.source("step_in", step_layout(cfg)), bench.sink("out", tile_out_layout(cfg))
-    memory = bench.memory("kv_req", kv_request_layout(cfg), "kv_resp", beat_layout(cfg), kv_lookup(k, v, cfg.lanes),
+    memory = bench.memory("kv_req", tile_kv_request_layout(cfg), "kv_resp", beat_layout(cfg), kv_lookup(k, v, cfg.lanes),
                           latency=(1, 6))
     model = LadTileModel(cfg)
     stats = []
