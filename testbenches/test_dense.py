@@ -66,4 +66,4 @@ def test_dense_config_rejects_bad_values():
     with pytest.raises(ConfigError, match="4 beats"):
         DenseConfig(head_dim=16, lanes=8)
     with pytest.raises(ConfigError, match="cutoff"):
-        DenseConfig(cutoff=-100.0)
+        DenseConfig(cutoff=-1000.0)   # below the s18.9 score range (-256)
