@@ -54,21 +54,34 @@ FEATURES = ("position", "centers_before", "candidates", "active", "mode_changes"
 FIT_FROM = 16   # steps at positions below this are not fitted (fixed latencies overlap there)
 
 
-def golden_stats(cfg: LadTileConfig, q, k, v, desc: str) -> list[dict]:
+def golden_stats(cfg: LadTileConfig, q, k, v) -> list[list[dict]]:
+    """Every step's statistics of every head: the batched bit-accurate model (golden/lad_batch.py,
+    bit-exact with ``LadTileModel`` per head, tested), all heads stepping together.
+    ``q, k, v``: raw kv-format ``(heads, steps, d)``."""
     from tqdm import tqdm
-    model = LadTileModel(cfg)
-    out = []
-    for i in tqdm(range(q.shape[0]), desc=desc, leave=False):
-        _, st = model.step(q[i], k[i], v[i])
-        out.append({**st, "centers_before": st["centers"] - st["new_center"]})
+    from golden.lad_batch import LadTileBatch
+    H, T = q.shape[0], q.shape[1]
+    model = LadTileBatch(cfg, H)
+    out = [[] for _ in range(H)]
+    for i in tqdm(range(T), desc="bit-accurate model", leave=False):
+        _, st = model.step(q[:, i], k[:, i], v[:, i])
+        for h in range(H):
+            row = {name: int(val[h]) for name, val in st.items() if name in STAT_NAMES}
+            row["centers_before"] = row["centers"] - row["new_center"]
+            out[h].append(row)
     return out
 
 
+STAT_NAMES = ("position", "candidates", "active", "false_alarms", "mode_changes", "path", "centers",
+              "new_center", "kv_beats")
+
+
 def floor_cycles(cfg: LadTileConfig, st: dict) -> int:
-    """The step's floor at the configured parallelism (module docstring, item 4)."""
-    onchip = (cfg.eas_beats * st["centers_before"] + 2 * st["position"]
-              + cfg.head_dim // cfg.ac_vpus * cfg.beats * (2 + st["mode_changes"]))
-    return max(st["kv_beats"], onchip)
+    """The step's floor at the configured parallelism (module docstring, item 4): the busiest of the
+    KV port, EAS + APID (dependent passes) and AC's VPUs."""
+    eas_apid = cfg.eas_beats * st["centers_before"] + 2 * st["position"]
+    ac = cfg.head_dim // cfg.ac_vpus * cfg.beats * (2 + st["mode_changes"])
+    return max(st["kv_beats"], eas_apid, ac)
 
 
 def features(stats: list[dict]) -> torch.Tensor:
@@ -156,10 +169,7 @@ def main() -> None:
                      params={"steps": 1, "max_len": n, "fixed_len": n, "gap": 0.0, "stall": 0.0, "latency": [1, 1]})
         dense_cycles[n] = d["step_cycles"][0]
 
-    all_stats = []
-    for h, pair in enumerate(pairs):
-        q, k, v = (f.quantize(trace[n][h]) for n in ("q", "k", "v"))
-        all_stats.append(golden_stats(cfg, q, k, v, f"golden {pair}"))
+    all_stats = golden_stats(cfg, *(f.quantize(trace[n]) for n in ("q", "k", "v")))
     fit = [(st, c) for h, cyc in rtl_cycles.items() for st, c in zip(all_stats[h], cyc) if st["position"] >= FIT_FROM]
     coef, fit_err, held_err = fit_cycles([s for s, _ in fit], [c for _, c in fit])
     results["cycle_model"] = {"features": ["1", *FEATURES], "coef": coef.tolist(), "steps": len(fit),

@@ -90,7 +90,7 @@ class LadTileConfig(HeadConfig):
     rho_width: int = param(20, "bits of the signed center ratio rho")
     rho_frac: int = param(12, "fraction bits of rho")
     cache_dot_frac: int = param(12, "fraction bits of A and D as operands of the q.A / q.D dot products")
-    eas_beats: int = param(2, "cycles per center in EAS's center pass: each center is read head_dim / eas_beats "
+    eas_beats: int = param(1, "cycles per center in EAS's center pass: each center is read head_dim / eas_beats "
                               "elements per cycle (the two EAS VPUs have that many lanes); divides head_dim / lanes")
     md_inflight: int = param(4, "candidates MD holds at once: their key reads are issued back to back, the "
                                 "actives' value reads between them (the KV port's requests in flight)")

@@ -73,5 +73,5 @@ def test_lad_ac_rtl_equals_golden(kind, steps, seed):
     r = simulate("lad-ac", SMALL, "testbenches.tb.tb_lad_ac", seed=seed, name=kind,
                  params={"steps": steps, "kind": kind, "probe": 0.5})
     assert r["mismatches"] == 0 and r["steps"] == steps, r["mismatch_list"]
-    assert r["corrections"] > 0 and r["mode_change_updates"] > 0 and r["probes"] > 0
+    assert r["corrections"] > 0 and r["mode_change_updates"] > 0 and r["probes"] > 0 and r["qa_passes"] > 0
     assert r["nonzero_outputs"] > r["beats"] // 2 and r["z_clamped"] > 0

@@ -4,12 +4,19 @@ steps 3, 5 and 6).
 Owns caches A (``ac_vpus`` SRAM banks, row ``l`` in bank ``l mod P``, ``beats`` words per row),
 B, C, D, E, F and the step's ``N``, ``Z`` (registers). Commands on ``cmd``:
 
+- ``QA``: the ``q.A_r`` pass alone (it does not need ``m``): the P VPUs read every row of A (one row
+  each per ``beats`` cycles) once the A engine below is idle; the tile sends it as soon as ``q`` is
+  loaded, so the pass overlaps EAS and APID. It serves the next ``TERMS`` (``q`` held until then);
 - ``TERMS`` (with ``m``): ``N_l = round_shift(S q.A_r[l]) - round_shift(m B_l) + round_shift(C_l)``
-  on the P VPUs in parallel (one row each per ``beats`` cycles), then ``Z`` from ``q.D_r`` likewise;
+  (running the ``q.A_r`` pass first unless a ``QA`` since the last cache update did), then ``Z``
+  from ``q.D_r`` likewise;
 - ``BEATS`` (one beat of ``k``, ``v`` each): ``accumulate`` does ``N += w v``, ``Z += w``;
   ``update`` does ``B += alpha v``, ``C += beta v``, ``D += alpha k``, ``E += alpha``, ``F += beta``
-  and, after the last beat, ``A[l] += g_l k`` with ``g_l = round_shift(alpha v_l, 8)`` on the P
-  VPUs (AXPY, read-modify-write of the banks);
+  at once and, after the last beat, hands ``A[l] += g_l k`` (``g_l = round_shift(alpha v_l, 8)``)
+  to the **A engine**: AXPYs on the P VPUs, a read-modify-write of every word of the banks
+  (``d / P * beats`` cycles), in the background while later commands go on. The engine holds one
+  update in progress and one waiting (``g``, ``k_buf``); while one waits, ``cmd`` is not ready.
+  Updates reach A in command order, as in the model;
 - ``FINISH``: ``(rm, e) = RECIP(clamp(Z))`` through the ``recip_*`` ports, then
   ``o = sat(round_shift(N rm, mf + e))`` leaves on ``out``, one beat per transfer.
 """
@@ -60,19 +67,27 @@ class Ac(wiring.Component):
         # N, B, C, D, g: flat registers addressed one beat (lanes elements) at a time
         N, B, C, D = (Signal(d * aw, name=name) for name in ("n", "b", "c", "d"))
         qa = Signal(d * aw)                 # q.A_r rows, shifted in P at a time
-        g, g_work = Signal(d * gw), Signal(d * gw)
+        qa_fresh = Signal()                 # qa is q.A_r of the current q and A (no update since)
+        combine_next = Signal()             # the q.A_r pass was started by TERMS: COMBINE follows
+        g, g_work = Signal(d * gw), Signal(d * gw)       # the waiting update's g, the engine's
         k_buf = Array(Signal(L * kw, name=f"k_beat{b}") for b in range(nb))
+        k_work = Array(Signal(L * kw, name=f"k_work{b}") for b in range(nb))
+        waiting = Signal()                  # an update waits in g, k_buf for the engine
+        engine_busy = Signal()
         E, F = Signal(signed(cfg.ef_width)), Signal(signed(cfg.ef_width))
         Z = Signal(signed(zw))
         m.d.comb += self.z.eq(Z)
         m_ref = Signal(signed(cfg.sfm.x_width))
         in_b = Signal(range(nb))            # beat index of the next BEATS command
         issue, resp_cnt, out_cnt = Signal(range(words + 1)), Signal(range(words + 1)), Signal(range(words + 1))
+        e_issue, e_resp, e_out = (Signal(range(words + 1), name=f"engine_{x}") for x in ("issue", "resp", "out"))
         rm, re = Signal(mf + 1), Signal(cfg.sfm.exponent_width)
         out_b = Signal(range(nb + 1))
         sa, sb, sc = cfg.n_cache_shifts
         za, zb, zc = cfg.z_cache_shifts
         S = cfg.scale_raw
+        main_busy = Signal()
+        m.d.comb += self.busy.eq(main_busy | engine_busy | waiting)
 
         def lane(flat, beat, i, width=aw):
             return flat.word_select(beat, L * width)[i * width:(i + 1) * width].as_signed()
@@ -80,15 +95,25 @@ class Ac(wiring.Component):
         def addr_row(cnt):                 # word address -> (local row, beat)
             return cnt // nb if nb & (nb - 1) else cnt >> (nb.bit_length() - 1), cnt % nb
 
+        def start_qa_pass(then_combine):
+            m.d.sync += [issue.eq(0), resp_cnt.eq(0), out_cnt.eq(0), combine_next.eq(then_combine)]
+            m.next = "QA_WAIT"
+
         with m.FSM():
             with m.State("IDLE"):
-                m.d.comb += self.cmd.ready.eq(1)
+                m.d.comb += self.cmd.ready.eq(~waiting)
                 c = self.cmd.payload
-                with m.If(self.cmd.valid):
+                with m.If(self.cmd.valid & ~waiting):
                     with m.Switch(c.op):
+                        with m.Case(AcOp.QA):
+                            start_qa_pass(0)
                         with m.Case(AcOp.TERMS):
-                            m.d.sync += [m_ref.eq(c.m), issue.eq(0), resp_cnt.eq(0), out_cnt.eq(0)]
-                            m.next = "TERMS"
+                            m.d.sync += [m_ref.eq(c.m), qa_fresh.eq(0)]     # a QA serves one TERMS
+                            with m.If(qa_fresh):
+                                m.d.sync += out_b.eq(0)
+                                m.next = "COMBINE"
+                            with m.Else():
+                                start_qa_pass(1)
                         with m.Case(AcOp.BEATS):
                             n_new, b_new, c_new, d_new, g_new = [], [], [], [], []
                             for i in range(L):
@@ -105,9 +130,8 @@ class Ac(wiring.Component):
                                 m.d.sync += [B.word_select(in_b, L * aw).eq(Cat(*b_new)),
                                              C.word_select(in_b, L * aw).eq(Cat(*c_new)),
                                              D.word_select(in_b, L * aw).eq(Cat(*d_new)),
-                                             g.word_select(in_b, L * gw).eq(Cat(*g_new))]
-                            with m.If(c.update):
-                                m.d.sync += k_buf[in_b].eq(c.k)
+                                             g.word_select(in_b, L * gw).eq(Cat(*g_new)),
+                                             k_buf[in_b].eq(c.k), qa_fresh.eq(0)]
                             with m.If(in_b == 0):
                                 with m.If(c.accumulate):
                                     m.d.sync += Z.eq(saturate(Z + c.w, signed(zw)))
@@ -116,14 +140,16 @@ class Ac(wiring.Component):
                                                  F.eq(saturate(F + c.beta, signed(cfg.ef_width)))]
                             m.d.sync += in_b.eq(incr(in_b, nb))
                             with m.If((in_b == nb - 1) & c.update):
-                                m.d.sync += [issue.eq(0), resp_cnt.eq(0), out_cnt.eq(0),
-                                             g_work.eq(Cat(g[:(d - L) * gw], Cat(*g_new)) if nb > 1 else Cat(*g_new))]
-                                m.next = "UPDATE"
+                                m.d.sync += waiting.eq(1)      # the engine takes it when it is free
                         with m.Case(AcOp.FINISH):
                             m.next = "RECIP"
 
-            with m.State("TERMS"):   # q.A_r[l]: P rows at a time, one beat per cycle, shifted into qa
-                m.d.comb += self.busy.eq(1)
+            with m.State("QA_WAIT"):   # A must hold every update handed over so far
+                m.d.comb += main_busy.eq(1)
+                with m.If(~engine_busy & ~waiting):
+                    m.next = "QA"
+            with m.State("QA"):   # q.A_r[l]: P rows at a time, one beat per cycle, shifted into qa
+                m.d.comb += main_busy.eq(1)
                 row, beat = addr_row(resp_cnt)
                 for p in range(P):
                     req, resp = ports[p]
@@ -143,17 +169,21 @@ class Ac(wiring.Component):
                     m.d.sync += [out_cnt.eq(out_cnt + 1),
                                  qa.eq(Cat(qa[P * aw:], *[vpus[p].o.payload.dot for p in range(P)]))]
                     with m.If(out_cnt == rows - 1):
-                        m.d.sync += [issue.eq(0), out_b.eq(0)]
-                        m.next = "COMBINE"
+                        m.d.sync += [qa_fresh.eq(~combine_next), out_b.eq(0)]
+                        with m.If(combine_next):
+                            m.next = "COMBINE"
+                        with m.Else():
+                            m.next = "IDLE"
             with m.State("COMBINE"):   # N = round(S q.A_r) - round(m B) + round(C), a beat per cycle
-                m.d.comb += self.busy.eq(1)
+                m.d.comb += main_busy.eq(1)
                 terms = [saturate(round_shift(lane(qa, out_b, i) * S, sa) - round_shift(m_ref * lane(B, out_b, i), sb)
                                   + round_shift(lane(C, out_b, i), sc), signed(aw)) for i in range(L)]
                 m.d.sync += [N.word_select(out_b, L * aw).eq(Cat(*terms)), out_b.eq(out_b + 1)]
                 with m.If(out_b == nb - 1):
+                    m.d.sync += issue.eq(0)
                     m.next = "TERMS_Z"
-            with m.State("TERMS_Z"):   # Z from q.D_r on VPU 0
-                m.d.comb += self.busy.eq(1)
+            with m.State("TERMS_Z"):   # Z from q.D_r on VPU 0 (the engine is idle: no update since the pass)
+                m.d.comb += main_busy.eq(1)
                 vi = vpus[0].i
                 m.d.comb += [vi.valid.eq(issue < nb), vi.payload.op.eq(VpuOp.DOT), vi.payload.last.eq(issue == nb - 1),
                              vpus[0].o.ready.eq(1)]
@@ -168,14 +198,45 @@ class Ac(wiring.Component):
                                               signed(zw)))
                     m.next = "IDLE"
 
-            with m.State("UPDATE"):   # A[l] += g_l k: read-modify-write of every word, P rows at a time
-                m.d.comb += self.busy.eq(1)
-                row, beat = addr_row(resp_cnt)
+            with m.State("RECIP"):
+                m.d.comb += main_busy.eq(1)
+                zmax = (1 << cfg.sfm.recip_in_width) - 1
+                m.d.comb += [self.recip_req.valid.eq(1),
+                             self.recip_req.payload.eq(Mux(Z < 0, 0, Mux(Z > zmax, zmax, Z)))]
+                with m.If(self.recip_req.ready):
+                    m.next = "RECIP_WAIT"
+            with m.State("RECIP_WAIT"):
+                m.d.comb += [main_busy.eq(1), self.recip_resp.ready.eq(1)]
+                with m.If(self.recip_resp.valid):
+                    m.d.sync += [rm.eq(self.recip_resp.payload.mantissa), re.eq(self.recip_resp.payload.exponent),
+                                 out_b.eq(0)]
+                    m.next = "OUT"
+            with m.State("OUT"):
+                m.d.comb += [main_busy.eq(1), self.out.valid.eq(1)]
+                for i in range(L):
+                    m.d.comb += self.out.payload[i].eq(saturate(round_shift(lane(N, out_b, i) * rm, mf + re), signed(kw)))
+                with m.If(self.out.ready):
+                    m.d.sync += out_b.eq(out_b + 1)
+                    with m.If(out_b == nb - 1):
+                        m.next = "IDLE"
+
+        # The A engine: A[l] += g_l k, read-modify-write of every word, P rows at a time. It runs
+        # while the FSM above takes commands; the q.A_r pass waits for it (QA_WAIT), so the two
+        # never share the VPUs or the bank ports.
+        with m.FSM(name="engine"):
+            with m.State("FREE"):
+                with m.If(waiting):
+                    m.d.sync += [g_work.eq(g), waiting.eq(0), e_issue.eq(0), e_resp.eq(0), e_out.eq(0)]
+                    m.d.sync += [k_work[b].eq(k_buf[b]) for b in range(nb)]
+                    m.next = "UPDATE"
+            with m.State("UPDATE"):
+                m.d.comb += engine_busy.eq(1)
+                row, beat = addr_row(e_resp)
                 k_sel = Signal(L * kw)
-                m.d.comb += k_sel.eq(k_buf[beat])
+                m.d.comb += k_sel.eq(k_work[beat])
                 for p in range(P):
                     req, resp = ports[p]
-                    m.d.comb += [req.valid.eq(issue < words), req.payload.addr.eq(issue), resp.ready.eq(1)]
+                    m.d.comb += [req.valid.eq(e_issue < words), req.payload.addr.eq(e_issue), resp.ready.eq(1)]
                     vi = vpus[p].i
                     m.d.comb += [vi.valid.eq(resp.valid), vi.payload.op.eq(VpuOp.AXPY), vi.payload.last.eq(1),
                                  vi.payload.scalar.eq(g_work[p * gw:(p + 1) * gw].as_signed()), vpus[p].o.ready.eq(1)]
@@ -183,38 +244,16 @@ class Ac(wiring.Component):
                         m.d.comb += [vi.payload.a[i].eq(k_sel[i * kw:(i + 1) * kw].as_signed()),
                                      vi.payload.acc[i].eq(resp.payload[i * aw:(i + 1) * aw].as_signed())]
                     with m.If(vpus[p].o.valid):
-                        m.d.comb += [banks[p].write.valid.eq(1), banks[p].write.payload.addr.eq(out_cnt),
+                        m.d.comb += [banks[p].write.valid.eq(1), banks[p].write.payload.addr.eq(e_out),
                                      banks[p].write.payload.data.eq(vpus[p].o.payload.vec)]
                 with m.If(ports[0][0].valid & ports[0][0].ready):
-                    m.d.sync += issue.eq(issue + 1)
+                    m.d.sync += e_issue.eq(e_issue + 1)
                 with m.If(ports[0][1].valid):
-                    m.d.sync += resp_cnt.eq(resp_cnt + 1)
+                    m.d.sync += e_resp.eq(e_resp + 1)
                     with m.If(beat == nb - 1):   # next row: the next P scalars
                         m.d.sync += g_work.eq(g_work >> (P * gw))
                 with m.If(vpus[0].o.valid):
-                    m.d.sync += out_cnt.eq(out_cnt + 1)
-                    with m.If(out_cnt == words - 1):
-                        m.next = "IDLE"
-
-            with m.State("RECIP"):
-                m.d.comb += self.busy.eq(1)
-                zmax = (1 << cfg.sfm.recip_in_width) - 1
-                m.d.comb += [self.recip_req.valid.eq(1),
-                             self.recip_req.payload.eq(Mux(Z < 0, 0, Mux(Z > zmax, zmax, Z)))]
-                with m.If(self.recip_req.ready):
-                    m.next = "RECIP_WAIT"
-            with m.State("RECIP_WAIT"):
-                m.d.comb += [self.busy.eq(1), self.recip_resp.ready.eq(1)]
-                with m.If(self.recip_resp.valid):
-                    m.d.sync += [rm.eq(self.recip_resp.payload.mantissa), re.eq(self.recip_resp.payload.exponent),
-                                 out_b.eq(0)]
-                    m.next = "OUT"
-            with m.State("OUT"):
-                m.d.comb += [self.busy.eq(1), self.out.valid.eq(1)]
-                for i in range(L):
-                    m.d.comb += self.out.payload[i].eq(saturate(round_shift(lane(N, out_b, i) * rm, mf + re), signed(kw)))
-                with m.If(self.out.ready):
-                    m.d.sync += out_b.eq(out_b + 1)
-                    with m.If(out_b == nb - 1):
-                        m.next = "IDLE"
+                    m.d.sync += e_out.eq(e_out + 1)
+                    with m.If(e_out == words - 1):
+                        m.next = "FREE"
         return m

@@ -103,10 +103,12 @@ def ac_command_layout(cfg: LadTileConfig) -> data.StructLayout:
 
 
 class AcOp(enum.IntEnum, shape=2):
-    """AC command (docs/lad-tile.md): cache terms, one beat of k and v, or finish o = N / Z."""
+    """AC command (docs/lad-tile.md): cache terms, one beat of k and v, finish o = N / Z, or the
+    q.A pass ahead of TERMS."""
     TERMS = 0
     BEATS = 1
     FINISH = 2
+    QA = 3
 
 
 def interval_of(x, cfg: LadTileConfig):

@@ -84,8 +84,9 @@ class Eas(wiring.Component):
 
         s_new = Signal(signed(xw))
         kk = Signal(cfg.kk_width)
-        req_j, req_b = Signal(range(cfg.max_centers + 1)), Signal(range(nb))
-        resp_b = Signal(range(nb))
+        beat_shape = range(max(nb, 2))        # (at eas_beats = 1 the beat counters stay 0)
+        req_j, req_b = Signal(range(cfg.max_centers + 1)), Signal(beat_shape)
+        resp_b = Signal(beat_shape)
         done_j = Signal(range(cfg.max_centers + 1))
         best_valid = Signal()
         best_j = Signal(cfg.center_width)
@@ -94,7 +95,7 @@ class Eas(wiring.Component):
         best_rc = Signal(rl)
         kdot = Signal(signed(cfg.eas_vpu.acc_width))
         kdot_j = Signal(cfg.center_width)
-        write_b = Signal(range(nb))
+        write_b = Signal(beat_shape)
         new_rc = Signal(rl)
         result = Signal(key_out_layout(cfg))
 
@@ -178,7 +179,7 @@ class Eas(wiring.Component):
             with m.State("WRITE"):   # the key's beats into the centers SRAM, its recip alongside
                 m.d.comb += [cmem.write.valid.eq(1), cmem.write.payload.addr.eq(count * nb + write_b),
                              cmem.write.payload.data.eq(k_beats[write_b])]
-                m.d.sync += write_b.eq(write_b + 1)
+                m.d.sync += write_b.eq(incr(write_b, nb))
                 with m.If(write_b == nb - 1):
                     m.d.comb += [rmem.write.valid.eq(1), rmem.write.payload.addr.eq(count),
                                  rmem.write.payload.data.eq(new_rc)]

@@ -117,20 +117,34 @@ class LadTile(wiring.Component):
 
         with m.If(self.kv_req.valid & self.kv_req.ready):
             m.d.sync += kv_beats.eq(kv_beats + 1)
+        # cycles: the step's period, from the previous step's last o beat to this step's, less the
+        # cycles spent waiting for step_in or for out to be taken (the absorption is the next step's)
+        step_done, env_wait = Signal(), Signal()
+        with m.If(step_done):
+            m.d.sync += cycles.eq(0)
+        with m.Elif(~env_wait):
+            m.d.sync += cycles.eq(cycles + 1)
+        m.d.comb += env_wait.eq(self.out.valid & ~self.out.ready)
         cmd = ac.cmd.payload
+        # the q.A pass goes to AC as soon as q is loaded; it overlaps EAS and APID pass A (TERMS would
+        # otherwise run it)
+        qa_sent = Signal()
+        send_qa = [ac.cmd.valid.eq(~qa_sent), cmd.op.eq(AcOp.QA)]
+        with m.If(ac.cmd.valid & ac.cmd.ready & (cmd.op == AcOp.QA)):
+            m.d.sync += qa_sent.eq(1)
 
         absorb_payload = [apid.absorb.payload.position.eq(n), apid.absorb.payload.center.eq(key.center),
                           apid.absorb.payload.rho.eq(key.rho), apid.absorb.payload.mode.eq(r_new)]
 
         with m.FSM():
             with m.State("LOAD"):
-                m.d.comb += self.step_in.ready.eq(1)
+                m.d.comb += [self.step_in.ready.eq(1), env_wait.eq(~self.step_in.valid)]
                 with m.If(self.step_in.valid):
                     p = self.step_in.payload
                     m.d.sync += [q_buf[beat].eq(p.q), k_buf[beat].eq(p.k), v_buf[beat].eq(p.v),
                                  beat.eq(incr(beat, nb))]
                     with m.If(beat == nb - 1):
-                        m.d.sync += [kv_beats.eq(0), cycles.eq(0), absorb_sent.eq(0)]
+                        m.d.sync += [kv_beats.eq(0), absorb_sent.eq(0), qa_sent.eq(0)]
                         m.d.sync += [s.eq(c) for s, c in zip(snap, counts)]
                         with m.If(n >= cfg.kv_positions):
                             m.next = "BEYOND"
@@ -139,12 +153,12 @@ class LadTile(wiring.Component):
                         with m.Else():
                             m.next = "EAS"
             with m.State("EAS"):
-                m.d.sync += cycles.eq(cycles + 1)
+                m.d.comb += send_qa
                 m.d.comb += eas.start.valid.eq(1)
                 with m.If(eas.start.ready):
                     m.next = "EAS_WAIT"
             with m.State("EAS_WAIT"):
-                m.d.sync += cycles.eq(cycles + 1)
+                m.d.comb += send_qa
                 m.d.comb += [sfm.i.valid.eq(eas.recip_req.valid), sfm.i.payload.op.eq(SfmOp.RECIP),
                              sfm.i.payload.z.eq(eas.recip_req.payload), eas.recip_req.ready.eq(sfm.i.ready),
                              eas.recip_resp.valid.eq(sfm.o.valid), sfm.o.ready.eq(eas.recip_resp.ready),
@@ -158,19 +172,18 @@ class LadTile(wiring.Component):
                     with m.Else():
                         m.next = "APPROX"
             with m.State("APPROX"):
-                m.d.sync += cycles.eq(cycles + 1)
+                m.d.comb += send_qa
                 m.d.comb += [apid.scan.valid.eq(1), apid.scan.payload.length.eq(n), apid.scan.payload.classify.eq(0)]
                 with m.If(apid.scan.ready):
                     m.next = "APPROX_WAIT"
             with m.State("APPROX_WAIT"):
-                m.d.sync += cycles.eq(cycles + 1)
+                m.d.comb += send_qa
                 m.d.comb += apid.smax.ready.eq(1)
                 with m.If(apid.smax.valid):
                     with m.If(apid.smax.payload > m_ref):
                         m.d.sync += m_ref.eq(apid.smax.payload)
                     m.next = "TERMS"
             with m.State("TERMS"):
-                m.d.sync += cycles.eq(cycles + 1)
                 m.d.comb += [ac.cmd.valid.eq(1), cmd.op.eq(AcOp.TERMS), cmd.m.eq(m_ref)]
                 with m.If(ac.cmd.ready):
                     m.d.sync += stats.candidates.eq(0)
@@ -179,37 +192,31 @@ class LadTile(wiring.Component):
                     with m.Else():
                         m.next = "CLASSIFY"
             with m.State("CLASSIFY"):
-                m.d.sync += cycles.eq(cycles + 1)
                 m.d.comb += [apid.scan.valid.eq(1), apid.scan.payload.length.eq(n), apid.scan.payload.m.eq(m_ref),
                              apid.scan.payload.classify.eq(1)]
                 with m.If(apid.scan.ready):
                     m.next = "CLASSIFY_WAIT"
             with m.State("CLASSIFY_WAIT"):   # candidates flow APID -> MD -> AC
-                m.d.sync += cycles.eq(cycles + 1)
                 wiring.connect(m, md.corr, ac.cmd)
                 m.d.comb += apid.done.ready.eq(1)
                 with m.If(apid.done.valid):
                     m.d.sync += stats.candidates.eq(apid.done.payload)
                     m.next = "MD_DRAIN"
             with m.State("MD_DRAIN"):
-                m.d.sync += cycles.eq(cycles + 1)
                 wiring.connect(m, md.corr, ac.cmd)
                 with m.If(~md.busy):
                     m.next = "NEW_EXP"
             with m.State("NEW_EXP"):   # the new position: (p_n, r_n) = EXP(sat(s_n - m))
-                m.d.sync += cycles.eq(cycles + 1)
                 x_new = saturate(key.s_new - m_ref, signed(xw))
                 m.d.comb += [sfm.i.valid.eq(1), sfm.i.payload.op.eq(SfmOp.EXP), sfm.i.payload.x.eq(x_new)]
                 with m.If(sfm.i.ready):
                     m.next = "NEW_EXP_WAIT"
             with m.State("NEW_EXP_WAIT"):
-                m.d.sync += cycles.eq(cycles + 1)
                 m.d.comb += sfm.o.ready.eq(1)
                 with m.If(sfm.o.valid):
                     m.d.sync += [p_new.eq(sfm.o.payload.value), r_new.eq(sfm.o.payload.interval), beat.eq(0)]
                     m.next = "NEW_BEATS"
             with m.State("NEW_BEATS"):
-                m.d.sync += cycles.eq(cycles + 1)
                 m.d.comb += [ac.cmd.valid.eq(1), cmd.op.eq(AcOp.BEATS), cmd.w.eq(p_new), cmd.accumulate.eq(1),
                              cmd.update.eq(0), cmd.v.eq(v_buf[beat])]
                 with m.If(ac.cmd.ready):
@@ -217,7 +224,6 @@ class LadTile(wiring.Component):
                     with m.If(beat == nb - 1):
                         m.next = "FINISH"
             with m.State("FINISH"):
-                m.d.sync += cycles.eq(cycles + 1)
                 m.d.comb += [ac.cmd.valid.eq(1), cmd.op.eq(AcOp.FINISH)]
                 with m.If(ac.cmd.ready):
                     m.next = "FINISH_WAIT"
@@ -227,8 +233,6 @@ class LadTile(wiring.Component):
                              ac.recip_resp.valid.eq(sfm.o.valid), sfm.o.ready.eq(ac.recip_resp.ready),
                              ac.recip_resp.payload.mantissa.eq(sfm.o.payload.value),
                              ac.recip_resp.payload.exponent.eq(sfm.o.payload.exponent)]
-                with m.If(~ac.out.valid):
-                    m.d.sync += cycles.eq(cycles + 1)
                 # o beats with the step's statistics
                 m.d.comb += [self.out.valid.eq(ac.out.valid), ac.out.ready.eq(self.out.ready),
                              self.out.payload.eq(stats), self.out.payload.o.eq(ac.out.payload),
@@ -242,6 +246,7 @@ class LadTile(wiring.Component):
                 with m.If(self.out.valid & self.out.ready):
                     m.d.sync += beat.eq(incr(beat, nb))
                     with m.If(beat == nb - 1):
+                        m.d.comb += step_done.eq(1)
                         m.next = "ABSORB"
             with m.State("ABSORB"):   # position n joins the caches with its interval as mode
                 m.d.comb += [ac.cmd.valid.eq(1), cmd.op.eq(AcOp.BEATS), cmd.alpha.eq(slopes[r_new]),
@@ -281,6 +286,7 @@ class LadTile(wiring.Component):
                     m.d.sync += beat.eq(incr(beat, nb))
                     with m.If(beat == nb - 1):
                         m.d.sync += n.eq(n + 1)
+                        m.d.comb += step_done.eq(1)
                         m.next = "LOAD"
             with m.State("BEYOND"):        # past kv_positions: no output, nothing changes
                 m.d.comb += [self.out.valid.eq(1), self.out.payload.position.eq(n),
@@ -288,5 +294,6 @@ class LadTile(wiring.Component):
                 with m.If(self.out.ready):
                     m.d.sync += beat.eq(incr(beat, nb))
                     with m.If(beat == nb - 1):
+                        m.d.comb += step_done.eq(1)
                         m.next = "LOAD"
         return m

@@ -3,12 +3,13 @@ terms N = qA/sqrt(d) - mB + C, Z = qD/sqrt(d) - mE + F; §1.3 corrections N += w
 §1.4 mode-change and §1.5 absorption cache updates; o = N RECIP(Z)), bit-exact.
 
 The bench plays the tile sequencer, MD and the SFM from the golden trace: per step it sets q and
-sends ``cmd`` TERMS(m) (checks ``z`` = Z from the caches, and with ``probe`` a FINISH whose ``o``
+sends ``cmd`` TERMS(m), half the time after a QA (checks ``z`` = Z from the caches, and with ``probe`` a FINISH whose ``o``
 must equal ``LadTileModel.finish`` of the cache terms: the caches seen directly), the MD
 corrections of the step's actives (BEATS with w, alpha, beta, update = mode change, k_i, v_i),
 the new position (w = p_n, v_n), checks ``z``, then FINISH: ``recip_req`` = clamp(Z), served with
 golden.sfm.recip (random latency), every ``out`` beat = golden o; then the absorption BEATS
-(update only). Fields a command does not use carry random values. Random gaps on
+(update only), half the time followed at once by the next step's commands (the A engine still
+busy). Fields a command does not use carry random values. Random gaps on
 cmd/recip_resp, back-pressure on out/recip_req.
 """
 from __future__ import annotations
@@ -44,7 +45,7 @@ async def ac_matches_golden(dut):
                        sfm_recip(cfg))
     budget = 40 * cfg.head_dim * cfg.beats + 4000
     want_recip = []
-    probes = updates = 0
+    probes = updates = qa_passes = 0
 
     async def settle():
         await bench.until(lambda: cmd_src.idle, budget, "commands taken")
@@ -60,6 +61,9 @@ async def ac_matches_golden(dut):
     for rec in recs:
         n = rec.n
         dut.q.value = pack(vector_layout(cfg), rec.q)
+        if rng.random() < 0.5:   # the q.A pass ahead of TERMS, as the tile sends it
+            qa_passes += 1
+            cmd_src.put(command(cfg, rng, op=AcOp.QA))
         cmd_src.put(command(cfg, rng, op=AcOp.TERMS, m=rec.m))
         await settle()
         bench.check(f"step {n} z after TERMS", dut.z.value.to_signed(), rec.terms_z)
@@ -81,13 +85,14 @@ async def ac_matches_golden(dut):
         await finish(rec.o, rec.z_in, f"step {n}")
         for kb, vb in zip(beats(rec.k, cfg), beats(rec.v, cfg)):
             cmd_src.put(command(cfg, rng, alpha=rec.absorb_alpha, beta=rec.absorb_beta, update=1, k=kb, v=vb))
-        await settle()
+        if rng.random() < 0.5:   # else the next step's QA/TERMS follow while the A engine still runs
+            await settle()
     await bench.drain(timeout_cycles=budget, settle=50)
     bench.compare("recip_req", sfm.requests.items, want_recip)
     want_out = [o for o, _ in out_sink.expected]
     zf = cfg.sfm.recip_in_width
     bench.finish(
-        vectors=len(recs), steps=len(recs), beats=len(want_out), probes=probes,
+        vectors=len(recs), steps=len(recs), beats=len(want_out), probes=probes, qa_passes=qa_passes,
         corrections=sum(sum(g.active for g in r.md) for r in recs), mode_change_updates=updates,
         absorptions=len(recs), nonzero_outputs=sum(1 for w in want_out if any(w)),
         saturated_outputs=sum(1 for w in want_out if any(abs(x) >= (1 << (cfg.kv_width - 1)) - 1 for x in w)),
