@@ -3,9 +3,12 @@
     ladmac synth BLOCK [--set NAME=VALUE ...] [--preset P] [--target ecp5|generic]
                        [--freq MHZ] [--seeds N] [--out report.json] [--bitstream] [--no-cache]
     ladmac synth --all [--doc docs/synthesis.md] [--out all.json] [--seeds N]
+    ladmac synth BLOCK BLOCK ... [--doc docs/synthesis.md] [--seeds N]
 
 Fmax is nextpnr's post-route figure, the mean over placement seeds 1..N: N = 1 for one
-BLOCK (quick), 3 for --all (`make synth`) unless --seeds says otherwise.
+BLOCK (quick), 3 for --all (`make synth`) or several BLOCKs unless --seeds says otherwise.
+Several BLOCKs run at their default configs, like --all over those blocks only (the doc
+then names the command and the blocks it covers).
 
 Bad input (unknown block, bad parameter, a design that does not fit the device) prints
 one line ``ladmac: error: ...`` and returns 2.
@@ -24,7 +27,7 @@ from golden.errors import ConfigError, LadmacError
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="ladmac synth", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("block", nargs="?", help="block name (see `ladmac blocks`)")
+    p.add_argument("block", nargs="*", help="block name(s) (see `ladmac blocks`)")
     p.add_argument("--all", action="store_true", help="every block at its default config")
     add_overrides(p)
     p.add_argument("--preset", help="start from a named preset")
@@ -35,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=None, metavar="N",
                    help="nextpnr placement seeds 1..N, Fmax is their mean (default 1 for one BLOCK, 3 for --all)")
     p.add_argument("--out", help="write the report(s) as JSON here")
-    p.add_argument("--doc", help="with --all: write the Markdown summary here (e.g. docs/synthesis.md)")
+    p.add_argument("--doc", help="with --all or several BLOCKs: write the Markdown summary here (e.g. docs/synthesis.md)")
     p.add_argument("--bitstream", action="store_true",
                    help="also build the ULX3S bitstream through Amaranth's build script (YoWASP tools)")
     p.add_argument("--no-cache", dest="cache", action="store_false", help="ignore cached results")
@@ -102,14 +105,15 @@ def main(argv: list[str]) -> int:
     from . import doc, flow
     try:
         args = build_parser().parse_args(argv)
-        if args.all == (args.block is not None):
-            raise ConfigError("give one BLOCK or --all")
-        if args.doc and not args.all:
-            raise ConfigError("--doc needs --all")
-        if args.all and (args.set or args.preset):
-            raise ConfigError("--all runs every block at its default config; --set/--preset need one BLOCK")
-        names = list(BLOCKS) if args.all else [args.block]
-        seeds = args.seeds if args.seeds is not None else (flow.DOC_SEEDS if args.all else flow.DEFAULT_SEEDS)
+        if args.all == bool(args.block):
+            raise ConfigError("give one BLOCK (or several) or --all")
+        many = args.all or len(args.block) > 1
+        if args.doc and not many:
+            raise ConfigError("--doc needs --all or several BLOCKs")
+        if many and (args.set or args.preset):
+            raise ConfigError("--all / several BLOCKs run at their default configs; --set/--preset need one BLOCK")
+        names = list(BLOCKS) if args.all else list(args.block)
+        seeds = args.seeds if args.seeds is not None else (flow.DOC_SEEDS if many else flow.DEFAULT_SEEDS)
         results = []
         for name in names:
             get_block(name)
@@ -120,7 +124,7 @@ def main(argv: list[str]) -> int:
                 r = flow.synthesize(name, cfg, target=args.target, freq_mhz=args.freq, bitstream=args.bitstream,
                                     use_cache=args.cache, preset=args.preset, log=log, seeds=seeds)
             except flow.DoesNotFit as err:   # --all: a block that does not fit gets its row and generic count
-                if not args.all:
+                if not many:
                     raise
                 r = flow.synthesize(name, cfg, target="generic", freq_mhz=args.freq, use_cache=args.cache,
                                     preset=args.preset, log=log)
@@ -132,11 +136,14 @@ def main(argv: list[str]) -> int:
         if args.out:
             out = Path(args.out)
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(results if args.all else results[0], indent=1))
+            out.write_text(json.dumps(results if many else results[0], indent=1))
         if args.doc:
             path = Path(args.doc)
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(doc.render(results))
+            command = None if args.all else ("ladmac synth " + " ".join(names)
+                                             + (f" --seeds {args.seeds}" if args.seeds is not None else "")
+                                             + f" --doc {args.doc}")
+            path.write_text(doc.render(results, command=command))
             print(f"wrote {path}", file=sys.stderr)
         return 0
     except LadmacError as err:

@@ -229,7 +229,8 @@ def test_fit_checks_name_the_exhausted_resource():
     (["vpu", "--preset", "huge"], "unknown preset 'huge'"),
     (["vpu", "--doc", "x.md"], "--doc needs --all"),
     (["--all", "--set", "lanes=2"], "--set/--preset need one BLOCK"),
-    ([], "give one BLOCK or --all"),
+    ([], "give one BLOCK (or several) or --all"),
+    (["vpu", "sram", "--set", "depth=64"], "--set/--preset need one BLOCK"),
     (["vpu", "--target", "asic"], "invalid choice"),
     (["vpu", "--freq", "5000"], "no ECP5 PLL setting"),
 ])

@@ -8,10 +8,17 @@ each score back, the SFM's EXP gives ``p_i`` (queued in a FIFO) and ``Z += p_i``
 every value is read and the VPU's AXPY accumulates ``N += p_i v_i`` in registers;
 finally the SFM's RECIP of ``Z`` normalises ``N`` into ``o``, streamed as ``d/L`` beats
 with the step's statistics (``m``, ``Z``, KV beats read, cycles).
+
+Timing (docs/synthesis.md): the score conversion ``sat(round(dot * scale))`` is three
+registered stages (partial products; sum with the rounding half; shift and saturate)
+between the VPU and the score SRAM / running max; the score SRAM's output is registered
+(read latency 2) and ``x = s - m`` is registered before the SFM; the output
+``sat(round_shift(N * r, frac + k))`` is a four-stage pipeline (N's beat; partial
+products; sum with the rounding half; shift and saturate) that stalls as a whole.
 """
 from __future__ import annotations
 
-from amaranth import Array, Module, Signal, signed, unsigned
+from amaranth import Array, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -20,7 +27,8 @@ from golden.sfm import SfmOp
 from golden.sram import SramConfig
 from golden.vpu import VpuOp
 
-from ..lib.arith import incr, round_shift, saturate
+from ..lib.arith import incr, saturate, stall_all_enable
+from ..lib.pipe import csa_sum, partial_products, register_partials
 from ..lib.sfm import Sfm
 from ..lib.sram import SramBank
 from ..lib.vpu import Vpu
@@ -70,7 +78,8 @@ class DenseAttention(wiring.Component):
         xw = sfm_cfg.x_width
         m.submodules.vpu = vpu = Vpu(vpu_cfg)
         m.submodules.sfm = sfm = Sfm(sfm_cfg)
-        m.submodules.scores = scores = SramBank(SramConfig(depth=cfg.max_positions, width=xw))
+        m.submodules.scores = scores = SramBank(SramConfig(depth=cfg.max_positions, width=xw,
+                                                                   read_latency=2))  # registered BRAM output
         m.submodules.p_fifo = p_fifo = fifo.SyncFIFOBuffered(width=sfm_cfg.value_width, depth=4)
         score_req, score_resp = scores.read_port(0)
 
@@ -79,7 +88,7 @@ class DenseAttention(wiring.Component):
         length = Signal(cfg.position_width)
         running_max = Signal(signed(xw))
         z_sum = Signal(cfg.sfm_out_width_sum)
-        recip_m, recip_k = Signal(sfm_cfg.value_width), Signal(sfm_cfg.exponent_width)
+        recip_m = Signal(sfm_cfg.value_width)
         kv_beats, cycles = Signal(32), Signal(32)
 
         load_beat = Signal(range(nb))
@@ -90,6 +99,28 @@ class DenseAttention(wiring.Component):
         score_pos = Signal(cfg.position_width)  # pass 2: next score to read
         out_beat = Signal(range(nb))
         inflight = Signal(range(nb + 1))         # pass 2: AXPY beats issued, not yet written back
+
+        # pass 1: score = sat(round_shift(dot * scale, score_shift)) in three stages after the VPU
+        k_in = Signal()
+        k1_valid, k2_valid, k3_valid = Signal(), Signal(), Signal()
+        k1_pp = register_partials(m, 1, partial_products(vpu.o.payload.dot, cfg.scale_raw), "k1")
+        kw = vpu_cfg.acc_width + cfg.scale_raw.bit_length() + 2
+        k2_t = Signal(signed(kw))
+        k3_score = Signal(signed(xw))
+        score_half = (1 << (cfg.score_shift - 1)) if cfg.score_shift > 0 else 0
+        m.d.sync += [k1_valid.eq(k_in), k2_valid.eq(k1_valid), k3_valid.eq(k2_valid),
+                     k2_t.eq(csa_sum([(r << sh) if sh else r for r, sh in k1_pp] + [Const(score_half, kw)], kw).as_signed()),
+                     k3_score.eq(saturate(k2_t >> cfg.score_shift if cfg.score_shift >= 0 else k2_t << -cfg.score_shift,
+                                          signed(xw)))]
+        # pass 2: x = s - m registered before the SFM
+        x_valid, x_reg = Signal(), Signal(signed(xw))
+        # output: r, its shift frac + k and rounding half; the pipeline's enable
+        o_shift = Signal(range(sfm_cfg.mantissa_frac + (1 << sfm_cfg.exponent_width)))
+        # |N * r| < 2^(o_width - 1): at a larger shift the rounded quotient is 0 (o_zero)
+        o_width = vpu_cfg.acc_width + sfm_cfg.value_width + 1
+        o_half, o_zero = Signal(o_width + 1), Signal()
+        o_ce, o_issue, out_issued, o3_last = Signal(), Signal(), Signal(), Signal()
+        m.d.comb += o_ce.eq(stall_all_enable(self.out))
 
         with m.If(self.kv_req.valid & self.kv_req.ready):
             m.d.sync += kv_beats.eq(kv_beats + 1)
@@ -126,17 +157,14 @@ class DenseAttention(wiring.Component):
                                  vpu.i.payload.b[l].eq(qb[l * cfg.kv_width:(l + 1) * cfg.kv_width].as_signed())]
                 with m.If(vpu.i.valid & vpu.i.ready):
                     m.d.sync += resp_beat.eq(incr(resp_beat, nb))
-                # scores -> score SRAM, running max
-                score = Signal(signed(xw))
-                m.d.comb += [vpu.o.ready.eq(1),
-                             score.eq(saturate(round_shift(vpu.o.payload.dot * cfg.scale_raw, cfg.score_shift),
-                                               signed(xw)))]
-                with m.If(vpu.o.valid):
+                # scores (three stages after the VPU) -> score SRAM, running max
+                m.d.comb += [vpu.o.ready.eq(1), k_in.eq(vpu.o.valid)]
+                with m.If(k3_valid):
                     m.d.comb += [scores.write.valid.eq(1), scores.write.payload.addr.eq(done_pos),
-                                 scores.write.payload.data.eq(score)]
+                                 scores.write.payload.data.eq(k3_score)]
                     m.d.sync += done_pos.eq(done_pos + 1)
-                    with m.If(score > running_max):
-                        m.d.sync += running_max.eq(score)
+                    with m.If(k3_score > running_max):
+                        m.d.sync += running_max.eq(k3_score)
                     with m.If(done_pos == length - 1):
                         m.d.sync += [done_pos.eq(0), req_pos.eq(0), req_beat.eq(0), resp_beat.eq(0)]
                         m.next = "VALUES"
@@ -147,9 +175,13 @@ class DenseAttention(wiring.Component):
                 m.d.comb += [score_req.valid.eq(score_pos < length), score_req.payload.addr.eq(score_pos)]
                 with m.If(score_req.valid & score_req.ready):
                     m.d.sync += score_pos.eq(score_pos + 1)
+                # x = s - m in a register stage between the score SRAM and the SFM
                 x = score_resp.payload.as_signed() - running_max
-                m.d.comb += [sfm.i.valid.eq(score_resp.valid), score_resp.ready.eq(sfm.i.ready),
-                             sfm.i.payload.op.eq(SfmOp.EXP), sfm.i.payload.x.eq(saturate(x, signed(xw))),
+                m.d.comb += score_resp.ready.eq(~x_valid | sfm.i.ready)
+                with m.If(score_resp.ready):
+                    m.d.sync += [x_valid.eq(score_resp.valid), x_reg.eq(saturate(x, signed(xw)))]
+                m.d.comb += [sfm.i.valid.eq(x_valid),
+                             sfm.i.payload.op.eq(SfmOp.EXP), sfm.i.payload.x.eq(x_reg),
                              p_fifo.w_data.eq(sfm.o.payload.value), p_fifo.w_en.eq(sfm.o.valid),
                              sfm.o.ready.eq(p_fifo.w_rdy)]
                 with m.If(sfm.o.valid & sfm.o.ready):
@@ -195,22 +227,41 @@ class DenseAttention(wiring.Component):
                 m.d.sync += cycles.eq(cycles + 1)
                 m.d.comb += sfm.o.ready.eq(1)
                 with m.If(sfm.o.valid):
-                    m.d.sync += [recip_m.eq(sfm.o.payload.value), recip_k.eq(sfm.o.payload.exponent),
-                                 out_beat.eq(0)]
+                    out_shift = sfm_cfg.mantissa_frac + sfm.o.payload.exponent
+                    m.d.sync += [recip_m.eq(sfm.o.payload.value), o_shift.eq(out_shift),
+                                 o_half.eq((Const(1, 1) << out_shift) >> 1), o_zero.eq(out_shift > o_width),
+                                 out_beat.eq(0), out_issued.eq(0)]
                     m.next = "OUTPUT"
 
-            with m.State("OUTPUT"):
-                word = numer[out_beat]
-                aw = vpu_cfg.acc_width
-                m.d.comb += [self.out.valid.eq(1), self.out.payload.m.eq(running_max),
-                             self.out.payload.z.eq(z_sum), self.out.payload.kv_beats.eq(kv_beats),
-                             self.out.payload.cycles.eq(cycles)]
-                for l in range(cfg.lanes):
-                    lane = word[l * aw:(l + 1) * aw].as_signed()
-                    m.d.comb += self.out.payload.o[l].eq(
-                        saturate(round_shift(lane * recip_m, sfm_cfg.mantissa_frac + recip_k), signed(cfg.kv_width)))
-                with m.If(self.out.ready):
-                    m.d.sync += out_beat.eq(out_beat + 1)
+            with m.State("OUTPUT"):  # issue the beats into the output pipeline; wait for the last to leave
+                m.d.comb += o_issue.eq(o_ce & ~out_issued)
+                with m.If(o_issue):
+                    m.d.sync += out_beat.eq(incr(out_beat, nb))
                     with m.If(out_beat == nb - 1):
-                        m.next = "LOAD"
+                        m.d.sync += out_issued.eq(1)
+                with m.If(self.out.valid & self.out.ready & o3_last):
+                    m.next = "LOAD"
+
+        # -- output pipeline: N's beat; partial products of N * r; sum with the rounding
+        # half; shift and saturate (stalls as a whole when ``out`` is stalled)
+        aw = vpu_cfg.acc_width
+        word = numer[out_beat]
+        o0_valid, o0_last = Signal(), Signal()
+        o0_lane = [Signal(signed(aw), name=f"o0_lane{l}") for l in range(cfg.lanes)]
+        o1_valid, o1_last = Signal(), Signal()
+        o1_pp = [register_partials(m, o_ce, partial_products(o0_lane[l], recip_m), f"o1_{l}") for l in range(cfg.lanes)]
+        pw = o_width
+        o2_valid, o2_last = Signal(), Signal()
+        o2_t = [Signal(signed(pw + 1), name=f"o2_t{l}") for l in range(cfg.lanes)]
+        with m.If(o_ce):
+            m.d.sync += [o0_valid.eq(o_issue), o0_last.eq(out_beat == nb - 1)]
+            m.d.sync += [o0_lane[l].eq(word[l * aw:(l + 1) * aw]) for l in range(cfg.lanes)]
+            m.d.sync += [o1_valid.eq(o0_valid), o1_last.eq(o0_last), o2_valid.eq(o1_valid), o2_last.eq(o1_last)]
+            m.d.sync += [o2_t[l].eq(csa_sum([(r << sh) if sh else r for r, sh in o1_pp[l]] + [o_half], pw + 1).as_signed())
+                         for l in range(cfg.lanes)]
+            m.d.sync += [self.out.valid.eq(o2_valid), o3_last.eq(o2_last)]
+            m.d.sync += [self.out.payload.o[l].eq(Mux(o_zero, 0, saturate(o2_t[l] >> o_shift, signed(cfg.kv_width))))
+                         for l in range(cfg.lanes)]
+        m.d.comb += [self.out.payload.m.eq(running_max), self.out.payload.z.eq(z_sum),
+                     self.out.payload.kv_beats.eq(kv_beats), self.out.payload.cycles.eq(cycles)]
         return m

@@ -14,7 +14,8 @@ The transaction's beats are loaded into a buffer (``d/L`` words of both lane vec
 while its scalar phase runs, so the next transaction's first beat, and with it the next
 scalar phase, is visible as soon as the last beat is loaded: the scalar phase of one
 transaction overlaps the vector phase of the one before. Vector phase: one beat per cycle
-through a four-stage pipeline (buffer read; partial products; sum; round and saturate):
+through a five-stage pipeline (buffer read; the read data and per-lane copies of the
+weights registered; partial products; sum; round and saturate):
 ``o = sat(round_shift(w1 o1 + w2 o2, mantissa_frac))`` (zeros when flagged).
 """
 from __future__ import annotations
@@ -198,7 +199,7 @@ class MergeUnit(wiring.Component):
                     with m.Else():
                         m.next = "IDLE"
 
-        # -- vector phase: buffer read; partial products; sum; round and saturate -----------
+        # -- vector phase: buffer read; lane registers; partial products; sum; round and saturate
         m.d.comb += [rp.addr.eq(vec_beat), rp.en.eq(ce)]
         v0_valid, v0_w1, v0_w2 = Signal(), Signal(signed(ww)), Signal(signed(ww + 1))
         v0_m, v0_s, v0_flagged = Signal(signed(cfg.score_width)), Signal(cfg.sum_width), Signal()
@@ -209,17 +210,28 @@ class MergeUnit(wiring.Component):
                 m.d.sync += vec_beat.eq(vec_beat + 1)
                 with m.If(vec_beat == nb - 1):
                     m.d.sync += vec_active.eq(0)
-        o1 = [rp.data[l * ow:(l + 1) * ow].as_signed() for l in range(lanes)]
-        o2 = [rp.data[(lanes + l) * ow:(lanes + l + 1) * ow].as_signed() for l in range(lanes)]
+        # buffer data and per-lane copies of the weights registered (the beat buffer's read
+        # data and the weights each feed one lane's multipliers only)
+        va_valid = Signal()
+        va_m, va_s, va_flagged = Signal(signed(cfg.score_width)), Signal(cfg.sum_width), Signal()
+        o1 = [Signal(signed(ow), name=f"va_o1_{l}") for l in range(lanes)]
+        o2 = [Signal(signed(ow), name=f"va_o2_{l}") for l in range(lanes)]
+        va_w1 = [Signal(signed(ww), name=f"va_w1_{l}", attrs={"keep": 1}) for l in range(lanes)]
+        va_w2 = [Signal(signed(ww + 1), name=f"va_w2_{l}", attrs={"keep": 1}) for l in range(lanes)]
+        with m.If(ce):
+            m.d.sync += [va_valid.eq(v0_valid), va_m.eq(v0_m), va_s.eq(v0_s), va_flagged.eq(v0_flagged)]
+            m.d.sync += [o1[l].eq(rp.data[l * ow:(l + 1) * ow]) for l in range(lanes)]
+            m.d.sync += [o2[l].eq(rp.data[(lanes + l) * ow:(lanes + l + 1) * ow]) for l in range(lanes)]
+            m.d.sync += [va_w1[l].eq(v0_w1) for l in range(lanes)] + [va_w2[l].eq(v0_w2) for l in range(lanes)]
         v1_valid = Signal()
         v1_m, v1_s, v1_flagged = Signal(signed(cfg.score_width)), Signal(cfg.sum_width), Signal()
-        v1_pp = [register_partials(m, ce, partial_products(v0_w1, o1[l]) + partial_products(v0_w2, o2[l]),
+        v1_pp = [register_partials(m, ce, partial_products(va_w1[l], o1[l]) + partial_products(va_w2[l], o2[l]),
                                    f"v1_{l}") for l in range(lanes)]
         v2_valid = Signal()
         v2_m, v2_s, v2_flagged = Signal(signed(cfg.score_width)), Signal(cfg.sum_width), Signal()
         v2_sum = [Signal(signed(ww + ow + 2), name=f"v2_sum{l}") for l in range(lanes)]
         with m.If(ce):
-            m.d.sync += [v1_valid.eq(v0_valid), v1_m.eq(v0_m), v1_s.eq(v0_s), v1_flagged.eq(v0_flagged)]
+            m.d.sync += [v1_valid.eq(va_valid), v1_m.eq(va_m), v1_s.eq(va_s), v1_flagged.eq(va_flagged)]
             m.d.sync += [v2_valid.eq(v1_valid), v2_m.eq(v1_m), v2_s.eq(v1_s), v2_flagged.eq(v1_flagged)]
             m.d.sync += [v2_sum[l].eq(csa_sum([(r << s) if s else r for r, s in v1_pp[l]], len(v2_sum[l])).as_signed())
                          for l in range(lanes)]
