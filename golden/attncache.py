@@ -3,20 +3,27 @@
 Computes: the feature projector (layer-0 attention input -> zero-pad/crop to ``max_len``
 rows -> adaptive max-pool -> Linear -> BatchNorm -> Linear, 128-d), its Siamese training
 on attention-map distances, a faiss index (HNSW or IVF-Flat) with ONE record per stored
-input, an on-disk map store (one raw file per (input, layer), crc32 in a manifest,
-memory-mapped at lookup), and the runtime that plugs into a transformers model through
-``AttentionInterface``/``AttentionMaskInterface``: on a hit every layer and head multiplies
-the stored map with V; Q/K projections, RoPE, QK^T and softmax are skipped.
+input, an on-disk map store (ONE raw file per stored input holding its reused layers'
+maps contiguously, crc32 in a manifest, memory-mapped and checked once per store object),
+and the runtime that plugs into a transformers model through
+``AttentionInterface``/``AttentionMaskInterface``: on a hit the reused layers (``layers``)
+multiply the stored map with V; their Q/K projections, RoPE, QK^T and softmax are skipped.
+Lookups are batched: a batch of B inputs (right-padded) is pooled, projected and searched at
+once; hit rows reuse, miss rows compute attention as usual.
 
 Choices fixed here (the papers leave them open):
 * map distance ``d(A1, A2)`` = mean over layers, heads and rows p of
-  ``0.5 * ||A1[p,:] - A2[p,:]||_2``, both maps zero-padded to ``max(len1, len2)``;
-  label ``y = alpha * d + |len1 - len2|``.
-* similarity = ``1 - ||f_q - f_db||_2^2`` on the RAW (not normalised) projector features,
-  i.e. in the metric the projector was trained for (faiss returns the squared L2 distance).
+  ``0.5 * ||A1[p,:] - A2[p,:]||_2``, both maps zero-padded to ``max(len1, len2)``.
+* label ``paper``: ``y = alpha * d_all + |len1 - len2|`` over all layers, pairs half among
+  equal-length inputs, half random (the papers' AttnCache). Label ``map``: ``y = d_S`` over the
+  reused layers S only, pairs among equal-length inputs only (a stored map serves only an input
+  of the same length, so the length term only ever separated pairs the lookup never compares).
+* similarity ``sqdist``: ``1 - ||f_q - f_db||_2^2``; ``dist``: ``1 - ||f_q - f_db||_2``, i.e.
+  one minus the projector's predicted map distance, so ``theta`` reads "predicted ``d_S`` <=
+  1 - theta".
 * a stored map can only serve an input of the same token length (the map is L x L); the
   lookup fetches ``k`` neighbours and takes the nearest one of equal length; it is a hit if
-  its similarity is >= theta. One lookup per input decides for all layers and heads.
+  its similarity is >= theta. One lookup per input decides for all reused layers.
 """
 from __future__ import annotations
 
@@ -39,7 +46,7 @@ from .errors import DataError
 
 ATTN_NAME = "ladmac_attncache"
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16}
-STORE_VERSION = 1
+STORE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,10 @@ class AttnCacheConfig(BlockConfig):
     lr: float = param(0.001, "Adam learning rate")
     seed: int = param(0, "seed of pair sampling and projector initialisation")
     map_dtype: str = param("float32", "stored map dtype: float32 or float16")
+    layers: str = param("all", "layers that reuse the stored maps on a hit: all, or a list such as 0,1,4-5")
+    label: str = param("paper", "training label: paper (alpha*d_all + |len1-len2|) or map (d over the reused "
+                                "layers, equal-length pairs)")
+    similarity: str = param("sqdist", "sqdist: 1 - ||f1-f2||^2 (paper), dist: 1 - ||f1-f2|| (predicted distance)")
 
     def validate(self) -> None:
         self.require(self.feature_dim >= 1, "feature_dim must be >= 1")
@@ -80,6 +91,50 @@ class AttnCacheConfig(BlockConfig):
         self.require(0.0 <= self.same_len_frac <= 1.0, "same_len_frac must be in [0, 1]")
         self.require(self.lr > 0, "lr must be > 0")
         self.require(self.map_dtype in ("float32", "float16"), "map_dtype must be float32 or float16")
+        self.require(self.label in ("paper", "map"), f"label must be paper or map, got '{self.label}'")
+        self.require(self.similarity in ("sqdist", "dist"),
+                     f"similarity must be sqdist or dist, got '{self.similarity}'")
+        try:
+            parse_layers(self.layers, 1 << 16)
+        except ValueError as err:
+            self.require(False, f"layers: {err}")
+
+    def reuse_layers(self, n_layers: int) -> list[int]:
+        """The reused layers of a model with ``n_layers`` layers (ConfigError if out of range)."""
+        try:
+            return parse_layers(self.layers, n_layers)
+        except ValueError as err:
+            self.require(False, f"layers: {err}")
+
+    def sim(self, dist2):
+        """Similarity from faiss's squared L2 distance(s)."""
+        if self.similarity == "sqdist":
+            return 1.0 - dist2
+        return 1.0 - np.sqrt(np.maximum(dist2, 0.0))
+
+
+def parse_layers(text: str, n_layers: int) -> list[int]:
+    """``"all"`` -> 0..n-1; ``"0,2,4-5"`` -> [0, 2, 4, 5]; ValueError on bad syntax or out of range."""
+    text = str(text).strip()
+    if text == "all":
+        return list(range(n_layers))
+    out = set()
+    for part in text.replace(";", ",").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        try:
+            lo_i = int(lo)
+            hi_i = int(hi) if sep else lo_i
+        except ValueError:
+            raise ValueError(f"'{text}' is not 'all' or a list of layers such as 0,1,4-5") from None
+        if lo_i < 0 or hi_i < lo_i or hi_i >= n_layers:
+            raise ValueError(f"'{part}' outside 0..{n_layers - 1}")
+        out.update(range(lo_i, hi_i + 1))
+    if not out:
+        raise ValueError("no layer given")
+    return sorted(out)
 
 
 # ----------------------------------------------------------------------------- projector
@@ -132,13 +187,18 @@ def pair_label(maps1, maps2, len1: int, len2: int, alpha: float) -> float:
 
 
 def pair_labels(maps_all: list[list[torch.Tensor]], lengths: list[int], pairs: np.ndarray, alpha: float,
-                progress: bool = False, budget: int = 2_000_000) -> torch.Tensor:
-    """``pair_label`` for many pairs at once: pairs sorted by length, zero-padded per chunk."""
+                progress: bool = False, budget: int = 2_000_000, layers: list[int] | None = None,
+                length_term: bool = True) -> torch.Tensor:
+    """``pair_label`` for many pairs at once: pairs sorted by length, zero-padded per chunk.
+    ``layers``: the layers the distance averages over (default all); ``length_term=False`` and
+    ``alpha=1`` give the ``map`` label ``d_S``."""
     from tqdm import tqdm
     lengths_a = np.asarray(lengths)
-    stacked = [torch.stack([m.reshape(-1, m.shape[-2], m.shape[-1]) for m in maps]).float()
+    n_all = len(maps_all[0])
+    layers = list(range(n_all)) if layers is None else list(layers)
+    stacked = [torch.stack([maps[li].reshape(-1, maps[li].shape[-2], maps[li].shape[-1]) for li in layers]).float()
                .reshape(-1, lengths[i], lengths[i]) for i, maps in enumerate(maps_all)]  # (layers*heads, L, L)
-    n_layers = len(maps_all[0])
+    n_layers = len(layers)
     longest = np.maximum(lengths_a[pairs[:, 0]], lengths_a[pairs[:, 1]])
     labels = torch.zeros(len(pairs))
     rows = stacked[0].shape[0]
@@ -157,15 +217,18 @@ def pair_labels(maps_all: list[list[torch.Tensor]], lengths: list[int], pairs: n
             rowdist = 0.5 * torch.linalg.vector_norm(padded(0) - padded(1), dim=-1)  # (chunk, layers*heads, n)
             dist = rowdist.reshape(len(idx), n_layers, -1).mean(-1)  # mean over heads and rows p
             dist = dist.mean(-1)  # mean over layers
-            labels[torch.as_tensor(idx)] = alpha * dist + torch.as_tensor(
-                np.abs(lengths_a[pairs[idx, 0]] - lengths_a[pairs[idx, 1]]), dtype=torch.float32)
+            labels[torch.as_tensor(idx)] = alpha * dist
+            if length_term:
+                labels[torch.as_tensor(idx)] += torch.as_tensor(
+                    np.abs(lengths_a[pairs[idx, 0]] - lengths_a[pairs[idx, 1]]), dtype=torch.float32)
             bar.update(len(idx))
     bar.close()
     return labels
 
 
 def sample_pairs(lengths: list[int], cfg: AttnCacheConfig) -> np.ndarray:
-    """(pairs, 2) index pairs: a share among inputs of equal length (the ones that can hit), the rest random."""
+    """(pairs, 2) index pairs: a share among inputs of equal length (the ones that can hit), the rest random
+    (label ``map``: all among equal-length inputs)."""
     rng = np.random.default_rng(cfg.seed)
     n = len(lengths)
     buckets: dict[int, list[int]] = {}
@@ -174,7 +237,8 @@ def sample_pairs(lengths: list[int], cfg: AttnCacheConfig) -> np.ndarray:
     multi = [np.array(v) for v in buckets.values() if len(v) >= 2]
     weights = np.array([len(v) * (len(v) - 1) for v in multi], dtype=float)
     out = []
-    n_same = int(round(cfg.pairs * cfg.same_len_frac)) if multi else 0
+    frac = 1.0 if cfg.label == "map" else cfg.same_len_frac
+    n_same = int(round(cfg.pairs * frac)) if multi else 0
     for _ in range(n_same):
         members = multi[rng.choice(len(multi), p=weights / weights.sum())]
         i, j = rng.choice(members, 2, replace=False)
@@ -243,31 +307,36 @@ def build_index(features: np.ndarray, cfg: AttnCacheConfig):
 
 # ----------------------------------------------------------------------------- store
 class MapStore:
-    """Attention-map store: ``maps/NNNNNN/LYY.bin`` raw arrays (heads, L, L), one per (input, layer),
-    ``manifest.json`` (lengths, shapes, crc32 per file), ``projector.pt`` and ``index.faiss``."""
+    """Attention-map store: ``maps/NNNNNN.bin``, ONE raw file per stored input holding the maps of
+    its stored layers back to back (each (heads, L, L), layer order of ``manifest["layers"]``),
+    ``manifest.json`` (lengths, layer list, crc32 per file), ``projector.pt`` and ``index.faiss``.
+    A file is memory-mapped (private mapping, no copy) the first time this store object fetches it,
+    its size and crc32 checked then, and the mapping kept: later fetches cost nothing."""
 
     def __init__(self, root: Path, manifest: dict):
         self.root = Path(root)
         self.manifest = manifest
         self.entries = manifest["entries"]
+        self.layers = [int(x) for x in manifest["layers"]]
+        self.heads = int(manifest["heads"])
         self.dtype = np.dtype(manifest["dtype"])
         self.cfg = AttnCacheConfig(**manifest["config"])
         self.lengths = np.array([e["len"] for e in self.entries], dtype=np.int64)
         self.projector: FeatureProjector | None = None
         self.index = None
+        self._mapped: dict[int, dict[int, torch.Tensor]] = {}
+        self.crc_s = 0.0  # time spent in crc32 checks (first maps only)
 
     # -- writing ---------------------------------------------------------------------------
     @staticmethod
-    def write_entry(root: Path, number: int, maps: list[torch.Tensor], dtype: str) -> dict:
-        folder = Path(root) / "maps" / f"{number:06d}"
-        folder.mkdir(parents=True, exist_ok=True)
-        files = []
-        for layer, amap in enumerate(maps):
-            arr = np.ascontiguousarray(amap.detach().reshape(amap.shape[-3:]).numpy().astype(dtype))
-            name = f"maps/{number:06d}/L{layer:02d}.bin"
-            arr.tofile(root / name)
-            files.append({"name": name, "shape": list(arr.shape), "crc32": zlib.crc32(arr.tobytes())})
-        return {"len": int(maps[0].shape[-1]), "files": files}
+    def write_entry(root: Path, number: int, maps: list[torch.Tensor], layers: list[int], dtype: str) -> dict:
+        """``maps``: every layer's (.., heads, L, L) map of one input; the ``layers`` ones are written."""
+        name = f"maps/{number:06d}.bin"
+        arr = np.ascontiguousarray(np.stack([maps[li].detach().reshape(maps[li].shape[-3:]).numpy()
+                                             for li in layers]).astype(dtype))
+        (Path(root) / "maps").mkdir(parents=True, exist_ok=True)
+        arr.tofile(Path(root) / name)
+        return {"len": int(maps[0].shape[-1]), "file": name, "crc32": zlib.crc32(arr.tobytes())}
 
     # -- reading ---------------------------------------------------------------------------
     @classmethod
@@ -308,42 +377,63 @@ class MapStore:
         return store
 
     def features(self, pooled: torch.Tensor) -> np.ndarray:
+        """Projector features, row by row (as at build time: a batch gives bit-identical features)."""
         with torch.no_grad():
-            return self.projector(pooled).numpy().astype(np.float32)
+            return np.concatenate([self.projector(pooled[i:i + 1]).numpy() for i in range(len(pooled))]
+                                  ).astype(np.float32)
+
+    def search_batch(self, features: np.ndarray, lengths) -> tuple[np.ndarray, np.ndarray]:
+        """Per row: nearest stored input of equal token length among k neighbours -> (entries, sims);
+        entry -1 and similarity -inf where none has that length. One faiss call for the batch."""
+        dist, idx = self.index.search(np.ascontiguousarray(features, dtype=np.float32), self.cfg.k)
+        entries = np.full(len(idx), -1, dtype=np.int64)
+        sims = np.full(len(idx), -np.inf)
+        for r, (drow, irow) in enumerate(zip(dist, idx)):
+            for d, i in zip(drow, irow):
+                if i >= 0 and self.lengths[i] == int(lengths[r]):
+                    entries[r], sims[r] = int(i), float(self.cfg.sim(float(d)))
+                    break
+        return entries, sims
 
     def search(self, feature: np.ndarray, length: int) -> tuple[int, float]:
         """Nearest stored input of equal token length among k neighbours: (entry, similarity) or (-1, -inf)."""
-        dist, idx = self.index.search(np.ascontiguousarray(feature, dtype=np.float32), self.cfg.k)
-        for d, i in zip(dist[0], idx[0]):
-            if i >= 0 and self.lengths[i] == length:
-                return int(i), 1.0 - float(d)
-        return -1, float("-inf")
+        entries, sims = self.search_batch(feature.reshape(1, -1), [length])
+        return int(entries[0]), float(sims[0])
 
-    def map_file(self, entry: int, layer: int) -> Path:
-        return self.root / self.entries[entry]["files"][layer]["name"]
+    def map_file(self, entry: int, layer: int | None = None) -> Path:
+        """The file holding ``entry``'s maps (every stored layer: ``layer`` is accepted and ignored)."""
+        return self.root / self.entries[entry]["file"]
 
-    def fetch(self, entry: int) -> list[torch.Tensor]:
-        """Memory-map every layer's map of one entry (torch.from_file, private mapping, no copy), crc32-checked."""
-        out = []
-        for rec in self.entries[entry]["files"]:
-            path = self.root / rec["name"]
-            shape = tuple(rec["shape"])
-            want = shape[0] * shape[1] * shape[2] * self.dtype.itemsize
-            try:
-                size = path.stat().st_size
-            except FileNotFoundError:
-                raise DataError(f"AttnCache map file {path} is missing") from None
-            if size != want:
-                raise DataError(f"AttnCache map file {path} is corrupt: {size} bytes, expected {want}")
-            # private (copy-on-write) mmap of the file: no read into a new buffer
-            tensor = torch.from_file(str(path), shared=False, size=want // self.dtype.itemsize,
-                                     dtype=_TORCH_DTYPES[self.dtype.name]).view(shape)
-            if zlib.crc32(tensor.numpy()) != rec["crc32"]:
-                raise DataError(f"AttnCache map file {path} is corrupt: crc32 mismatch")
-            if tensor.dtype != torch.float32:
-                tensor = tensor.float()  # float16 store: one conversion (the only copy)
-            out.append(tensor.unsqueeze(0))
-        return out
+    def fetch(self, entry: int) -> dict[int, torch.Tensor]:
+        """{layer: (1, heads, L, L) map} for every stored layer of ``entry``: views into the entry's file,
+        memory-mapped once per store object (size and crc32 checked on that first mapping)."""
+        got = self._mapped.get(entry)
+        if got is not None:
+            return got
+        rec = self.entries[entry]
+        path = self.root / rec["file"]
+        length = int(rec["len"])
+        count = len(self.layers) * self.heads * length * length
+        want = count * self.dtype.itemsize
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            raise DataError(f"AttnCache map file {path} is missing") from None
+        if size != want:
+            raise DataError(f"AttnCache map file {path} is corrupt: {size} bytes, expected {want}")
+        # private (copy-on-write) mmap of the file: no read into a new buffer
+        tensor = torch.from_file(str(path), shared=False, size=count, dtype=_TORCH_DTYPES[self.dtype.name])
+        t0 = time.perf_counter()
+        ok = zlib.crc32(tensor.numpy()) == rec["crc32"]
+        self.crc_s += time.perf_counter() - t0
+        if not ok:
+            raise DataError(f"AttnCache map file {path} is corrupt: crc32 mismatch")
+        if tensor.dtype != torch.float32:
+            tensor = tensor.float()  # float16 store: one conversion (the only copy)
+        tensor = tensor.view(len(self.layers), 1, self.heads, length, length)
+        got = {layer: tensor[n] for n, layer in enumerate(self.layers)}
+        self._mapped[entry] = got
+        return got
 
 
 # ----------------------------------------------------------------------------- runtime
@@ -358,9 +448,11 @@ def _attention_modules(model: nn.Module) -> list[nn.Module]:
 
 class AttnCache:
     """Runtime attached to one transformers model. Modes: ``off`` (full model, sdpa), ``record``
-    (eager maps kept in ``recorded``), ``lookup`` (search; on a hit reuse stored maps),
-    ``force`` (reuse the nearest equal-length candidate whatever its similarity).
-    Per forward: ``last`` holds hit, entry, sim and times (attention, lookup)."""
+    (eager maps kept in ``recorded``), ``lookup`` (search; on a hit reuse stored maps in the
+    store's layers), ``force`` (reuse the nearest equal-length candidate whatever its similarity).
+    Batches are right-padded (lengths from the model call's 2-D ``attention_mask``); hit rows reuse,
+    miss rows compute. Per forward: ``last`` holds hit, entry, sim of row 0, ``rows`` (per row:
+    hit, entry, sim) and times (attention, lookup)."""
 
     def __init__(self, model: nn.Module, cfg: AttnCacheConfig | None = None):
         self.model = model
@@ -368,14 +460,19 @@ class AttnCache:
         self.mode = "off"
         self.store: MapStore | None = None
         self.theta = self.cfg.theta
-        self.hit_maps: list[torch.Tensor] | None = None
+        self.hit_maps: dict[int, torch.Tensor] | None = None
+        self.hit_rows: torch.Tensor | None = None
+        self.all_hit = False
+        self.lengths: list[int] | None = None
         self.recorded: list[torch.Tensor] = []
         self.pooled: torch.Tensor | None = None
         self.last: dict = {}
+        self._layer = -1
         self._attn_t0 = 0.0
         self._handles = []
         self._patched = []
         self.attn_modules = _attention_modules(model)
+        self.num_layers = len(self.attn_modules)
         self._attach()
 
     # -- wiring ----------------------------------------------------------------------------
@@ -393,13 +490,13 @@ class AttnCache:
             mod._ladmac_attncache = self
             for lin_name in (("q_proj", "k_proj") if hasattr(mod, "q_proj") else ("query", "key")):
                 lin = getattr(mod, lin_name)
-                lin.forward = _skippable(lin, self)
+                lin.forward = _skippable(lin, self, mod.layer_idx)
                 self._patched.append((lin, "forward", None))
             self._handles.append(mod.register_forward_pre_hook(self._attn_pre))
             self._handles.append(mod.register_forward_hook(self._attn_post))
         self._handles.append(self.attn_modules[0].register_forward_pre_hook(self._layer0_pre, with_kwargs=True,
                                                                               prepend=True))
-        self._handles.append(self.model.register_forward_pre_hook(self._model_pre))
+        self._handles.append(self.model.register_forward_pre_hook(self._model_pre, with_kwargs=True))
         self._handles.append(self.model.register_forward_hook(self._model_post))
         # RoPE runs inside the attention module before the interface's function is called, and no
         # interface or hook can skip it; on a hit its inputs are the skipped projections' empty
@@ -429,61 +526,101 @@ class AttnCache:
         self._handles, self._patched = [], []
 
     def use_store(self, store: MapStore, theta: float | None = None):
+        if store.layers and max(store.layers) >= self.num_layers:
+            raise DataError(f"AttnCache store {store.root} holds layer {max(store.layers)}; "
+                            f"the model has {self.num_layers}")
         self.store = store
         self.theta = store.cfg.theta if theta is None else theta
 
+    # -- per layer state -------------------------------------------------------------------
+    def reusing(self, layer: int):
+        """None: layer computes; True: every row reuses (Q/K skipped); else the bool hit-row mask."""
+        if self.hit_maps is None or layer not in self.hit_maps:
+            return None
+        return True if self.all_hit else self.hit_rows
+
     # -- hooks -----------------------------------------------------------------------------
-    def _model_pre(self, module, args):
-        self.hit_maps, self.recorded, self.pooled = None, [], None
-        self.last = {"hit": False, "entry": -1, "sim": float("-inf"), "attn_s": 0.0, "lookup_s": 0.0}
+    def _model_pre(self, module, args, kwargs):
+        self.hit_maps, self.hit_rows, self.all_hit, self.recorded, self.pooled = None, None, False, [], None
+        self.last = {"hit": False, "entry": -1, "sim": float("-inf"), "attn_s": 0.0, "lookup_s": 0.0, "rows": []}
+        mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
+        self.lengths = None
+        if isinstance(mask, torch.Tensor) and mask.dim() == 2 and self.mode != "off":
+            m = mask.bool()
+            lengths = m.sum(1)
+            expect = torch.arange(m.shape[1]).unsqueeze(0) < lengths.unsqueeze(1)
+            if not torch.equal(m, expect):
+                raise ValueError("AttnCache batches must be right-padded (padding_side='right')")
+            self.lengths = [int(x) for x in lengths]
 
     def _model_post(self, module, args, output):
-        self.hit_maps = None
+        self.hit_maps, self.hit_rows, self.all_hit = None, None, False
 
     def _layer0_pre(self, module, args, kwargs):
         hidden = kwargs.get("hidden_states", args[0] if args else None)
         if self.mode == "off":
             return None
         t0 = time.perf_counter()
-        self.pooled = pool_input(hidden, self.cfg if self.store is None else self.store.cfg)
+        bsz, seq = hidden.shape[0], hidden.shape[1]
+        lengths = self.lengths if self.lengths is not None else [seq] * bsz
+        cfg = self.cfg if self.store is None else self.store.cfg
+        self.pooled = torch.cat([pool_input(hidden[b, :lengths[b]], cfg) for b in range(bsz)])
         if self.mode in ("lookup", "force"):
-            if hidden.shape[0] != 1:
-                raise ValueError("AttnCache lookup runs one input at a time (batch 1)")
             if self.store is None:
                 raise ValueError("AttnCache lookup needs a store (use_store)")
-            feature = self.store.features(self.pooled)
-            entry, sim = self.store.search(feature, int(hidden.shape[1]))
-            self.last["entry"], self.last["sim"] = entry, sim
-            if entry >= 0 and (self.mode == "force" or sim >= self.theta):
-                self.hit_maps = self.store.fetch(entry)
-                self.last["hit"] = True
+            entries, sims = self.store.search_batch(self.store.features(self.pooled), lengths)
+            hits = (entries >= 0) & ((self.mode == "force") | (sims >= self.theta))
+            self.last["rows"] = [{"hit": bool(h), "entry": int(e), "sim": float(s)}
+                                 for h, e, s in zip(hits, entries, sims)]
+            self.last.update(self.last["rows"][0])
+            if hits.any():
+                fetched = {b: self.store.fetch(int(entries[b])) for b in np.nonzero(hits)[0]}
+                self.all_hit = bool(hits.all())
+                self.hit_rows = torch.as_tensor(hits)
+                self.hit_maps = {}
+                for layer in self.store.layers:
+                    if bsz == 1:
+                        self.hit_maps[layer] = fetched[0][layer]  # the mapped file itself, no copy
+                        continue
+                    heads = self.store.heads
+                    out = torch.zeros(bsz, heads, seq, seq)
+                    for b, maps in fetched.items():
+                        n = lengths[b]
+                        out[b, :, :n, :n] = maps[layer][0]
+                    self.hit_maps[layer] = out
         self.last["lookup_s"] += time.perf_counter() - t0
         return None
 
     def _attn_pre(self, module, args):
+        self._layer = module.layer_idx
         self._attn_t0 = time.perf_counter()
 
     def _attn_post(self, module, args, output):
         self.last["attn_s"] += time.perf_counter() - self._attn_t0
 
 
-def _skippable(linear: nn.Linear, cache: AttnCache):
-    """Instance forward for q/k projections: on a hit returns uninitialised memory (never read).
-    (The attention interface receives q and k already projected: skipping the projections, the
-    point of a hit, needs this per-instance forward; the Linear class itself is not touched.)"""
+def _skippable(linear: nn.Linear, cache: AttnCache, layer: int):
+    """Instance forward for q/k projections: rows that reuse a stored map get zeros / uninitialised
+    memory (never read). (The attention interface receives q and k already projected: skipping the
+    projections, the point of a hit, needs this per-instance forward; the Linear class is not touched.)"""
     original = type(linear).forward
 
     def forward(x):
-        if cache.hit_maps is not None:
+        rows = cache.reusing(layer)
+        if rows is None:
+            return original(linear, x)
+        if rows is True:
             return x.new_empty(*x.shape[:-1], linear.out_features)
-        return original(linear, x)
+        out = x.new_zeros(*x.shape[:-1], linear.out_features)
+        out[~rows] = original(linear, x[~rows])
+        return out
     return forward
 
 
 def _skippable_rope(original, cache: AttnCache):
-    """``apply_rotary_pos_emb`` that passes q, k through while ``cache`` serves a hit."""
+    """``apply_rotary_pos_emb`` that passes q, k through while every row of the layer reuses a map."""
     def apply_rotary_pos_emb(q, k, *args, **kwargs):
-        if cache.hit_maps is not None:
+        if cache.reusing(cache._layer) is True:
             return q, k
         return original(q, k, *args, **kwargs)
     apply_rotary_pos_emb._ladmac_cache = cache
@@ -503,17 +640,35 @@ def _causal_or_given(scores, attention_mask, module):
     return scores
 
 
+def _reuse_matmul(amap, value):
+    """(B, Hq, L, L) map @ (B, Hkv, L, D) values (GQA: Hq = g * Hkv) -> (B, L, Hq, D)."""
+    bsz, h_kv, length, dim = value.shape
+    h_q = amap.shape[1]
+    out = torch.matmul(amap.view(bsz, h_kv, h_q // h_kv, length, length), value.unsqueeze(2))
+    return out.view(bsz, h_q, length, dim).transpose(1, 2)
+
+
 def _attncache_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """AttentionInterface function: stored map @ V on a hit, eager maps when recording, else sdpa."""
+    """AttentionInterface function: stored map @ V on hit rows of a reused layer, eager maps when
+    recording, else sdpa (miss rows of a partly hitting batch: sdpa on those rows only)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
     cache: AttnCache | None = getattr(module, "_ladmac_attncache", None)
-    if cache is not None and cache.hit_maps is not None:
+    rows = cache.reusing(module.layer_idx) if cache is not None else None
+    if rows is not None:
         amap = cache.hit_maps[module.layer_idx]
-        bsz, h_kv, length, dim = value.shape
-        h_q = amap.shape[1]
-        if amap.shape[-1] != length:
-            raise ValueError(f"stored map length {amap.shape[-1]} != input length {length}")
-        out = torch.matmul(amap.view(bsz, h_kv, h_q // h_kv, length, length), value.unsqueeze(2))
-        return out.view(bsz, h_q, length, dim).transpose(1, 2).contiguous(), None
+        if amap.shape[-1] != value.shape[2]:
+            raise ValueError(f"stored map length {amap.shape[-1]} != input length {value.shape[2]}")
+        if rows is True:
+            return _reuse_matmul(amap, value).contiguous(), None
+        bsz, length, h_q, dim = value.shape[0], value.shape[2], amap.shape[1], value.shape[3]
+        out = value.new_empty(bsz, length, h_q, dim)
+        out[rows] = _reuse_matmul(amap[rows], value[rows])
+        miss = ~rows
+        mask = attention_mask[miss] if attention_mask is not None else None
+        sub, _ = sdpa_attention_forward(module, query[miss], key[miss], value[miss], mask, dropout=dropout,
+                                        scaling=scaling, **kwargs)
+        out[miss] = sub
+        return out, None
     if cache is not None and cache.mode == "record":
         groups = query.shape[1] // key.shape[1]
         k = key.repeat_interleave(groups, dim=1) if groups > 1 else key
@@ -523,47 +678,66 @@ def _attncache_attention(module, query, key, value, attention_mask, scaling=None
         amap = torch.softmax(scores.float(), dim=-1).to(query.dtype)
         cache.recorded.append(amap.detach())
         return torch.matmul(amap, v).transpose(1, 2).contiguous(), None
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                   **kwargs)
 
 
 # ----------------------------------------------------------------------------- building
-def build_store(cache: AttnCache, run_one, inputs: list, root, progress: bool = True) -> MapStore:
-    """Record maps and layer-0 inputs of ``inputs`` (``run_one(x)`` runs the model on one input),
-    train the projector on map-distance labels, index ONE feature per input, write the store."""
+@dataclass
+class Recording:
+    """Every layer's map (heads, L, L) and the pooled layer-0 input of each recorded input."""
+    maps: list[list[torch.Tensor]]
+    pooled: torch.Tensor
+    lengths: list[int]
+
+
+def record_inputs(cache: AttnCache, run_one, inputs: list, progress: bool = True) -> Recording:
+    """Run ``run_one(x)`` (the model on one input) for each input in record mode."""
     from tqdm import tqdm
-    cfg = cache.cfg
-    root = Path(root)
-    if root.exists():
-        shutil.rmtree(root)
-    root.mkdir(parents=True)
-    entries, pooled, maps_all = [], [], []
+    maps_all, pooled = [], []
     cache.mode = "record"
     try:
-        for number, item in enumerate(tqdm(inputs, desc="record maps", disable=not progress, leave=False)):
+        for item in tqdm(inputs, desc="record maps", disable=not progress, leave=False):
             with torch.no_grad():
                 run_one(item)
             if len(cache.recorded) != len(cache.attn_modules):
                 raise RuntimeError(f"recorded {len(cache.recorded)} maps, model has {len(cache.attn_modules)} layers")
             if cache.recorded[0].shape[0] != 1:
                 raise ValueError("build_store records one input at a time (batch 1)")
-            entries.append(MapStore.write_entry(root, number, cache.recorded, cfg.map_dtype))
             pooled.append(cache.pooled)
             maps_all.append([m[0] for m in cache.recorded])
     finally:
         cache.mode = "off"
-    pooled_t = torch.cat(pooled)
-    lengths = [e["len"] for e in entries]
-    pairs = sample_pairs(lengths, cfg)
-    labels = pair_labels(maps_all, lengths, pairs, cfg.alpha, progress=progress)
-    proj, losses = train_projector(pooled_t, pairs, labels, cfg, progress=progress)
+    return Recording(maps_all, torch.cat(pooled), [int(m[0].shape[-1]) for m in maps_all])
+
+
+def build_store(cache: AttnCache, run_one, inputs: list, root, progress: bool = True,
+                recording: Recording | None = None) -> MapStore:
+    """Record maps and layer-0 inputs of ``inputs`` (or take ``recording``), train the projector on
+    map-distance labels (``cfg.label``), index ONE feature per input, write one map file per input
+    (the reused layers ``cfg.layers``, contiguous) and the manifest."""
+    cfg = cache.cfg
+    layers = cfg.reuse_layers(cache.num_layers)
+    rec = recording if recording is not None else record_inputs(cache, run_one, inputs, progress)
+    root = Path(root)
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    entries = [MapStore.write_entry(root, number, maps, layers, cfg.map_dtype) for number, maps in enumerate(rec.maps)]
+    pairs = sample_pairs(rec.lengths, cfg)
+    if cfg.label == "paper":
+        labels = pair_labels(rec.maps, rec.lengths, pairs, cfg.alpha, progress=progress)
+    else:
+        labels = pair_labels(rec.maps, rec.lengths, pairs, 1.0, progress=progress, layers=layers, length_term=False)
+    proj, losses = train_projector(rec.pooled, pairs, labels, cfg, progress=progress)
     with torch.no_grad():  # row by row, exactly as at lookup, so an input of the store finds itself at distance 0
-        feats = np.concatenate([proj(pooled_t[i:i + 1]).numpy() for i in range(len(pooled_t))])
+        feats = np.concatenate([proj(rec.pooled[i:i + 1]).numpy() for i in range(len(rec.pooled))])
     import faiss
     faiss.write_index(build_index(feats, cfg), str(root / "index.faiss"))
     torch.save(proj.state_dict(), root / "projector.pt")
+    heads = int(rec.maps[0][0].reshape(-1, rec.lengths[0], rec.lengths[0]).shape[0])
     manifest = {"version": STORE_VERSION, "config": dataclasses.asdict(cfg), "dtype": cfg.map_dtype,
-                "num_layers": len(cache.attn_modules), "train_loss": losses, "entries": entries}
+                "num_layers": cache.num_layers, "layers": layers, "heads": heads, "train_loss": losses,
+                "entries": entries}
     (root / "manifest.json").write_text(json.dumps(manifest))
     return MapStore.open(root)

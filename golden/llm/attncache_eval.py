@@ -29,9 +29,14 @@ PROMPT = 'This sentence: "{}" means in one word:"'
 STSB = "stsb/sts-dev.csv"
 # The config each model starts from (``--set`` edits it): AttnCacheConfig's defaults for MiniLM;
 # SmolLM2's prompt-wrapped sentences are longer, so its layer-0 input is pooled from more rows.
-MODEL_CONFIGS = {"minilm": AttnCacheConfig(),
-                 "smollm2": AttnCacheConfig(max_len=96, pool_rows=48)}
+# Both reuse a subset of layers with the map-distance label and theta on the predicted distance
+# (docs/results_attncache.md: the diagnosis that chose them; ``--set layers=all --set label=paper
+# --set similarity=sqdist --set theta=0.99`` is the papers' AttnCache).
+MODEL_CONFIGS = {"minilm": AttnCacheConfig(layers="0-4", label="map", similarity="dist", theta=0.89),
+                 "smollm2": AttnCacheConfig(max_len=96, pool_rows=48, layers="0-4", label="map", similarity="dist",
+                                            theta=0.89)}
 MODELS = tuple(MODEL_CONFIGS)
+NUM_LAYERS = {"minilm": 6, "smollm2": 30}  # checked against the loaded model by AttnCache
 
 
 # ----------------------------------------------------------------------------- data
@@ -104,14 +109,22 @@ class Encoder:
         return PROMPT.format(sentence) if self.name == "smollm2" else sentence
 
     def embed(self, sentence: str):
+        return self.embed_batch([sentence])[0]
+
+    def embed_batch(self, sentences: list[str]):
+        """(B, hidden) embeddings of a right-padded batch (AttnCache reads the lengths from its mask)."""
         import torch
-        batch = self.tok([self.text(sentence)], return_tensors="pt")
+        self.tok.padding_side = "right"
+        if self.tok.pad_token is None:
+            self.tok.pad_token = self.tok.eos_token
+        batch = self.tok([self.text(s) for s in sentences], return_tensors="pt", padding=True)
         with torch.inference_mode():
             if self.name == "minilm":
                 out = self.base(**batch).last_hidden_state
-                return self._pool(out, batch["attention_mask"])[0]
+                return self._pool(out, batch["attention_mask"])
             out = self.base(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
-            return out[0, -1].clone()
+            last = batch["attention_mask"].sum(1) - 1
+            return out[torch.arange(len(sentences)), last].clone()
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -162,6 +175,7 @@ def evaluate(enc: Encoder, cache, store, test_pairs, theta: float, thetas, progr
         sp = spearman_x100(emb, test_pairs)
         return {"theta": th, "hit_rate": float(hits.mean()), "hits": int(hits.sum()),
                 "exact_text_hits": int((hits & exact).sum()),
+                "hit_rate_new_text": float((hits & ~exact).mean()),
                 "spearman": sp, "delta": sp - full_sp,
                 "attn_speedup": float(a_full.sum() / a_cache.sum()),
                 "e2e_speedup": float(t_full.sum() / t_cache.sum()),
@@ -174,6 +188,7 @@ def evaluate(enc: Encoder, cache, store, test_pairs, theta: float, thetas, progr
     t_look = np.array([r["lookup"]["t"] for r in rec.values()])
     a_look = np.array([r["lookup"]["attn_s"] for r in rec.values()])
     direct = {"theta": theta, "hit_rate": float(hits.mean()), "hits": int(hits.sum()),
+              "exact_text_hits": int((hits & exact).sum()), "hit_rate_new_text": float((hits & ~exact).mean()),
               "spearman": spearman_x100({s: r["lookup"]["emb"] for s, r in rec.items()}, test_pairs),
               "attn_speedup": float(a_full.sum() / a_look.sum()), "e2e_speedup": float(t_full.sum() / t_look.sum()),
               "attn_speedup_on_hits": float(a_full[hits].sum() / a_look[hits].sum()) if hits.any() else None,
@@ -189,12 +204,110 @@ def evaluate(enc: Encoder, cache, store, test_pairs, theta: float, thetas, progr
             "sims": [float(x) if np.isfinite(x) else None for x in sims]}
 
 
+class _FixedStore:
+    """Duck-typed MapStore for the diagnosis: row 0's candidate is ``choice[current sentence]``, read
+    from a recording, similarity 1 (no projector, no file)."""
+
+    def __init__(self, rec, choice: dict, layers: list[int], cfg):
+        self.rec, self.choice, self.layers, self.cfg, self.current = rec, choice, layers, cfg, None
+        self.heads = rec.maps[0][0].reshape(-1, rec.lengths[0], rec.lengths[0]).shape[0]
+
+    def features(self, pooled):
+        import numpy as np
+        return np.zeros((pooled.shape[0], 1), np.float32)
+
+    def search_batch(self, features, lengths):
+        import numpy as np
+        entry = self.choice.get(self.current, -1)
+        return np.array([entry]), np.array([1.0 if entry >= 0 else -np.inf])
+
+    def fetch(self, entry):
+        n = self.rec.lengths[entry]
+        return {layer: self.rec.maps[entry][layer].reshape(1, -1, n, n).float() for layer in self.layers}
+
+
+def layer_distances(maps_a, maps_b):
+    """Per-layer map distance (mean over heads and rows of 0.5 * row L2), equal lengths."""
+    import torch
+    return [float((0.5 * torch.linalg.vector_norm(a.float() - b.float(), dim=-1)).mean())
+            for a, b in zip(maps_a, maps_b)]
+
+
+def diagnose(enc: Encoder, cache, db_sentences, test_pairs, layer_sets, cfg, progress: bool = True) -> dict:
+    """Which reuse is harmless: per test sentence the ORACLE candidate (equal-length stored input with
+    the smallest true map distance over all layers) and a RANDOM equal-length one; Spearman change and
+    mean cosine (AttnCache vs full embedding) when every test sentence reuses the candidate's maps in
+    the layers of each set; mean per-layer map distance oracle / random / median candidate; and how
+    well each layer's map distance predicts the embedding change (Spearman rank correlation over the
+    test sentences, reusing that layer only from the random candidate)."""
+    import numpy as np
+    import torch
+    from scipy.stats import spearmanr
+    from tqdm import tqdm
+    from ..attncache import record_inputs
+    sentences = list(dict.fromkeys(s for _, a, b in test_pairs for s in (a, b)))
+    rdb = record_inputs(cache, enc.embed, db_sentences, progress)
+    rts = record_inputs(cache, enc.embed, sentences, progress)
+    by_len: dict[int, list[int]] = {}
+    for i, n in enumerate(rdb.lengths):
+        by_len.setdefault(n, []).append(i)
+    rng = np.random.default_rng(cfg.seed)
+    oracle, rand, d_or, d_rand, d_med = {}, {}, {}, {}, []
+    for t, s in enumerate(tqdm(sentences, desc="map distances", disable=not progress, leave=False)):
+        cands = by_len.get(rts.lengths[t], [])
+        if not cands:
+            continue
+        dist = np.array([layer_distances(rts.maps[t], rdb.maps[j]) for j in cands])  # (cands, layers)
+        best, pick = int(dist.mean(1).argmin()), int(rng.integers(len(cands)))
+        oracle[s], rand[s] = cands[best], cands[pick]
+        d_or[s], d_rand[s] = dist[best], dist[pick]
+        d_med.append(np.median(dist, 0))
+    full = {s: enc.embed(s) for s in sentences}
+    full_sp = spearman_x100(full, test_pairs)
+
+    def run(choice, layers):
+        store = _FixedStore(rdb, choice, layers, cfg)
+        cache.store, cache.theta, cache.mode = store, 0.0, "force"
+        emb = {}
+        try:
+            for s in sentences:
+                store.current = s
+                emb[s] = enc.embed(s)
+        finally:
+            cache.mode, cache.store = "off", None
+        cos = {s: float(torch.cosine_similarity(emb[s], full[s], dim=0)) for s in choice}
+        return spearman_x100(emb, test_pairs) - full_sp, cos
+
+    rows = []
+    for layers in tqdm(layer_sets, desc="reuse sets", disable=not progress, leave=False):
+        row = {"layers": layers}
+        for name, choice in (("oracle", oracle), ("random", rand)):
+            delta, cos = run(choice, layers)
+            row[f"{name}_delta"] = delta
+            row[f"{name}_cos"] = float(np.mean(list(cos.values())))
+            if name == "random" and len(layers) == 1:
+                keys = list(cos)
+                row["rank_corr_dist_vs_change"] = float(spearmanr(
+                    [d_rand[s][layers[0]] for s in keys], [1.0 - cos[s] for s in keys]).statistic)
+        rows.append(row)
+        print(f"  layers {','.join(map(str, layers))}: oracle {row['oracle_delta']:+.2f} (cos {row['oracle_cos']:.4f})"
+              f", random {row['random_delta']:+.2f} (cos {row['random_cos']:.4f})"
+              + (f", rank corr(d, 1-cos) {row['rank_corr_dist_vs_change']:.2f}"
+                 if "rank_corr_dist_vs_change" in row else ""), flush=True)
+    return {"full_spearman": full_sp, "test_sentences": len(sentences), "with_candidate": len(oracle),
+            "db_sentences": len(db_sentences),
+            "layer_distance": {"oracle": np.mean(list(d_or.values()), 0).tolist(),
+                               "random": np.mean(list(d_rand.values()), 0).tolist(),
+                               "median": np.median(d_med, 0).tolist()},
+            "reuse": rows}
+
+
 def print_table(result: dict) -> None:
     print(f"AttnCache on STS-B dev, {result['model']}: database {result['db_sentences']} sentences "
           f"({result['train_pairs']} pairs), test {result['test_pairs']} pairs / {result['test_sentences']} sentences")
     print(f"full model Spearman {result['full_spearman']:.2f}; ms/sentence: " +
           ", ".join(f"{k} {v:.2f}" for k, v in result["ms_per_sentence"].items() if v is not None))
-    head = f"{'theta':>8} {'hit rate':>8} {'Spearman':>9} {'delta':>7} {'attn x':>7} {'e2e x':>7} {'attn x hit':>10} " \
+    head = f"{'theta':>8} {'hit rate':>8} {'new text':>8} {'Spearman':>9} {'delta':>7} {'attn x':>7} {'e2e x':>7} {'attn x hit':>10} " \
            f"{'e2e x hit':>9}"
     print(head)
 
@@ -202,10 +315,11 @@ def print_table(result: dict) -> None:
         return format(x, spec) if x is not None else "-".rjust(int(spec.split(".")[0].lstrip(">")))
     for r in result["sweep"] + [dict(result["at_theta"], theta=f"{result['at_theta']['theta']}*")]:
         th = r["theta"] if isinstance(r["theta"], str) else f"{r['theta']:g}"
-        print(f"{th:>8} {r['hit_rate']:8.1%} {r['spearman']:9.2f} {r['delta']:7.2f} {r['attn_speedup']:7.2f} "
+        print(f"{th:>8} {r['hit_rate']:8.1%} {r['hit_rate_new_text']:8.1%} {r['spearman']:9.2f} {r['delta']:7.2f} {r['attn_speedup']:7.2f} "
               f"{r['e2e_speedup']:7.2f} {fmt(r['attn_speedup_on_hits'], '>10.2f')} "
               f"{fmt(r['e2e_speedup_on_hits'], '>9.2f')}")
-    print("* = the run at the config's theta with real lookup decisions; other rows composed from the same run's "
+    print("new text = hit rate without the hits whose exact text is stored; "
+          "* = the run at the config's theta with real lookup decisions; other rows composed from the same run's "
           "per-sentence timings (hit: AttnCache time; miss: full time + lookup time)")
 
 
@@ -222,6 +336,9 @@ def build_parser() -> Parser:
     p.add_argument("--store", default=None, help="keep the map store here (default: a temp folder, removed)")
     p.add_argument("--out", default=None, help="write results JSON here")
     p.add_argument("--plot", default=None, help="write PNG plots (Spearman, hit rate vs theta) into this folder")
+    p.add_argument("--diagnose", default=None, metavar="SETS",
+                   help="instead of the evaluation: reuse from the oracle / a random equal-length candidate in "
+                        "each layer set (';'-separated, e.g. 'each;all;0-4'; 'each' = every layer alone)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
 
@@ -243,6 +360,20 @@ def main(argv: list[str]) -> int:
         raise ConfigError(f"--thetas expects numbers separated by commas, got '{args.thetas}'") from None
     if args.threads < 1:
         raise ConfigError("--threads must be >= 1")
+    from ..attncache import parse_layers
+    cfg.reuse_layers(NUM_LAYERS[args.model])  # ConfigError before the model loads
+    sets = []
+    if args.diagnose is not None:
+        try:
+            for part in args.diagnose.split(";"):
+                if part.strip() == "each":
+                    sets += [[n] for n in range(NUM_LAYERS[args.model])]
+                elif part.strip():
+                    sets.append(parse_layers(part, NUM_LAYERS[args.model]))
+        except ValueError as err:
+            raise ConfigError(f"--diagnose: {err}") from None
+        if not sets:
+            raise ConfigError("--diagnose: no layer set given")
     rows = load_stsb(args.data or data_file(STSB))
     train, test = split_pairs(rows, args.train, args.test, cfg.seed)
     check_outputs(args.out, args.plot)
@@ -255,6 +386,18 @@ def main(argv: list[str]) -> int:
     load_s = time.perf_counter() - t0
     cache = AttnCache(enc.base, cfg)
     db_sentences = list(dict.fromkeys(s for _, a, b in train for s in (a, b)))
+    if args.diagnose is not None:
+        try:
+            res = diagnose(enc, cache, db_sentences, test, sets, cfg, progress=args.progress)
+        finally:
+            cache.detach()
+        result = {"model": args.model, "command": "ladmac eval attncache " + " ".join(argv), "config": cfg.to_dict(),
+                  "train_pairs": len(train), "test_pairs": len(test), **res}
+        print(f"full Spearman {res['full_spearman']:.2f}; per-layer map distance oracle / random / median: " +
+              "; ".join(f"{a:.3f}/{b:.3f}/{c:.3f}" for a, b, c in zip(*res["layer_distance"].values())))
+        if args.out:
+            write_json(args.out, result)
+        return 0
     tmp = None
     root = Path(args.store) if args.store else Path(tmp := tempfile.mkdtemp(prefix="ladmac-attncache-"))
     try:
