@@ -1,7 +1,7 @@
 """LAD tile vs the dense PWL baseline on real SmolLM2 decode sequences: KV bytes and cycles per step.
 
     .venv/bin/python -m benchmarks.lad_vs_dense [--contexts 128 256 512 1024 2048 4096]
-        [--heads 3:0 12:4 25:8] [--rtl-steps 320 192 0] [--window 64]
+        [--heads 3:0 7:2 10:6 12:4 15:1 19:7 22:3 25:8] [--rtl-steps 512 0 0 512 0 512 0 0] [--window 64]
         [--plot docs/img/lad_vs_dense.png] [--out build/results/lad_vs_dense.json] [--reuse-rtl JSON]
         [--set NAME=VALUE ...]   (LadTileConfig overrides, e.g. max_centers=4096 eas_beats=1)
 
@@ -16,19 +16,20 @@ tokens (benchmarks/record_lad_trace.py), then:
    step bit-exactly, and the dense baseline RTL at every context: measured cycles per step;
    ``--reuse-rtl`` takes those measured cycles from an earlier run's ``--out`` JSON instead
    (same heads and config, checked);
-3. cycles of steps beyond the simulated ones come from a linear model of the RTL's cycle
-   count in the step's statistics (position, centers before the step, candidates, actives,
-   mode changes, new center: the schedule of docs/lad-tile.md is linear in them), fitted on
-   3 of every 4 measured steps at positions >= 16 (the first steps overlap fixed latencies)
-   and checked on the 4th; both errors are printed. Such figures are marked "model".
-   (Simulating 4096 steps is ~10^8 cycles: out of reach for cocotb.)
+3. cycles of steps beyond the simulated ones come from the schedule's model
+   ``golden.lad_tile.schedule_cycles`` (EAS's center pass + APID pass A + ``max(position, KV
+   beats)`` for pass B, the q.A pass's wait at short contexts, a fixed part and a cost per mode
+   change; the last two constants are fitted on the RTL's steps). The script prints the stored
+   constants' error against every measured step at positions >= 16, a fresh least-squares fit of
+   them, and an extrapolation check (fitted below position 256, checked on the steps beyond).
+   Such figures are marked "model". (Simulating 4096 steps is ~10^8 cycles: out of reach for
+   cocotb.)
 
-4. the tile's own floor per step: ``max(KV beats, on-chip passes)`` with the on-chip passes at
-   the configured parallelism, ``eas_beats * centers`` (EAS's center pass) ``+ 2 * position``
-   (APID's two passes, one position per cycle) ``+ (d / ac_vpus) * beats * (2 + mode changes)``
-   (AC: the q.A pass, the absorption's and each mode change's update of cache A). The passes
-   depend on each other (EAS -> APID pass A -> m -> pass B), so they add; the KV reads overlap
-   pass B. ``cycles / floor`` is how far the schedule is from it.
+4. the tile's own floor per step, the busiest unit at the configured parallelism:
+   ``max(KV beats, eas_beats * centers + 2 * position, (d / ac_vpus) * beats * (2 + mode changes))``
+   -- the KV port; EAS's center pass and APID's two passes (one position per cycle; they depend on
+   each other: EAS -> pass A -> m -> pass B); AC's VPUs (the q.A pass, the absorption's and each
+   mode change's update of cache A). ``cycles / floor`` is how far the schedule is from it.
 
 Per-step figures swing a lot from one step to the next (a query that attends elsewhere makes
 many positions change interval), so each row is the mean over the ``window`` steps ending at
@@ -47,11 +48,11 @@ from pathlib import Path
 import torch
 
 from golden.dense import DenseConfig
-from golden.lad_tile import LadTileConfig, LadTileModel
+from golden.lad_tile import SCHEDULE_FIXED, SCHEDULE_PER_MODE_CHANGE, LadTileConfig, schedule_cycles
 from testbenches.runner import simulate
 
-FEATURES = ("position", "centers_before", "candidates", "active", "mode_changes", "new_center")
 FIT_FROM = 16   # steps at positions below this are not fitted (fixed latencies overlap there)
+EXTRAPOLATE_FROM = 256   # the extrapolation check: fitted below this position, checked at and above it
 
 
 def golden_stats(cfg: LadTileConfig, q, k, v) -> list[list[dict]]:
@@ -84,18 +85,29 @@ def floor_cycles(cfg: LadTileConfig, st: dict) -> int:
     return max(st["kv_beats"], eas_apid, ac)
 
 
-def features(stats: list[dict]) -> torch.Tensor:
-    return torch.tensor([[1.0] + [float(s[f]) for f in FEATURES] for s in stats], dtype=torch.float64)
+def model_cycles(cfg: LadTileConfig, stats: list[dict], fixed: float, per_change: float) -> torch.Tensor:
+    """golden.lad_tile.schedule_cycles of every step, with the given constants."""
+    col = {f: torch.tensor([float(st[f]) for st in stats], dtype=torch.float64)
+           for f in ("position", "centers_before", "kv_beats", "mode_changes")}
+    base = schedule_cycles(cfg, col["position"], col["centers_before"], col["kv_beats"], 0)
+    return base - SCHEDULE_FIXED + fixed + per_change * col["mode_changes"]
 
 
-def fit_cycles(stats: list[dict], cycles: list[int]):
-    """Least squares ``cycles ~ c0 + sum c_f feature_f`` on 3 of every 4 steps; returns the
-    coefficients and the max relative error on the fitted and on the held-out steps."""
-    X, y = features(stats), torch.tensor(cycles, dtype=torch.float64)
-    held = torch.arange(len(cycles)) % 4 == 3
-    coef = torch.linalg.lstsq(X[~held], y[~held].unsqueeze(1)).solution.squeeze(1)
-    rel = ((X @ coef - y).abs() / y.clamp_min(1))
-    return coef, rel[~held].max().item(), rel[held].max().item()
+def fit_constants(cfg: LadTileConfig, stats: list[dict], cycles: list[int], use=None) -> tuple[float, float]:
+    """Least-squares ``(fixed, per mode change)`` of the schedule model on the steps in ``use``."""
+    y = torch.tensor(cycles, dtype=torch.float64)
+    base = model_cycles(cfg, stats, 0.0, 0.0)
+    X = torch.stack([torch.ones_like(y), torch.tensor([float(st["mode_changes"]) for st in stats],
+                                                      dtype=torch.float64)], 1)
+    use = torch.ones_like(y, dtype=torch.bool) if use is None else use
+    sol = torch.linalg.lstsq(X[use], (y - base)[use].unsqueeze(1)).solution.squeeze(1)
+    return float(sol[0]), float(sol[1])
+
+
+def rel_errors(model: torch.Tensor, cycles: list[int], where) -> tuple[float, float]:
+    y = torch.tensor(cycles, dtype=torch.float64)
+    rel = ((model - y).abs() / y)[where]
+    return rel.max().item(), rel.mean().item()
 
 
 def rtl_cycles_of(args, cfg, pairs, trace, t0) -> dict[int, list[int]]:
@@ -128,8 +140,9 @@ def rtl_cycles_of(args, cfg, pairs, trace, t0) -> dict[int, list[int]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--contexts", type=int, nargs="+", default=[128, 256, 512, 1024, 2048, 4096])
-    parser.add_argument("--heads", nargs="+", default=["3:0", "12:4", "25:8"], help="LAYER:QUERY_HEAD pairs")
-    parser.add_argument("--rtl-steps", type=int, nargs="+", default=[320, 192, 0],
+    parser.add_argument("--heads", nargs="+", default=["3:0", "7:2", "10:6", "12:4", "15:1", "19:7", "22:3", "25:8"],
+                        help="LAYER:QUERY_HEAD pairs")
+    parser.add_argument("--rtl-steps", type=int, nargs="+", default=[512, 0, 0, 512, 0, 512, 0, 0],
                         help="steps simulated in RTL, per head (missing = 0)")
     parser.add_argument("--window", type=int, default=64, help="steps averaged per reported context")
     parser.add_argument("--reuse-rtl", type=Path, default=None,
@@ -171,10 +184,20 @@ def main() -> None:
 
     all_stats = golden_stats(cfg, *(f.quantize(trace[n]) for n in ("q", "k", "v")))
     fit = [(st, c) for h, cyc in rtl_cycles.items() for st, c in zip(all_stats[h], cyc) if st["position"] >= FIT_FROM]
-    coef, fit_err, held_err = fit_cycles([s for s, _ in fit], [c for _, c in fit])
-    results["cycle_model"] = {"features": ["1", *FEATURES], "coef": coef.tolist(), "steps": len(fit),
-                              "fit_from_position": FIT_FROM, "max_rel_error_fit": fit_err,
-                              "max_rel_error_held_out": held_err}
+    fit_stats, fit_cyc = [s for s, _ in fit], [c for _, c in fit]
+    every = torch.ones(len(fit), dtype=torch.bool)
+    late = torch.tensor([s["position"] >= EXTRAPOLATE_FROM for s in fit_stats])
+    stored = model_cycles(cfg, fit_stats, SCHEDULE_FIXED, SCHEDULE_PER_MODE_CHANGE)
+    fixed, per_change = fit_constants(cfg, fit_stats, fit_cyc)
+    early = fit_constants(cfg, fit_stats, fit_cyc, use=~late)
+    results["cycle_model"] = {
+        "model": "golden.lad_tile.schedule_cycles", "steps": len(fit), "fit_from_position": FIT_FROM,
+        "constants": {"fixed": SCHEDULE_FIXED, "per_mode_change": SCHEDULE_PER_MODE_CHANGE},
+        "rel_error": dict(zip(("max", "mean"), rel_errors(stored, fit_cyc, every))),
+        "least_squares_now": {"fixed": fixed, "per_mode_change": per_change},
+        "extrapolation": {"fitted_below_position": EXTRAPOLATE_FROM, "constants": list(early),
+                          **dict(zip(("max_rel_error", "mean_rel_error"),
+                                     rel_errors(model_cycles(cfg, fit_stats, *early), fit_cyc, late)))}}
     results["rtl_step_cycles"] = {f"{pairs[h][0]}:{pairs[h][1]}": c for h, c in rtl_cycles.items()}
     results["dense_cycles"] = dense_cycles
 
@@ -182,10 +205,10 @@ def main() -> None:
     series = {}
     for h, pair in enumerate(pairs):
         stats, measured = all_stats[h], rtl_cycles.get(h, [])
-        model_cycles = (features(stats) @ coef).tolist()
+        modelled = model_cycles(cfg, stats, SCHEDULE_FIXED, SCHEDULE_PER_MODE_CHANGE).tolist()
         series[h] = {
             "kv_bytes": [st["kv_beats"] * bytes_per_beat for st in stats],
-            "cycles": [measured[i] if i < len(measured) else model_cycles[i] for i in range(len(stats))],
+            "cycles": [measured[i] if i < len(measured) else modelled[i] for i in range(len(stats))],
             "candidates": [st["candidates"] for st in stats], "active": [st["active"] for st in stats],
             "false_alarms": [st["false_alarms"] for st in stats], "centers": [st["centers"] for st in stats],
             "floor": [floor_cycles(cfg, st) for st in stats], "mode_changes": [st["mode_changes"] for st in stats],
@@ -193,6 +216,14 @@ def main() -> None:
     results["per_step"] = {f"{a}:{b}": series[h] for h, (a, b) in enumerate(pairs)}
 
     w = args.window
+    # the model against the RTL where both exist, as the rows use it: means over w steps
+    window_err = []
+    for h, cyc in rtl_cycles.items():
+        modelled = model_cycles(cfg, all_stats[h], SCHEDULE_FIXED, SCHEDULE_PER_MODE_CHANGE)
+        for n in range(max(FIT_FROM + w, w), len(cyc) + 1, w):
+            rtl = sum(cyc[n - w:n]) / w
+            window_err.append(abs(float(modelled[n - w:n].mean()) - rtl) / rtl)
+    results["cycle_model"]["window_mean_rel_error_max"] = max(window_err, default=float("nan"))
     print(f"Each row: mean over the {w} steps ending at the context (LAD), dense at the context.")
     print("| head (layer:q) | context | LAD KV bytes/step | dense KV bytes/step | KV ratio | candidates % | "
           "active % | false alarms % | centers | LAD cycles/step | dense cycles/step | cycle ratio | "
@@ -218,10 +249,30 @@ def main() -> None:
                   f"{'' if measured else ' (model)'} | {dense_cycles[n]} | {row['lad_cycles'] / dense_cycles[n]:.3f} | "
                   f"{row['floor']:.0f} | {row['lad_cycles'] / row['floor']:.2f} |",
                   flush=True)
+    print("| context | cycle ratio, mean over heads | worst head | KV bytes ratio, mean | cycles / floor, worst |")
+    print("|---|---|---|---|---|")
+    results["summary"] = []
+    for n in args.contexts:
+        rows = [r for r in results["rows"] if r["context"] == n]
+        ratios = [r["lad_cycles"] / r["dense_cycles"] for r in rows]
+        worst = max(range(len(rows)), key=lambda i: ratios[i])
+        summary = {"context": n, "cycle_ratio_mean": sum(ratios) / len(ratios), "cycle_ratio_max": ratios[worst],
+                   "worst_head": rows[worst]["head"],
+                   "kv_ratio_mean": sum(r["lad_kv_bytes"] / r["dense_kv_bytes"] for r in rows) / len(rows),
+                   "cycles_over_floor_max": max(r["lad_cycles"] / r["floor"] for r in rows)}
+        results["summary"].append(summary)
+        print(f"| {n} | {summary['cycle_ratio_mean']:.3f} | {summary['cycle_ratio_max']:.3f} "
+              f"({rows[worst]['head'][0]}:{rows[worst]['head'][1]}) | {summary['kv_ratio_mean']:.3f} | "
+              f"{summary['cycles_over_floor_max']:.2f} |", flush=True)
     cm = results["cycle_model"]
-    print(f"cycle model fitted on {cm['steps']} RTL steps at positions >= {FIT_FROM} (3 of 4): max relative error "
-          f"{fit_err:.4f} fitted, {held_err:.4f} held out; coefficients "
-          f"{dict(zip(cm['features'], [round(c, 2) for c in coef.tolist()]))}")
+    ex = cm["extrapolation"]
+    print(f"cycle model (golden.lad_tile.schedule_cycles, fixed {SCHEDULE_FIXED}, per mode change "
+          f"{SCHEDULE_PER_MODE_CHANGE}) vs {cm['steps']} RTL steps at positions >= {FIT_FROM}: relative error max "
+          f"{cm['rel_error']['max']:.4f}, mean {cm['rel_error']['mean']:.4f}; least squares on them now: fixed "
+          f"{fixed:.1f}, per mode change {per_change:.1f}; fitted below position {EXTRAPOLATE_FROM} only "
+          f"({early[0]:.1f}, {early[1]:.1f}), on the steps beyond: max {ex['max_rel_error']:.4f}, mean "
+          f"{ex['mean_rel_error']:.4f}; on {w}-step means (as in the table): max "
+          f"{results['cycle_model']['window_mean_rel_error_max']:.4f}")
     print(f"wall time {time.time() - t0:.0f} s")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

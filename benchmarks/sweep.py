@@ -6,7 +6,9 @@ a Ray task: local by default (one CPU per point, ``--workers`` at a time), on a 
 ``--address``. Each point's JSON is kept under ``OUT/points/`` keyed by its arguments, so an
 interrupted sweep resumes where it stopped (``--fresh`` recomputes). The sweep writes
 ``OUT/sweep.json``, a Markdown table ``OUT/sweep.md`` and a Pareto plot ``OUT/pareto.png``:
-perplexity change vs keys + values read (% of dense), coloured by the tile's SRAM (with
+perplexity change vs keys + values read (% of dense) and, with ``--hardware``, vs the tile's cycles
+(% of the dense baseline's over the last 512 steps, ``golden.lad_tile.schedule_cycles``), coloured by
+the tile's SRAM (with
 ``--hardware``: the bit-accurate LAD tile, whose SRAM banks are sized by
 ``hdl.lad.common.sram_banks``; without: the float reference ``LadConfig``).
 """
@@ -23,7 +25,7 @@ from pathlib import Path
 from golden.cli import Parser
 from golden.errors import ConfigError
 
-POINT_FORMAT = 1   # bump when a point's JSON changes meaning
+POINT_FORMAT = 2   # bump when a point's JSON changes meaning (2: the tile's cycles, eas_beats default 1)
 
 
 def grid(pairs: list[str]) -> list[dict[str, str]]:
@@ -89,7 +91,8 @@ def summarize(point: dict[str, str], result: dict, hardware: bool) -> dict:
                values_read_pct=st["values_read_pct"], kv_read_pct=(st["keys_read_pct"] + st["values_read_pct"]) / 2,
                centers_mean=st["centers_per_head_mean"], seconds=result.get("seconds"),
                kv_read_last_pct=(st.get("keys_read_last512_pct", float("nan")) +
-                                 st.get("values_read_last512_pct", float("nan"))) / 2)
+                                 st.get("values_read_last512_pct", float("nan"))) / 2,
+               cycles_last_pct=st.get("cycles_last512_pct", float("nan")))
     if hardware:
         from hdl.lad.common import sram_bits
         row["sram_kib"] = sram_bits(point_config(point, True)) / 8192
@@ -105,16 +108,16 @@ def pareto(rows: list[dict], keys: tuple[str, ...]) -> list[bool]:
     return ["error" not in r and not dominated(r) for r in rows]
 
 
-def last_read(row: dict) -> str:
-    """Keys + values read over the last 512 steps; "n/a" for a point cached before the eval reported it."""
-    value = row.get("kv_read_last_pct", float("nan"))
+def last_pct(row: dict, key: str) -> str:
+    """A last-512-steps figure; "n/a" for a point cached before the eval reported it."""
+    value = row.get(key, float("nan"))
     return "n/a" if value != value else f"{value:.1f}%"
 
 
 def write_table(rows: list[dict], front: list[bool], path: Path, hardware: bool) -> None:
     names = sorted({k for r in rows for k in r["point"]})
     head = names + ["perplexity", "vs full", "keys read", "values read", "K+V read, last 512 steps", "centers/head"] + \
-        (["SRAM KiB"] if hardware else []) + ["Pareto"]
+        (["cycles vs dense, last 512 steps", "SRAM KiB"] if hardware else []) + ["Pareto"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r, f in zip(rows, front):
         cells = [r["point"].get(n, "") for n in names]
@@ -122,9 +125,9 @@ def write_table(rows: list[dict], front: list[bool], path: Path, hardware: bool)
             cells += [r["error"]] + [""] * (len(head) - len(names) - 2) + [""]
         else:
             cells += [f"{r['perplexity']:.3f}", f"{r['delta_pct']:+.2f}%", f"{r['keys_read_pct']:.1f}%",
-                      f"{r['values_read_pct']:.1f}%", last_read(r),
+                      f"{r['values_read_pct']:.1f}%", last_pct(r, "kv_read_last_pct"),
                       f"{r['centers_mean']:.0f}"]
-            cells += [f"{r['sram_kib']:.0f}"] if hardware else []
+            cells += [last_pct(r, "cycles_last_pct"), f"{r['sram_kib']:.0f}"] if hardware else []
             cells += ["yes" if f else ""]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     path.write_text("\n".join(lines) + "\n")
@@ -132,36 +135,42 @@ def write_table(rows: list[dict], front: list[bool], path: Path, hardware: bool)
 
 def plot(rows: list[dict], front: list[bool], path: Path, hardware: bool, title: str) -> None:
     """Perplexity change (symmetric log scale: +-1 % and +1000 % both readable) vs keys + values
-    read; colour: SRAM (or centers). Points with the same result share one marker and one label
-    listing them; Pareto points are ringed."""
+    read and, for the tile, vs its cycles (% of the dense baseline's, last 512 steps); colour: SRAM
+    (or centers). Points with the same result share one marker and one label listing them; Pareto
+    points are ringed."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    groups: dict[tuple, list] = {}
-    for r, f in zip(rows, front):
-        if "error" not in r:
-            groups.setdefault((round(r["kv_read_pct"], 3), round(r["delta_pct"], 3)), []).append((r, f))
-    fig, ax = plt.subplots(figsize=(8, 5))
+    ok = [(r, f) for r, f in zip(rows, front) if "error" not in r]
+    xkeys = [("kv_read_pct", "keys + values read (% of dense, mean of the two)")]
+    if hardware and any(r.get("cycles_last_pct", float("nan")) == r.get("cycles_last_pct") for r, _ in ok):
+        xkeys.append(("cycles_last_pct", "tile cycles (% of the dense baseline's, last 512 steps)"))
+    fig, axes = plt.subplots(1, len(xkeys), figsize=(8 * len(xkeys), 5), squeeze=False)
     colour = (lambda r: r["sram_kib"]) if hardware else (lambda r: r["centers_mean"])
-    xs, ys, cs = [], [], []
-    for (x, y), members in groups.items():
-        xs.append(x)
-        ys.append(y)
-        cs.append(min(colour(r) for r, _ in members))
-        if any(f for _, f in members):
-            ax.scatter([x], [y], s=160, facecolors="none", edgecolors="red", zorder=4)
-        label = "\n".join(",".join(f"{k}={v}" for k, v in r["point"].items()) for r, _ in members)
-        ax.annotate(label, (x, y), fontsize=6, xytext=(5, -3), textcoords="offset points", va="top")
-    sc = ax.scatter(xs, ys, c=cs, cmap="viridis", s=45, zorder=3)
-    fig.colorbar(sc, ax=ax, label="tile SRAM (KiB; smallest of the points at a marker)" if hardware
-                 else "centers per head (mean)")
-    ax.set_yscale("symlog", linthresh=2.0)
-    ax.margins(x=0.2)
-    for level in (-1.0, 1.0):
-        ax.axhline(level, color="grey", ls="--", lw=0.8)
-    ax.set_xlabel("keys + values read (% of dense, mean of the two)")
-    ax.set_ylabel("perplexity vs full attention (%, symlog)")
-    ax.set_title(title + " (red ring: Pareto)", fontsize=9)
+    for ax, (xkey, xlabel) in zip(axes[0], xkeys):
+        groups: dict[tuple, list] = {}
+        for r, f in ok:
+            if r.get(xkey, float("nan")) == r.get(xkey):   # not NaN
+                groups.setdefault((round(r[xkey], 3), round(r["delta_pct"], 3)), []).append((r, f))
+        xs, ys, cs = [], [], []
+        for (x, y), members in groups.items():
+            xs.append(x)
+            ys.append(y)
+            cs.append(min(colour(r) for r, _ in members))
+            if any(f for _, f in members):
+                ax.scatter([x], [y], s=160, facecolors="none", edgecolors="red", zorder=4)
+            label = "\n".join(",".join(f"{k}={v}" for k, v in r["point"].items()) for r, _ in members)
+            ax.annotate(label, (x, y), fontsize=6, xytext=(5, -3), textcoords="offset points", va="top")
+        sc = ax.scatter(xs, ys, c=cs, cmap="viridis", s=45, zorder=3)
+        fig.colorbar(sc, ax=ax, label="tile SRAM (KiB; smallest of the points at a marker)" if hardware
+                     else "centers per head (mean)")
+        ax.set_yscale("symlog", linthresh=2.0)
+        ax.margins(x=0.2)
+        for level in (-1.0, 1.0):
+            ax.axhline(level, color="grey", ls="--", lw=0.8)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("perplexity vs full attention (%, symlog)")
+        ax.set_title(title + " (red ring: Pareto)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
@@ -219,6 +228,9 @@ def main(argv: list[str]) -> int:
             ray.shutdown()
     rows = [summarize(points[i], results[i], args.hardware) for i in range(len(points))]
     keys = ("delta_pct", "kv_read_pct") + (("sram_kib",) if args.hardware else ())
+    if args.hardware and all(r.get("cycles_last_pct", float("nan")) == r.get("cycles_last_pct") for r in rows
+                             if "error" not in r):
+        keys += ("cycles_last_pct",)   # every point has its cycles (points cached before they were reported lack them)
     front = pareto(rows, keys)
     title = (f"LAD {'tile (bit-accurate)' if args.hardware else 'float reference'} in SmolLM2-135M, "
              f"{args.tokens} WikiText-2 tokens" + (f" after {args.context}" if args.context else ""))

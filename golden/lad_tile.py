@@ -132,6 +132,12 @@ class LadTileConfig(HeadConfig):
         return self.vpus - 3
 
     @property
+    def ac_update_cycles(self) -> int:
+        """Cycles of one pass over cache A on AC's VPUs (the q.A pass, an update): ``d / ac_vpus`` rows
+        per VPU, ``beats`` words each."""
+        return self.head_dim // self.ac_vpus * self.beats
+
+    @property
     def eas_lanes(self) -> int:
         """Elements of a center (and of q, k_n) EAS reads per cycle: ``head_dim / eas_beats``."""
         return self.head_dim // self.eas_beats
@@ -247,6 +253,37 @@ PRESETS = {
     "default": LadTileConfig(),
     "small": LadTileConfig(head_dim=32, lanes=8, vpus=5, max_positions=64, max_centers=8, kv_positions=128),
 }
+
+
+# The tile's cycles per step as its schedule spends them (docs/lad-tile.md, "Cycles"): LOAD, EAS's
+# center pass (eas_beats per center), APID pass A (one position per cycle), then pass B, which
+# classifies one position per cycle while MD streams the candidates' key and value beats over the KV
+# port (whichever is longer), and the fixed latencies (q.A combine, q.D, the new position's EXP,
+# RECIP, o, absorption). The q.A pass and the A updates run in the background; they show only when
+# the q.A pass is still waiting for the absorption's update at TERMS (short contexts) or when mode
+# changes queue (per change, on average). The two constants are fitted on the RTL's measured steps
+# by benchmarks/lad_vs_dense.py, which prints the model's error against them.
+SCHEDULE_FIXED = 192.0          # cycles per step outside the passes (fitted)
+SCHEDULE_PER_MODE_CHANGE = 27.5 # cycles a mode change adds on average (fitted)
+
+
+DENSE_STEP_OVERHEAD = 21        # the dense baseline's cycles per step beyond its KV beats (benchmarks.dense_cycles)
+
+
+def dense_step_cycles(cfg: LadTileConfig, context: int) -> int:
+    """The dense baseline's (and the exact pass's) cycles for one step over ``context`` positions:
+    every key and value, one beat per cycle, plus its fixed latency (measured)."""
+    return 2 * context * cfg.beats + DENSE_STEP_OVERHEAD
+
+
+def schedule_cycles(cfg: LadTileConfig, position, centers_before, kv_beats, mode_changes):
+    """Cycles of one LAD step (``path = LAD``) at ``position`` with the step's statistics (ints or
+    tensors): the schedule's model above, fitted on and checked against the RTL."""
+    pass_b = torch.maximum(torch.as_tensor(position), torch.as_tensor(kv_beats))
+    serial = cfg.eas_beats * torch.as_tensor(centers_before) + torch.as_tensor(position)
+    qa_wait = (2 * cfg.ac_update_cycles - serial).clamp_min(0)   # absorption's update + q.A pass
+    return (SCHEDULE_FIXED + serial + qa_wait + pass_b
+            + SCHEDULE_PER_MODE_CHANGE * torch.as_tensor(mode_changes, dtype=torch.float64))
 
 
 # -- typed records of a step's module transactions (the per-module benches replay them) ----------

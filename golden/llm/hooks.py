@@ -20,7 +20,7 @@ import torch
 from ..errors import ConfigError
 from ..lad_ref import LadConfig, LadHead
 from ..lad_batch import LadTileBatch
-from ..lad_tile import LadTileConfig, StepPath
+from ..lad_tile import LadTileConfig, StepPath, dense_step_cycles, schedule_cycles
 from ..mac_ref import MacConfig, MacLayerState
 
 METHODS = ("full", "lad", "lad-tile", "mac")
@@ -66,6 +66,13 @@ class TileLayerState:
         tot.update(heads=self.heads, saturated=sat, positions=self.length, exact_steps=exact,
                    keys_read=tot["candidates"] + self.heads + exact * (self.length - 1),
                    values_read=tot["active"] + self.heads + exact * (self.length - 1))
+        # cycles: the schedule's model per head (validated on the RTL by benchmarks/lad_vs_dense.py);
+        # an exact pass and the dense baseline read every key and value, 2 n beats each
+        n = self.length - 1                                     # positions before this step
+        dense = dense_step_cycles(self.cfg, n + 1)
+        lad = schedule_cycles(self.cfg, n, st["centers"] - st["new_center"], st["kv_beats"], st["mode_changes"])
+        lad = torch.where(st["path"] == StepPath.LAD, lad, float(dense))
+        tot.update(tile_cycles=float(lad.sum()), dense_cycles=float(dense * self.heads))
         return f.to_float(o), tot
 
 

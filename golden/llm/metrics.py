@@ -44,15 +44,19 @@ LAST_STEPS = 512   # the KV-read figure of issue 12 is averaged over the last 51
 
 
 def read_last_steps(steps: list[dict], last: int) -> dict:
-    """Keys and values read as % of dense over the last ``last`` decode steps (all layers and heads):
+    """Keys and values read as % of dense over the last ``last`` decode steps (all layers and heads),
+    and for the LAD tile its cycles as % of the dense baseline's (``golden.lad_tile.schedule_cycles``):
     a step's dense reads are its positions times its heads, summed per layer (each step record sums
     ``positions`` and ``heads`` over its ``layer_steps`` layers, which all hold the same count)."""
     tail = [s for s in steps[-last:] if s.get("layer_steps") and "keys_read" in s]
     dense = sum(s["positions"] * s["heads"] / s["layer_steps"] for s in tail)
     if not dense:
         return {}
-    return {f"keys_read_last{last}_pct": 100.0 * sum(s["keys_read"] for s in tail) / dense,
-            f"values_read_last{last}_pct": 100.0 * sum(s["values_read"] for s in tail) / dense}
+    out = {f"keys_read_last{last}_pct": 100.0 * sum(s["keys_read"] for s in tail) / dense,
+           f"values_read_last{last}_pct": 100.0 * sum(s["values_read"] for s in tail) / dense}
+    if all("tile_cycles" in s for s in tail):   # the LAD tile: its schedule's cycles vs the dense baseline's
+        out[f"cycles_last{last}_pct"] = 100.0 * sum(s["tile_cycles"] for s in tail) / sum(s["dense_cycles"] for s in tail)
+    return out
 
 
 def summarize(ctl) -> dict:
