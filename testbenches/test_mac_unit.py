@@ -24,6 +24,16 @@ def test_match_rtl_equals_golden(name):
     assert report["at_threshold"] > 0  # distance exactly at the threshold (a miss) was seen
 
 
+def test_match_rtl_equals_golden_across_ring_banks():
+    """A ring deeper than one bank (2560 words: a full bank and a part one); head 4's slots are in the second."""
+    from hdl.mac.match import RING_BANK_DEPTH
+    cfg = MacUnitConfig(window=64, head_dim=64, heads=5, lanes=8)
+    assert RING_BANK_DEPTH < cfg.ring_words < 2 * RING_BANK_DEPTH
+    report = simulate("mac-match", cfg, "testbenches.tb.tb_mac_match", seed=SEED, name="banked",
+                      params={"vectors": 200})
+    assert report["mismatches"] == 0 and report["hits"] > 20
+
+
 @pytest.mark.parametrize("name", list(MERGE_CONFIGS))
 def test_merge_rtl_equals_golden(name):
     report = simulate("mac-merge", MERGE_CONFIGS[name], "testbenches.tb.tb_mac_merge", seed=SEED, name=name,

@@ -7,21 +7,25 @@ keeps the strict minimum (so ties go to the lower position), emits
 ``(hit, slot, position, distance)`` on ``result`` and then writes the query into the
 ring at slot ``position mod window``. Cycles per match ~ ``valid_slots * d/lanes``
 plus a few for load, result and write-back.
+
+Timing (docs/synthesis.md): the ring is banked by its address's high bits, each bank one
+block RAM deep (2048 words: DP16KD as 2K x 9), so a bank's read data goes straight into
+a register next to it; the bank select is the next stage (read latency 3). The read
+pipeline stalls as a whole with the VPU's input.
 """
 from __future__ import annotations
 
 from amaranth import Array, Module, Mux, Signal, signed, unsigned
-from amaranth.lib import data, stream, wiring
+from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from golden.mac_unit import MacUnitConfig
-from golden.sram import SramConfig
 from golden.vpu import VpuOp
 
 from ..lib.arith import incr
-
-from ..lib.sram import SramBank
 from ..lib.vpu import Vpu
+
+RING_BANK_DEPTH = 2048   # words per ring bank: one DP16KD deep (2K x 9)
 
 
 def _bits(n: int) -> int:
@@ -58,10 +62,37 @@ class MatchUnit(wiring.Component):
         cfg, m = self.cfg, Module()
         nb, window = cfg.beats, cfg.window
         word = cfg.lanes * cfg.q_width
-        m.submodules.ring = ring = SramBank(SramConfig(depth=cfg.ring_words, width=word, read_ports=1,
-                                                       read_latency=2))  # registered BRAM output
         m.submodules.vpu = vpu = Vpu(cfg.vpu)
-        req, resp = ring.read_port(0)
+
+        # -- the ring: banks of RING_BANK_DEPTH words; read pipeline: bank read (all banks
+        # at the low address bits); each bank's word registered; the addressed bank's word
+        bank_depth = min(cfg.ring_words, RING_BANK_DEPTH)
+        n_banks = -(-cfg.ring_words // bank_depth)
+        low = max(1, (bank_depth - 1).bit_length())
+        banks = [memory.Memory(shape=unsigned(word), depth=min(bank_depth, cfg.ring_words - b * bank_depth), init=[])
+                 for b in range(n_banks)]
+        for b, bank in enumerate(banks):
+            m.submodules[f"ring{b}"] = bank
+        wports = [bank.write_port() for bank in banks]
+        rports = [bank.read_port(domain="sync") for bank in banks]
+        req = stream.Signature(data.StructLayout({"addr": unsigned(low + _bits(n_banks))})).create()
+        write = stream.Signature(data.StructLayout({"addr": unsigned(low + _bits(n_banks)),
+                                                    "data": unsigned(word)})).create()
+        resp = stream.Signature(unsigned(word)).create()
+        ce = Signal()
+        m.d.comb += [ce.eq(~resp.valid | resp.ready), req.ready.eq(ce)]
+        r0_valid, r1_valid = Signal(), Signal()
+        r0_bank, r1_bank = Signal(_bits(n_banks)), Signal(_bits(n_banks))
+        r1_word = Array(Signal(word, name=f"ring_word{b}") for b in range(n_banks))
+        for b in range(n_banks):
+            m.d.comb += [rports[b].addr.eq(req.payload.addr[:low]), rports[b].en.eq(ce),
+                         wports[b].addr.eq(write.payload.addr[:low]), wports[b].data.eq(write.payload.data),
+                         wports[b].en.eq(write.valid & ((write.payload.addr[low:] == b) if n_banks > 1 else 1))]
+        with m.If(ce):
+            m.d.sync += [r0_valid.eq(req.valid), r0_bank.eq(req.payload.addr[low:] if n_banks > 1 else 0),
+                         r1_valid.eq(r0_valid), r1_bank.eq(r0_bank), resp.valid.eq(r1_valid),
+                         resp.payload.eq(r1_word[r1_bank])]
+            m.d.sync += [r1_word[b].eq(rports[b].data) for b in range(n_banks)]
 
         query_buf = Array(Signal(word, name=f"query_beat{b}") for b in range(nb))
         head = Signal(_bits(cfg.heads))
@@ -81,6 +112,8 @@ class MatchUnit(wiring.Component):
         write_beat = Signal(range(nb))
 
         def ring_address(slot, beat):
+            """Word address: the bank in the high bits, the word in the bank in the low bits
+            (bank_depth is a power of two where there are several banks)."""
             return (head * window + slot) * nb + beat
 
         # Read responses feed the VPU (SQDIST against the buffered query beat).
@@ -145,9 +178,9 @@ class MatchUnit(wiring.Component):
                     m.d.sync += write_beat.eq(0)
                     m.next = "WRITE"
             with m.State("WRITE"):
-                m.d.comb += [ring.write.valid.eq(1),
-                             ring.write.payload.addr.eq(ring_address(write_slots[head], write_beat)),
-                             ring.write.payload.data.eq(query_buf[write_beat])]
+                m.d.comb += [write.valid.eq(1),
+                             write.payload.addr.eq(ring_address(write_slots[head], write_beat)),
+                             write.payload.data.eq(query_buf[write_beat])]
                 m.d.sync += write_beat.eq(write_beat + 1)
                 with m.If(write_beat == nb - 1):
                     slot = write_slots[head]
