@@ -1,0 +1,199 @@
+"""Mutation score of a block's benches (issue 16, docs/verification.md): how many single-line
+changes to its RTL sources its tests catch.
+
+    .venv/bin/python -m testbenches.mutation BLOCK [--limit N] [--seed S] [--out JSON] [--timeout S]
+
+Mutants (one line of the block's Amaranth sources each, inside ``elaborate``): a comparison flipped
+(``==``/``!=``, ``<``/``>=``, ``>``/``<=``), an integer constant +-1, a ``Mux``'s arms swapped, ``&``
+and ``|`` exchanged, a register stage dropped (``m.d.sync`` -> ``m.d.comb``). Each runs in a copy
+of the repository (the working tree is never touched): the mutant's Verilog is generated at every
+preset of the block; if it equals the original's at all of them the mutant is **equivalent** by
+construction (nothing the hardware does changed); if it does not elaborate it is killed at once;
+otherwise the block's tests run against it (``pytest -x``, the block's own test selection) and a
+failure kills it. Score = killed / (killed + survived). ``--limit`` samples that many mutants with
+``--seed`` (recorded in the JSON), for a quick estimate.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from golden.paths import PROJECT_ROOT
+
+# block -> (its RTL sources, the pytest arguments that are its tests)
+BLOCKS = {
+    "vpu": (["hdl/lib/vpu.py"], ["testbenches/test_vpu.py"]),
+    "sfm": (["hdl/lib/sfm.py"], ["testbenches/test_sfm.py"]),
+    "sram": (["hdl/lib/sram.py"], ["testbenches/test_sram.py"]),
+    "mac-match": (["hdl/mac/match.py"], ["testbenches/test_mac_unit.py", "-k", "match"]),
+    "mac-merge": (["hdl/mac/merge.py"], ["testbenches/test_mac_unit.py", "-k", "merge"]),
+    "dense": (["hdl/lad/dense.py"], ["testbenches/test_dense.py", "-k", "rtl"]),
+    "lad-eas": (["hdl/lad/eas.py"], ["testbenches/test_lad_modules.py", "-k", "eas"]),
+    "lad-apid": (["hdl/lad/apid.py"], ["testbenches/test_lad_modules.py", "-k", "apid"]),
+    "lad-md": (["hdl/lad/md.py"], ["testbenches/test_lad_modules.py", "-k", "md"]),
+    "lad-ac": (["hdl/lad/ac.py"], ["testbenches/test_lad_modules.py", "-k", "ac"]),
+}
+
+FLIP = {"==": "!=", "!=": "==", "<": ">=", ">=": "<", ">": "<=", "<=": ">"}
+CMP = re.compile(r"(?<=\s)(==|!=|<=|>=|<|>)(?=\s)")
+INT = re.compile(r"(?<![\w.])(\d+)(?![\w.])")
+AND_OR = re.compile(r"(?<=\s)([&|])(?=\s)")
+
+
+@dataclass
+class Mutant:
+    file: str
+    line: int          # 1-based
+    operator: str
+    before: str
+    after: str
+    outcome: str = ""  # killed | survived | equivalent | killed (elaboration) | timeout
+    seconds: float = 0.0
+
+
+def swap_mux(text: str) -> list[str]:
+    """Every ``Mux(c, a, b)`` on the line with its arms swapped (top-level commas only)."""
+    out = []
+    for m in re.finditer(r"\bMux\(", text):
+        depth, args, start = 0, [], m.end()
+        for i in range(m.end(), len(text)):
+            ch = text[i]
+            if ch in "([{":
+                depth += 1
+            elif ch in ")]}":
+                if depth == 0:
+                    args.append(text[start:i])
+                    break
+                depth -= 1
+            elif ch == "," and depth == 0:
+                args.append(text[start:i])
+                start = i + 1
+        else:
+            continue
+        if len(args) == 3:
+            end = m.end() + sum(len(a) for a in args) + 2
+            out.append(text[:m.end()] + f"{args[0]},{args[2]}, {args[1].strip()}" + text[end:])
+    return out
+
+
+def mutants_of(path: Path, rel: str) -> list[Mutant]:
+    """Every single-line mutant of the ``elaborate`` bodies of ``path`` (code lines only)."""
+    found, inside = [], False
+    for no, line in enumerate(path.read_text().splitlines(), 1):
+        stripped = line.strip()
+        if stripped.startswith("def "):
+            inside = stripped.startswith("def elaborate")
+        if not inside or not stripped or stripped.startswith(("#", '"', "'")):
+            continue
+        code = line.split("#", 1)[0]
+
+        def add(op, new):
+            if new != line:
+                found.append(Mutant(rel, no, op, line.strip(), new.strip()))
+        for m in CMP.finditer(code):
+            add("compare", line[:m.start()] + FLIP[m.group(1)] + line[m.end():])
+        for m in INT.finditer(code):
+            if '"' in code[:m.start()] and code[:m.start()].count('"') % 2:
+                continue   # inside a string (a signal's name)
+            value = int(m.group(1))
+            add("constant+1", line[:m.start()] + str(value + 1) + line[m.end():])
+            if value > 0:
+                add("constant-1", line[:m.start()] + str(value - 1) + line[m.end():])
+        for m in AND_OR.finditer(code):
+            add("and/or", line[:m.start()] + ("|" if m.group(1) == "&" else "&") + line[m.end():])
+        for new in swap_mux(code):
+            add("mux arms", new + line[len(code):])
+        if "m.d.sync" in code:
+            add("drop register", line.replace("m.d.sync", "m.d.comb", 1))
+    return found
+
+
+def verilog_of(work: Path, block: str) -> tuple[bool, str]:
+    """(elaborated, Verilog of every preset) in the copy ``work``."""
+    script = ("import sys\nfrom hdl.registry import get_block, generate_verilog\n"
+              f"b = get_block({block!r})\n"
+              "sys.stdout.write('\\n'.join(generate_verilog(b.name, c, cache=False) for c in b.presets.values()))\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=work, capture_output=True, text=True)
+    return done.returncode == 0, done.stdout
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("block", choices=sorted(BLOCKS))
+    parser.add_argument("--limit", type=int, default=0, help="sample this many mutants (0: all)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per mutant's tests")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    sources, tests = BLOCKS[args.block]
+    mutants = [m for rel in sources for m in mutants_of(PROJECT_ROOT / rel, rel)]
+    total = len(mutants)
+    if args.limit and args.limit < total:
+        mutants = sorted(random.Random(args.seed).sample(mutants, args.limit), key=lambda m: (m.file, m.line))
+    work = PROJECT_ROOT / "build" / "mutation" / args.block / "repo"
+    if work.exists():
+        shutil.rmtree(work)
+    shutil.copytree(PROJECT_ROOT, work, ignore=shutil.ignore_patterns(".git", ".venv", "build", "__pycache__",
+                                                                      ".pytest_cache", "*.egg-info"))
+    ok, original = verilog_of(work, args.block)
+    if not ok:
+        sys.exit(f"ladmac: error: {args.block} does not elaborate unmutated")
+    from tqdm import tqdm
+    counts: dict[str, int] = {}
+    for mut in tqdm(mutants, desc=f"mutants of {args.block}", file=sys.stderr):
+        t0 = time.time()
+        path = work / mut.file
+        text = path.read_text()
+        lines = text.splitlines(keepends=True)
+        indent = lines[mut.line - 1][:len(lines[mut.line - 1]) - len(lines[mut.line - 1].lstrip())]
+        lines[mut.line - 1] = indent + mut.after + "\n"
+        path.write_text("".join(lines))
+        try:
+            ok, mutated = verilog_of(work, args.block)
+            if not ok:
+                mut.outcome = "killed (elaboration)"
+            elif mutated == original:
+                mut.outcome = "equivalent"
+            else:
+                try:
+                    run = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+                                         cwd=work, capture_output=True, text=True, timeout=args.timeout,
+                                         env={**__import__("os").environ, "LADMAC_BUILD": str(work / "build")})
+                    mut.outcome = "survived" if run.returncode == 0 else "killed"
+                except subprocess.TimeoutExpired:
+                    mut.outcome = "timeout"   # a hung simulation is a detected change (counted killed)
+        finally:
+            path.write_text(text)
+        mut.seconds = round(time.time() - t0, 1)
+        counts[mut.outcome] = counts.get(mut.outcome, 0) + 1
+        if args.out:   # written as it goes: an interrupted run leaves its results
+            write(args, total, mutants, counts)
+    killed = sum(v for k, v in counts.items() if k.startswith("killed") or k == "timeout")
+    survived = counts.get("survived", 0)
+    score = killed / max(1, killed + survived)
+    print(f"{args.block}: {len(mutants)} of {total} mutants (seed {args.seed}): {counts}; "
+          f"score {100 * score:.1f} % of non-equivalent mutants killed")
+    for m in mutants:
+        if m.outcome == "survived":
+            print(f"  survived: {m.file}:{m.line} [{m.operator}] {m.before!r} -> {m.after!r}")
+    if args.out:
+        write(args, total, mutants, counts)
+    return 0
+
+
+def write(args, total, mutants, counts) -> None:
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"block": args.block, "seed": args.seed, "limit": args.limit, "mutants_total": total,
+                                    "counts": counts, "mutants": [asdict(m) for m in mutants]}, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

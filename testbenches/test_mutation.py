@@ -1,0 +1,39 @@
+"""The mutation tool's mutant generator (testbenches/mutation.py): which single-line changes it makes."""
+from pathlib import Path
+
+from testbenches.mutation import BLOCKS, mutants_of, swap_mux
+from golden.paths import PROJECT_ROOT
+
+
+def test_swap_mux_swaps_top_level_arms_only():
+    assert swap_mux("x = Mux(a > b, f(c, d), e) + 1") == ["x = Mux(a > b, e, f(c, d)) + 1"]
+    assert swap_mux("y = Mux(s, 1, 2)") == ["y = Mux(s, 2, 1)"]
+    assert swap_mux("z = a + b") == []
+
+
+def test_mutants_cover_every_operator_inside_elaborate_only(tmp_path):
+    src = tmp_path / "block.py"
+    src.write_text(
+        "def helper(x):\n"
+        "    return x == 1\n"
+        "class B:\n"
+        "    def elaborate(self, platform):\n"
+        "        # a comment with 3 == 4\n"
+        "        s = Signal(4, name=\"s8\")\n"
+        "        m.d.sync += s.eq(Mux(a & b, s + 1, 0))\n"
+        "        with m.If(s >= 2):\n"
+        "            pass\n")
+    muts = mutants_of(src, "block.py")
+    ops = {m.operator for m in muts}
+    assert ops == {"compare", "constant+1", "constant-1", "and/or", "mux arms", "drop register"}
+    assert all(m.line >= 6 for m in muts)                       # not the helper, not the comment
+    assert not any("s9" in m.after or "s7" in m.after for m in muts)   # names in strings untouched
+    assert any(m.after == "with m.If(s < 2):" for m in muts)
+    assert any(m.after == "m.d.comb += s.eq(Mux(a & b, s + 1, 0))" for m in muts)
+
+
+def test_every_block_names_existing_sources_and_tests():
+    for block, (sources, tests) in BLOCKS.items():
+        assert all((PROJECT_ROOT / s).is_file() for s in sources), block
+        assert (PROJECT_ROOT / tests[0]).is_file(), block
+        assert mutants_of(PROJECT_ROOT / sources[0], sources[0]), block   # each has mutants
