@@ -26,7 +26,7 @@ demo: $(STAMP)
 	$(VENV)/bin/ladmac demo
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -n $(JOBS) testbenches
+	$(VENV)/bin/python -m pytest -n $(JOBS) --durations=30 testbenches
 
 # The suite in a fresh clone of HEAD with nothing beside it (what CI runs): proves the
 # repository stands alone (no sibling folders, every dependency installed by these files).
