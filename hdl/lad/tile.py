@@ -4,11 +4,13 @@ The step sequencer of docs/lad-tile.md around EAS, APID, MD and AC (each a compo
 its own SRAM banks and share of the VPU pool) and one SFM:
 
 1. ``step_in``: q, k_n, v_n (``beats`` transfers); 2. EAS: center update, center scores,
-``s_n``; 3. APID pass A: ``s^_i`` and their max, ``m = max(., s_n)``; 4. AC TERMS: N, Z from the
-caches; 5. APID pass B with MD: candidates read ``k_i`` (and actives ``v_i``) over
-``kv_req``/``kv_resp``, corrections and mode-change updates go to AC; 6. the new position's
-PWL value (SFM EXP) into N, Z; 7. AC FINISH: ``o`` on ``out`` with the step's statistics;
-8. absorption of position n (AC cache update, APID metadata).
+``s_n``, while AC runs the ``q.A`` pass (``QA``, sent as soon as q is loaded); 3. APID pass A:
+``s^_i`` and their max, ``m = max(., s_n)``; 4. AC TERMS: N, Z from the caches; 5. APID pass B
+with MD: candidates read ``k_i`` (and actives ``v_i``) over ``kv_req``/``kv_resp``, corrections and
+mode-change updates go to AC (whose A engine applies the updates in the background); 6. the new
+position's PWL value (SFM EXP) into N, Z; 7. AC FINISH: ``o`` on ``out`` with the step's
+statistics (``cycles``: the step's whole period, docs/lad-tile.md "Cycles"); 8. absorption of
+position n (AC cache update, APID metadata).
 
 Past ``max_positions`` a step is the exact pass: the query goes to a dense baseline
 (``hdl.lad.dense.DenseAttention`` at ``cfg.fallback()``), which owns the KV port for the step and
