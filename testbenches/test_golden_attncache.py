@@ -327,6 +327,12 @@ def test_malformed_stsb_rows(tmp_path):
             ev.load_stsb(path)
     with pytest.raises(DataError, match="not found"):
         ev.load_stsb(tmp_path / "missing.csv")
+    sst2 = ev.load_sst2(data_file(ev.SST2))  # 872 sentences, 444 positive
+    assert len(sst2) == 872 and sum(y for _, y in sst2) == 444
+    for name, text in {"header": "text\tlabel\na\t1\n", "label": "sentence\tlabel\ngood\t1\nbad\t2\n"}.items():
+        (tmp_path / f"{name}.tsv").write_text(text)
+        with pytest.raises(DataError, match=rf"{name}\.tsv:\d"):
+            ev.load_sst2(tmp_path / f"{name}.tsv")
     rows = ev.load_stsb(STSB)  # the real file parses: 1500 pairs, 22 rows with extra fields
     assert len(rows) == 1500 and all(0 <= s <= 5 for s, _, _ in rows)
     with pytest.raises(DataError):
@@ -352,7 +358,8 @@ def test_eval_config_defaults_are_the_configs_own(monkeypatch):
     monkeypatch.setattr(ev, "Encoder", no_model)
     for argv, fragment in ((["--set", "pool_rows=100"], "pool_rows"), (["--set", "bogus=1"], "unknown parameter"),
                            (["--set", "layers=0-9"], "layers"), (["--set", "label=x"], "label"),
-                           (["--diagnose", "0-x"], "diagnose"),
+                           (["--diagnose", "0-x"], "diagnose"), (["--task", "foo"], "unknown task"),
+                           (["--task", "sst2", "--train", "1"], "--train"),
                            (["--epochs", "3"], "unrecognized arguments"), (["--theta", "0.9"], "unrecognized"),
                            (["--model", "gpt9"], "unknown model")):
         with pytest.raises(ConfigError, match=fragment):

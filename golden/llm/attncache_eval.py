@@ -85,6 +85,57 @@ def split_pairs(rows, n_train: int, n_test: int | None, seed: int):
     return train, test
 
 
+SST2 = "sst2/dev.tsv"
+
+
+def load_sst2(path) -> list[tuple[str, int]]:
+    """GLUE SST-2 ``sentence<TAB>label`` with a header line -> (sentence, 0/1)."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise DataError(f"SST-2 file {path} not found") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise DataError(f"cannot read SST-2 file {path}: {err}") from None
+    if not lines or lines[0].split("\t")[:2] != ["sentence", "label"]:
+        raise DataError(f"{path}:1: expected the header 'sentence<TAB>label'")
+    rows = []
+    for number, line in enumerate(lines[1:], 2):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if len(fields) != 2 or fields[1].strip() not in ("0", "1") or not fields[0].strip():
+            raise DataError(f"{path}:{number}: expected 'sentence<TAB>0|1'")
+        rows.append((fields[0].strip(), int(fields[1])))
+    if len(rows) < 4:
+        raise DataError(f"SST-2 file {path} holds {len(rows)} rows; need at least 4")
+    return rows
+
+
+def fit_probe(x, y, l2: float = 1e-2, steps: int = 200):
+    """Logistic-regression probe on standardised embeddings (LBFGS, L2); returns predict(x) -> 0/1."""
+    import torch
+    x = torch.stack([t.clone() for t in x]).double()
+    y = torch.as_tensor(y, dtype=torch.float64)
+    mean, std = x.mean(0), x.std(0).clamp_min(1e-6)
+    z = (x - mean) / std
+    w = torch.zeros(z.shape[1], dtype=torch.float64, requires_grad=True)
+    b = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([w, b], max_iter=steps, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(z @ w + b, y) + l2 * (w ** 2).sum()
+        loss.backward()
+        return loss
+    opt.step(closure)
+    w, b = w.detach(), b.detach()
+
+    def predict(xs):
+        return (((torch.stack(list(xs)).double() - mean) / std) @ w + b > 0).long()
+    return predict
+
+
 # ----------------------------------------------------------------------------- models
 class Encoder:
     """A model, the module AttnCache attaches to, and ``embed(sentence) -> 1-D tensor``."""
@@ -135,11 +186,18 @@ def spearman_x100(emb: dict, pairs) -> float:
     return 100.0 * float(spearmanr(cos, [g for g, _, _ in pairs]).statistic)
 
 
-def evaluate(enc: Encoder, cache, store, test_pairs, theta: float, thetas, progress: bool = True) -> dict:
-    """Per unique test sentence: full / AttnCache at theta / forced candidate, timed side by side."""
+def evaluate(enc: Encoder, cache, store, test_pairs, theta: float, thetas, progress: bool = True,
+             sentences=None, score=None, metric: str = "spearman") -> dict:
+    """Per unique test sentence: full / AttnCache at theta / forced candidate, timed side by side.
+    ``score(embeddings) -> float`` (default: STS-B Spearman x100 of ``test_pairs``) is reported as
+    ``metric``; ``sentences`` default to those of ``test_pairs``."""
     import numpy as np
     from tqdm import tqdm
-    sentences = list(dict.fromkeys(s for _, a, b in test_pairs for s in (a, b)))
+    if sentences is None:
+        sentences = list(dict.fromkeys(s for _, a, b in test_pairs for s in (a, b)))
+    if score is None:
+        def score(emb):
+            return spearman_x100(emb, test_pairs)
     cache.use_store(store, theta)
     rec = {}
     for n, s in enumerate(tqdm(sentences, desc="evaluate", disable=not progress, leave=False)):
@@ -158,7 +216,7 @@ def evaluate(enc: Encoder, cache, store, test_pairs, theta: float, thetas, progr
     in_db = set(store.manifest.get("texts", []))
 
     full_emb = {s: r["off"]["emb"] for s, r in rec.items()}
-    full_sp = spearman_x100(full_emb, test_pairs)
+    full_sp = score(full_emb)
     sims = np.array([r["force"]["sim"] for r in rec.values()])
     t_full = np.array([r["off"]["t"] for r in rec.values()])
     a_full = np.array([r["off"]["attn_s"] for r in rec.values()])
@@ -172,11 +230,11 @@ def evaluate(enc: Encoder, cache, store, test_pairs, theta: float, thetas, progr
         emb = {s: (r["force"]["emb"] if h else r["off"]["emb"]) for (s, r), h in zip(rec.items(), hits)}
         t_cache = np.where(hits, t_hit, t_full + lookup)
         a_cache = np.where(hits, a_hit, a_full)
-        sp = spearman_x100(emb, test_pairs)
+        sp = score(emb)
         return {"theta": th, "hit_rate": float(hits.mean()), "hits": int(hits.sum()),
                 "exact_text_hits": int((hits & exact).sum()),
                 "hit_rate_new_text": float((hits & ~exact).mean()),
-                "spearman": sp, "delta": sp - full_sp,
+                metric: sp, "delta": sp - full_sp,
                 "attn_speedup": float(a_full.sum() / a_cache.sum()),
                 "e2e_speedup": float(t_full.sum() / t_cache.sum()),
                 "attn_speedup_on_hits": float(a_full[hits].sum() / a_hit[hits].sum()) if hits.any() else None,
@@ -189,17 +247,18 @@ def evaluate(enc: Encoder, cache, store, test_pairs, theta: float, thetas, progr
     a_look = np.array([r["lookup"]["attn_s"] for r in rec.values()])
     direct = {"theta": theta, "hit_rate": float(hits.mean()), "hits": int(hits.sum()),
               "exact_text_hits": int((hits & exact).sum()), "hit_rate_new_text": float((hits & ~exact).mean()),
-              "spearman": spearman_x100({s: r["lookup"]["emb"] for s, r in rec.items()}, test_pairs),
+              metric: score({s: r["lookup"]["emb"] for s, r in rec.items()}),
               "attn_speedup": float(a_full.sum() / a_look.sum()), "e2e_speedup": float(t_full.sum() / t_look.sum()),
               "attn_speedup_on_hits": float(a_full[hits].sum() / a_look[hits].sum()) if hits.any() else None,
               "e2e_speedup_on_hits": float(t_full[hits].sum() / t_look[hits].sum()) if hits.any() else None}
-    direct["delta"] = direct["spearman"] - full_sp
+    direct["delta"] = direct[metric] - full_sp
     has_cand = np.isfinite(sims)
     ms = {"full_e2e": 1e3 * t_full.mean(), "full_attention": 1e3 * a_full.mean(),
           "hit_e2e": 1e3 * t_hit[has_cand].mean() if has_cand.any() else None,
           "hit_attention": 1e3 * a_hit[has_cand].mean() if has_cand.any() else None,
           "lookup": 1e3 * lookup.mean()}
-    return {"full_spearman": full_sp, "test_sentences": len(rec), "with_equal_length_candidate": int(has_cand.sum()),
+    return {"metric": metric, f"full_{metric}": full_sp, "test_sentences": len(rec),
+            "with_equal_length_candidate": int(has_cand.sum()),
             "at_theta": direct, "sweep": sweep, "ms_per_sentence": ms,
             "sims": [float(x) if np.isfinite(x) else None for x in sims]}
 
@@ -303,11 +362,16 @@ def diagnose(enc: Encoder, cache, db_sentences, test_pairs, layer_sets, cfg, pro
 
 
 def print_table(result: dict) -> None:
-    print(f"AttnCache on STS-B dev, {result['model']}: database {result['db_sentences']} sentences "
-          f"({result['train_pairs']} pairs), test {result['test_pairs']} pairs / {result['test_sentences']} sentences")
-    print(f"full model Spearman {result['full_spearman']:.2f}; ms/sentence: " +
+    metric = result.get("metric", "spearman")
+    if result.get("task", "stsb") == "stsb":
+        print(f"AttnCache on STS-B dev, {result['model']}: database {result['db_sentences']} sentences "
+              f"({result['train_pairs']} pairs), test {result['test_pairs']} pairs / {result['test_sentences']} sentences")
+    else:
+        print(f"AttnCache on {result['task']}, {result['model']}: database {result['db_sentences']} sentences, "
+              f"test {result['test_sentences']} sentences")
+    print(f"full model {metric} {result['full_' + metric]:.2f}; ms/sentence: " +
           ", ".join(f"{k} {v:.2f}" for k, v in result["ms_per_sentence"].items() if v is not None))
-    head = f"{'theta':>8} {'hit rate':>8} {'new text':>8} {'Spearman':>9} {'delta':>7} {'attn x':>7} {'e2e x':>7} {'attn x hit':>10} " \
+    head = f"{'theta':>8} {'hit rate':>8} {'new text':>8} {metric[:9]:>9} {'delta':>7} {'attn x':>7} {'e2e x':>7} {'attn x hit':>10} " \
            f"{'e2e x hit':>9}"
     print(head)
 
@@ -315,7 +379,7 @@ def print_table(result: dict) -> None:
         return format(x, spec) if x is not None else "-".rjust(int(spec.split(".")[0].lstrip(">")))
     for r in result["sweep"] + [dict(result["at_theta"], theta=f"{result['at_theta']['theta']}*")]:
         th = r["theta"] if isinstance(r["theta"], str) else f"{r['theta']:g}"
-        print(f"{th:>8} {r['hit_rate']:8.1%} {r['hit_rate_new_text']:8.1%} {r['spearman']:9.2f} {r['delta']:7.2f} {r['attn_speedup']:7.2f} "
+        print(f"{th:>8} {r['hit_rate']:8.1%} {r['hit_rate_new_text']:8.1%} {r[metric]:9.2f} {r['delta']:7.2f} {r['attn_speedup']:7.2f} "
               f"{r['e2e_speedup']:7.2f} {fmt(r['attn_speedup_on_hits'], '>10.2f')} "
               f"{fmt(r['e2e_speedup_on_hits'], '>9.2f')}")
     print("new text = hit rate without the hits whose exact text is stored; "
@@ -326,10 +390,14 @@ def print_table(result: dict) -> None:
 def build_parser() -> Parser:
     p = Parser(prog="ladmac eval attncache", description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--model", default="minilm", help="minilm (default) or smollm2")
+    p.add_argument("--task", default="stsb", help="stsb (default: STS-B dev Spearman) or sst2 (SST-2 dev, "
+                                                  "logistic-regression probe on the embeddings, accuracy)")
     add_overrides(p, "an AttnCacheConfig parameter (theta, epochs, pairs, index, seed, ...; "
                      "base: the model's entry of MODEL_CONFIGS)")
     p.add_argument("--thetas", default=",".join(f"{t:g}" for t in DEFAULT_THETAS), help="comma list for the sweep")
-    p.add_argument("--train", type=int, default=1000, help="STS-B dev pairs whose sentences form the database")
+    p.add_argument("--train", type=int, default=None, help="STS-B dev pairs whose sentences form the database "
+                                                           "(default 1000); sst2: sentences of the database and "
+                                                           "the probe's training set (default 436, half)")
     p.add_argument("--test", type=int, default=None, help="test pairs (default: all the rest)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: steadier timings)")
     p.add_argument("--data", default=None, help=f"STS-B dev file (default data/{STSB})")
@@ -374,8 +442,14 @@ def main(argv: list[str]) -> int:
             raise ConfigError(f"--diagnose: {err}") from None
         if not sets:
             raise ConfigError("--diagnose: no layer set given")
+    if args.task not in ("stsb", "sst2"):
+        raise ConfigError(f"unknown task '{args.task}' (known: stsb, sst2)")
+    if args.task == "sst2":
+        if args.diagnose is not None:
+            raise ConfigError("--diagnose runs on stsb only")
+        return main_sst2(args, argv, cfg, thetas)
     rows = load_stsb(args.data or data_file(STSB))
-    train, test = split_pairs(rows, args.train, args.test, cfg.seed)
+    train, test = split_pairs(rows, 1000 if args.train is None else args.train, args.test, cfg.seed)
     check_outputs(args.out, args.plot)
 
     import torch
@@ -415,6 +489,63 @@ def main(argv: list[str]) -> int:
               "test_pairs": len(test), "db_sentences": len(db_sentences), "load_s": load_s, "build_s": build_s,
               "train_loss_first_last": [store.manifest["train_loss"][0], store.manifest["train_loss"][-1]]
               if store.manifest["train_loss"] else None, **res}
+    print_table(result)
+    if args.plot:
+        result["plots"] = attncache_plots(result, args.plot)
+        print("plots: " + ", ".join(result["plots"]))
+    if args.out:
+        write_json(args.out, result)
+    return 0
+
+
+def main_sst2(args, argv, cfg, thetas) -> int:
+    """SST-2 dev: database = probe training set = the first ``--train`` sentences of a seeded shuffle;
+    the probe is fitted on the full model's embeddings; test accuracy (%) full vs AttnCache."""
+    import numpy as np
+    import torch
+    from ..attncache import AttnCache, build_store
+    rows = load_sst2(args.data or data_file(SST2))
+    n_train = len(rows) // 2 if args.train is None else args.train
+    if not 2 <= n_train < len(rows) - 1:
+        raise ConfigError(f"--train must be in 2..{len(rows) - 2} (SST-2 sentences), got {n_train}")
+    order = np.random.default_rng(cfg.seed).permutation(len(rows))
+    train = [rows[i] for i in order[:n_train]]
+    test = [rows[i] for i in order[n_train:]]
+    if args.test is not None:
+        if args.test < 2:
+            raise ConfigError(f"--test must be >= 2, got {args.test}")
+        test = test[:args.test]
+    check_outputs(args.out, args.plot)
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    enc = Encoder(args.model)
+    load_s = time.perf_counter() - t0
+    db = list(dict.fromkeys(s for s, _ in train))
+    train_emb = [enc.embed(s).clone() for s, _ in train]
+    predict = fit_probe(train_emb, [y for _, y in train])
+    labels = {s: y for s, y in test}
+    sentences = list(labels)
+
+    def accuracy(emb):
+        pred = predict([emb[s] for s in sentences])
+        return 100.0 * float((pred == torch.as_tensor([labels[s] for s in sentences])).double().mean())
+    cache = AttnCache(enc.base, cfg)
+    tmp = None
+    root = Path(args.store) if args.store else Path(tmp := tempfile.mkdtemp(prefix="ladmac-attncache-"))
+    try:
+        t0 = time.perf_counter()
+        store = build_store(cache, enc.embed, db, root, progress=args.progress)
+        store.manifest["texts"] = db
+        build_s = time.perf_counter() - t0
+        res = evaluate(enc, cache, store, None, cfg.theta, thetas, progress=args.progress, sentences=sentences,
+                       score=accuracy, metric="accuracy")
+    finally:
+        cache.detach()
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    result = {"model": args.model, "task": "sst2", "command": "ladmac eval attncache " + " ".join(argv),
+              "config": cfg.to_dict(), "threads": args.threads, "train_sentences": len(train),
+              "db_sentences": len(db), "load_s": load_s, "build_s": build_s, **res}
     print_table(result)
     if args.plot:
         result["plots"] = attncache_plots(result, args.plot)

@@ -73,12 +73,16 @@ def attncache_plots(result: dict, folder) -> list[str]:
     th = [r["theta"] for r in rows]
     x = [1.0 - t + 1e-5 for t in th]
     paths = []
-    for key, ylabel, fname in (("spearman", "STS-B Spearman x100", "spearman"),
+    metric = result.get("metric", "spearman")
+    task = result.get("task", "stsb")
+    title = {"stsb": "STS-B dev", "sst2": "SST-2 dev"}.get(task, task)
+    stem = f"attncache_{result['model']}" + ("" if task == "stsb" else f"_{task}")
+    for key, ylabel, fname in ((metric, f"{title} {metric}" + (" x100" if metric == "spearman" else " %"), metric),
                                ("hit_rate", "hit rate", "hitrate")):
         fig, ax = plt.subplots(figsize=(5, 3.4))
         ax.plot(x, [r[key] for r in rows], "o-", label="AttnCache")
-        if key == "spearman":
-            ax.axhline(result["full_spearman"], color="gray", ls="--", label="full model")
+        if key == metric:
+            ax.axhline(result[f"full_{metric}"], color="gray", ls="--", label="full model")
             ax.legend()
         ax.set_xscale("log")
         ax.set_xticks(x)
@@ -86,9 +90,9 @@ def attncache_plots(result: dict, folder) -> list[str]:
         ax.set_xlabel("theta (similarity = 1 - " + ("squared " if result["config"].get("similarity", "sqdist")
                                                       == "sqdist" else "") + "L2 of features)")
         ax.set_ylabel(ylabel)
-        ax.set_title(f"AttnCache, {result['model']}, STS-B dev")
+        ax.set_title(f"AttnCache, {result['model']}, {title}")
         fig.tight_layout()
-        path = folder / f"attncache_{result['model']}_{fname}.png"
+        path = folder / f"{stem}_{fname}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         paths.append(str(path))
