@@ -14,8 +14,8 @@ The transaction's beats are loaded into a buffer (``d/L`` words of both lane vec
 while its scalar phase runs, so the next transaction's first beat, and with it the next
 scalar phase, is visible as soon as the last beat is loaded: the scalar phase of one
 transaction overlaps the vector phase of the one before. Vector phase: one beat per cycle
-through a five-stage pipeline (buffer read; the read data and per-lane copies of the
-weights registered; partial products; sum; round and saturate):
+through a five-stage pipeline (buffer read; the read data registered; partial
+products; sum; round and saturate):
 ``o = sat(round_shift(w1 o1 + w2 o2, mantissa_frac))`` (zeros when flagged).
 """
 from __future__ import annotations
@@ -140,7 +140,7 @@ class MergeUnit(wiring.Component):
         # the SFM's operands do not depend on the state (only its valid does): x for EXP2,
         # the saturated sum for RECIP; ``recip`` selects the function
         recip = Signal()
-        sat = saturate(s_full, unsigned(cfg.sum_width))
+        sat = Signal(cfg.sum_width)   # saturate(s_full), registered with it (the RECIP operand)
         m.d.comb += [sfm.i.payload.op.eq(Mux(recip, SfmOp.RECIP, SfmOp.EXP2)), sfm.i.payload.x.eq(x),
                      sfm.i.payload.z.eq(sat)]
         with m.If(peek):
@@ -168,7 +168,8 @@ class MergeUnit(wiring.Component):
                 m.d.sync += [a.eq(Mux(first_is_max, s1, scaled)), b.eq(Mux(first_is_max, scaled, s2))]
                 m.next = "SUM"
             with m.State("SUM"):
-                m.d.sync += [s_full.eq(Mux(op == MergeOp.DOWNDATE, a - b, a + b)), recip.eq(1)]
+                s_next = Mux(op == MergeOp.DOWNDATE, a - b, a + b)
+                m.d.sync += [s_full.eq(s_next), sat.eq(saturate(s_next, unsigned(cfg.sum_width))), recip.eq(1)]
                 m.next = "CHECK"
             with m.State("CHECK"):
                 cancel = (s_full <= 0) | ((op == MergeOp.DOWNDATE) & ((s_full << cfg.cancel_bits) < a))
@@ -210,22 +211,21 @@ class MergeUnit(wiring.Component):
                 m.d.sync += vec_beat.eq(vec_beat + 1)
                 with m.If(vec_beat == nb - 1):
                     m.d.sync += vec_active.eq(0)
-        # buffer data and per-lane copies of the weights registered (the beat buffer's read
-        # data and the weights each feed one lane's multipliers only)
+        # the beat buffer's read data registered (next to each lane's multipliers), the
+        # weights delayed with it
         va_valid = Signal()
         va_m, va_s, va_flagged = Signal(signed(cfg.score_width)), Signal(cfg.sum_width), Signal()
         o1 = [Signal(signed(ow), name=f"va_o1_{l}") for l in range(lanes)]
         o2 = [Signal(signed(ow), name=f"va_o2_{l}") for l in range(lanes)]
-        va_w1 = [Signal(signed(ww), name=f"va_w1_{l}", attrs={"keep": 1}) for l in range(lanes)]
-        va_w2 = [Signal(signed(ww + 1), name=f"va_w2_{l}", attrs={"keep": 1}) for l in range(lanes)]
+        va_w1, va_w2 = Signal(signed(ww)), Signal(signed(ww + 1))
         with m.If(ce):
             m.d.sync += [va_valid.eq(v0_valid), va_m.eq(v0_m), va_s.eq(v0_s), va_flagged.eq(v0_flagged)]
             m.d.sync += [o1[l].eq(rp.data[l * ow:(l + 1) * ow]) for l in range(lanes)]
             m.d.sync += [o2[l].eq(rp.data[(lanes + l) * ow:(lanes + l + 1) * ow]) for l in range(lanes)]
-            m.d.sync += [va_w1[l].eq(v0_w1) for l in range(lanes)] + [va_w2[l].eq(v0_w2) for l in range(lanes)]
+            m.d.sync += [va_w1.eq(v0_w1), va_w2.eq(v0_w2)]
         v1_valid = Signal()
         v1_m, v1_s, v1_flagged = Signal(signed(cfg.score_width)), Signal(cfg.sum_width), Signal()
-        v1_pp = [register_partials(m, ce, partial_products(va_w1[l], o1[l]) + partial_products(va_w2[l], o2[l]),
+        v1_pp = [register_partials(m, ce, partial_products(va_w1, o1[l]) + partial_products(va_w2, o2[l]),
                                    f"v1_{l}") for l in range(lanes)]
         v2_valid = Signal()
         v2_m, v2_s, v2_flagged = Signal(signed(cfg.score_width)), Signal(cfg.sum_width), Signal()
