@@ -271,7 +271,6 @@ def test_lad_perplexity_within_1pct_on_512_tokens(smollm2):
     assert 5 < p_full < 200                                          # sane baseline
     assert abs(p_lad / p_full - 1) < 0.01, (p_full, p_lad, st)
     assert 0 < st["active_pct"] < 100 and st["keys_read_pct"] < 100 and st["mode_changes_pct"] > 0
-    assert 0 < st["cycles_last512_pct"] < 1000                    # the schedule model's cycles were counted
     assert nll_lad != nll_full                                       # the approximation ran
 
 
