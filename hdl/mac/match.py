@@ -9,9 +9,12 @@ ring at slot ``position mod window``. Cycles per match ~ ``valid_slots * d/lanes
 plus a few for load, result and write-back.
 
 Timing (docs/synthesis.md): the ring is banked by its address's high bits, each bank one
-block RAM deep (2048 words: DP16KD as 2K x 9), so a bank's read data goes straight into
-a register next to it; the bank select is the next stage (read latency 3). The read
-pipeline stalls as a whole with the VPU's input.
+block RAM deep (2048 words: DP16KD as 2K x 9). The read request is registered before the
+banks' address pins (and the write, which lands a cycle later, while the next query
+loads); a bank's read data goes straight into a register next to it; the bank select is
+the next stage, registered with the query beat it is compared against (read latency 4).
+The read pipeline stalls as a whole with the VPU's input. The reported position is kept
+per compared slot during the scan (no add after it).
 """
 from __future__ import annotations
 
@@ -75,6 +78,8 @@ class MatchUnit(wiring.Component):
             m.submodules[f"ring{b}"] = bank
         wports = [bank.write_port() for bank in banks]
         rports = [bank.read_port(domain="sync") for bank in banks]
+        query_buf = Array(Signal(word, name=f"query_beat{b}") for b in range(nb))
+        req_beat = Signal(range(nb))   # the beat of the word requested (selects the query beat at r1)
         req = stream.Signature(data.StructLayout({"addr": unsigned(low + _bits(n_banks))})).create()
         write = stream.Signature(data.StructLayout({"addr": unsigned(low + _bits(n_banks)),
                                                     "data": unsigned(word)})).create()
@@ -83,18 +88,27 @@ class MatchUnit(wiring.Component):
         m.d.comb += [ce.eq(~resp.valid | resp.ready), req.ready.eq(ce)]
         r0_valid, r1_valid = Signal(), Signal()
         r0_bank, r1_bank = Signal(_bits(n_banks)), Signal(_bits(n_banks))
+        r0_beat, r1_beat = Signal(range(nb)), Signal(range(nb))
+        resp_q, resp_last = Signal(word), Signal()   # the query beat and ``last``, registered with the ring word
         r1_word = Array(Signal(word, name=f"ring_word{b}") for b in range(n_banks))
+        # the request registered before the banks (their address pins are far apart), the
+        # write likewise (it lands a cycle later, while the next query loads)
+        ra_valid, ra_addr, ra_beat = Signal(), Signal.like(req.payload.addr), Signal(range(nb))
+        w_valid, w_addr, w_data = Signal(), Signal.like(write.payload.addr), Signal(word)
+        m.d.sync += [w_valid.eq(write.valid), w_addr.eq(write.payload.addr), w_data.eq(write.payload.data)]
         for b in range(n_banks):
-            m.d.comb += [rports[b].addr.eq(req.payload.addr[:low]), rports[b].en.eq(ce),
-                         wports[b].addr.eq(write.payload.addr[:low]), wports[b].data.eq(write.payload.data),
-                         wports[b].en.eq(write.valid & ((write.payload.addr[low:] == b) if n_banks > 1 else 1))]
+            m.d.comb += [rports[b].addr.eq(ra_addr[:low]), rports[b].en.eq(ce),
+                         wports[b].addr.eq(w_addr[:low]), wports[b].data.eq(w_data),
+                         wports[b].en.eq(w_valid & ((w_addr[low:] == b) if n_banks > 1 else 1))]
         with m.If(ce):
-            m.d.sync += [r0_valid.eq(req.valid), r0_bank.eq(req.payload.addr[low:] if n_banks > 1 else 0),
+            m.d.sync += [ra_valid.eq(req.valid), ra_addr.eq(req.payload.addr), ra_beat.eq(req_beat),
+                         r0_valid.eq(ra_valid), r0_bank.eq(ra_addr[low:] if n_banks > 1 else 0),
                          r1_valid.eq(r0_valid), r1_bank.eq(r0_bank), resp.valid.eq(r1_valid),
-                         resp.payload.eq(r1_word[r1_bank])]
+                         resp.payload.eq(r1_word[r1_bank]),
+                         r0_beat.eq(ra_beat), r1_beat.eq(r0_beat),
+                         resp_q.eq(query_buf[r1_beat]), resp_last.eq(r1_beat == nb - 1)]
             m.d.sync += [r1_word[b].eq(rports[b].data) for b in range(n_banks)]
 
-        query_buf = Array(Signal(word, name=f"query_beat{b}") for b in range(nb))
         head = Signal(_bits(cfg.heads))
         # Per-head ring state: next position, next slot (position mod window), filled slots.
         positions = Array(Signal(cfg.position_width, name=f"position{h}") for h in range(cfg.heads))
@@ -105,10 +119,12 @@ class MatchUnit(wiring.Component):
 
         load_beat = Signal(range(nb))
         issue_count, issue_slot, issue_beat = Signal(range(window + 1)), Signal(range(window)), Signal(range(nb))
-        read_beat = Signal(range(nb))
         result_count, result_slot = Signal(range(window + 1)), Signal(range(window))
         best_distance = Signal(cfg.vpu.acc_width)
-        best_slot, best_index = Signal(range(window)), Signal(range(window))
+        best_slot = Signal(range(window))
+        # position of the result being compared (the oldest valid slot's position plus its
+        # index) and of the best so far: the reported position needs no add after the scan
+        result_position, best_position = Signal(cfg.position_width), Signal(cfg.position_width)
         write_beat = Signal(range(nb))
 
         def ring_address(slot, beat):
@@ -119,12 +135,10 @@ class MatchUnit(wiring.Component):
         # Read responses feed the VPU (SQDIST against the buffered query beat).
         m.d.comb += [
             vpu.i.valid.eq(resp.valid), resp.ready.eq(vpu.i.ready),
-            vpu.i.payload.op.eq(VpuOp.SQDIST), vpu.i.payload.last.eq(read_beat == nb - 1),
-            vpu.i.payload.a.eq(resp.payload), vpu.i.payload.b.eq(query_buf[read_beat]),
+            vpu.i.payload.op.eq(VpuOp.SQDIST), vpu.i.payload.last.eq(resp_last),
+            vpu.i.payload.a.eq(resp.payload), vpu.i.payload.b.eq(resp_q),
             vpu.o.ready.eq(1),
         ]
-        with m.If(vpu.i.valid & vpu.i.ready):
-            m.d.sync += read_beat.eq(incr(read_beat, nb))
 
         max_distance = (1 << (cfg.vpu.acc_width - 1)) - 1
         with m.FSM():
@@ -143,7 +157,8 @@ class MatchUnit(wiring.Component):
                     filled.eq(count), oldest.eq(Mux(count == window, write_slots[head], 0)),
                     issue_count.eq(0), issue_slot.eq(Mux(count == window, write_slots[head], 0)), issue_beat.eq(0),
                     result_count.eq(0), result_slot.eq(Mux(count == window, write_slots[head], 0)),
-                    best_distance.eq(max_distance), best_slot.eq(0), best_index.eq(0),
+                    best_distance.eq(max_distance), best_slot.eq(0),
+                    result_position.eq(positions[head] - count), best_position.eq(positions[head] - count),
                 ]
                 with m.If(count == 0):
                     m.next = "RESULT"
@@ -151,18 +166,18 @@ class MatchUnit(wiring.Component):
                     m.next = "SCAN"
             with m.State("SCAN"):
                 m.d.comb += [req.valid.eq(issue_count < filled),
-                             req.payload.addr.eq(ring_address(issue_slot, issue_beat))]
+                             req.payload.addr.eq(ring_address(issue_slot, issue_beat)), req_beat.eq(issue_beat)]
                 with m.If(req.valid & req.ready):
                     m.d.sync += issue_beat.eq(incr(issue_beat, nb))
                     with m.If(issue_beat == nb - 1):
                         m.d.sync += [issue_count.eq(issue_count + 1),
                                      issue_slot.eq(incr(issue_slot, window))]
                 with m.If(vpu.o.valid):
-                    m.d.sync += [result_count.eq(result_count + 1),
+                    m.d.sync += [result_count.eq(result_count + 1), result_position.eq(result_position + 1),
                                  result_slot.eq(incr(result_slot, window))]
                     with m.If(vpu.o.payload.dot.as_unsigned() < best_distance):
                         m.d.sync += [best_distance.eq(vpu.o.payload.dot), best_slot.eq(result_slot),
-                                     best_index.eq(result_count)]
+                                     best_position.eq(result_position)]
                     with m.If(result_count == filled - 1):
                         m.next = "RESULT"
             with m.State("RESULT"):
@@ -171,7 +186,7 @@ class MatchUnit(wiring.Component):
                     self.result.payload.hit.eq((filled != 0) & (best_distance < cfg.threshold_raw)),
                     self.result.payload.slot.eq(best_slot),
                     self.result.payload.position.eq(
-                        Mux(filled == 0, 0, positions[head] - filled + best_index)),
+                        Mux(filled == 0, 0, best_position)),
                     self.result.payload.distance.eq(best_distance),
                 ]
                 with m.If(self.result.ready):
