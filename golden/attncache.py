@@ -324,6 +324,10 @@ class MapStore:
         self.lengths = np.array([e["len"] for e in self.entries], dtype=np.int64)
         self.projector: FeatureProjector | None = None
         self.index = None
+        self.kind = manifest.get("kind", "projector")
+        # prefix store: the token ids whose map each entry is (a stored map's rows serve any input that
+        # starts with these ids: in a causal model rows 0..P-1 depend on tokens 0..P-1 only)
+        self.prefix_ids = [torch.as_tensor(ids, dtype=torch.long) for ids in manifest.get("prefix_ids", [])]
         self._mapped: dict[int, dict[int, torch.Tensor]] = {}
         self.crc_s = 0.0  # time spent in crc32 checks (first maps only)
 
@@ -352,6 +356,11 @@ class MapStore:
             raise DataError(f"AttnCache store {root} has no manifest.json") from None
         except (ValueError, KeyError, TypeError) as err:
             raise DataError(f"AttnCache store manifest {path} is corrupt: {err}") from None
+        if store.kind == "prefix":
+            if len(store.prefix_ids) != len(store.entries) or any(
+                    len(ids) != int(e["len"]) for ids, e in zip(store.prefix_ids, store.entries)):
+                raise DataError(f"AttnCache store manifest {path} is corrupt: prefix ids do not match the entries")
+            return store  # looked up by token ids: no projector, no index
         try:
             state = torch.load(root / "projector.pt", map_location="cpu", weights_only=True)
             proj = FeatureProjector(state["fc1.weight"].shape[1], state["fc1.weight"].shape[0])
@@ -394,6 +403,16 @@ class MapStore:
                     entries[r], sims[r] = int(i), float(self.cfg.sim(float(d)))
                     break
         return entries, sims
+
+    def match_prefix(self, ids: torch.Tensor) -> int:
+        """Prefix store: the entry whose token ids are the longest prefix of ``ids`` (1-D), or -1."""
+        best, best_len = -1, 0
+        n = int(ids.shape[0])
+        for entry, pre in enumerate(self.prefix_ids):
+            m = int(pre.shape[0])
+            if best_len < m <= n and torch.equal(ids[:m], pre):
+                best, best_len = entry, m
+        return best
 
     def search(self, feature: np.ndarray, length: int) -> tuple[int, float]:
         """Nearest stored input of equal token length among k neighbours: (entry, similarity) or (-1, -inf)."""
@@ -464,6 +483,8 @@ class AttnCache:
         self.hit_rows: torch.Tensor | None = None
         self.all_hit = False
         self.lengths: list[int] | None = None
+        self.input_ids: torch.Tensor | None = None
+        self.rows_reused = 0  # prefix hit: rows 0..rows_reused-1 reuse the map, the rest compute; 0: all rows
         self.recorded: list[torch.Tensor] = []
         self.pooled: torch.Tensor | None = None
         self.last: dict = {}
@@ -490,7 +511,7 @@ class AttnCache:
             mod._ladmac_attncache = self
             for lin_name in (("q_proj", "k_proj") if hasattr(mod, "q_proj") else ("query", "key")):
                 lin = getattr(mod, lin_name)
-                lin.forward = _skippable(lin, self, mod.layer_idx)
+                lin.forward = _skippable(lin, self, mod.layer_idx, is_query=lin_name in ("q_proj", "query"))
                 self._patched.append((lin, "forward", None))
             self._handles.append(mod.register_forward_pre_hook(self._attn_pre))
             self._handles.append(mod.register_forward_hook(self._attn_post))
@@ -505,7 +526,7 @@ class AttnCache:
         modeling = sys.modules.get(type(self.attn_modules[0]).__module__)
         if modeling is not None and hasattr(modeling, "apply_rotary_pos_emb"):
             original = modeling.apply_rotary_pos_emb
-            modeling.apply_rotary_pos_emb = _skippable_rope(original, self)
+            modeling.apply_rotary_pos_emb = _skippable_rope(original, self, getattr(modeling, "rotate_half", None))
             self._patched.append((modeling, "apply_rotary_pos_emb", original))
 
     def detach(self):
@@ -542,7 +563,10 @@ class AttnCache:
     # -- hooks -----------------------------------------------------------------------------
     def _model_pre(self, module, args, kwargs):
         self.hit_maps, self.hit_rows, self.all_hit, self.recorded, self.pooled = None, None, False, [], None
-        self.last = {"hit": False, "entry": -1, "sim": float("-inf"), "attn_s": 0.0, "lookup_s": 0.0, "rows": []}
+        self.rows_reused = 0
+        self.last = {"hit": False, "entry": -1, "sim": float("-inf"), "attn_s": 0.0, "lookup_s": 0.0,
+                     "fetch_s": 0.0, "rows": [], "rows_reused": 0}
+        self.input_ids = kwargs.get("input_ids", args[0] if args else None)
         mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
         self.lengths = None
         if isinstance(mask, torch.Tensor) and mask.dim() == 2 and self.mode != "off":
@@ -554,7 +578,7 @@ class AttnCache:
             self.lengths = [int(x) for x in lengths]
 
     def _model_post(self, module, args, output):
-        self.hit_maps, self.hit_rows, self.all_hit = None, None, False
+        self.hit_maps, self.hit_rows, self.all_hit, self.rows_reused = None, None, False, 0
 
     def _layer0_pre(self, module, args, kwargs):
         hidden = kwargs.get("hidden_states", args[0] if args else None)
@@ -563,6 +587,8 @@ class AttnCache:
         t0 = time.perf_counter()
         bsz, seq = hidden.shape[0], hidden.shape[1]
         lengths = self.lengths if self.lengths is not None else [seq] * bsz
+        if self.mode == "lookup" and self.store is not None and self.store.kind == "prefix":
+            return self._prefix_lookup(bsz, seq, lengths, t0)
         cfg = self.cfg if self.store is None else self.store.cfg
         self.pooled = torch.cat([pool_input(hidden[b, :lengths[b]], cfg) for b in range(bsz)])
         if self.mode in ("lookup", "force"):
@@ -574,7 +600,10 @@ class AttnCache:
                                  for h, e, s in zip(hits, entries, sims)]
             self.last.update(self.last["rows"][0])
             if hits.any():
+                t1 = time.perf_counter()
                 fetched = {b: self.store.fetch(int(entries[b])) for b in np.nonzero(hits)[0]}
+                self.last["fetch_s"] += time.perf_counter() - t1
+                t0 += time.perf_counter() - t1  # lookup_s excludes the fetch
                 self.all_hit = bool(hits.all())
                 self.hit_rows = torch.as_tensor(hits)
                 self.hit_maps = {}
@@ -591,6 +620,28 @@ class AttnCache:
         self.last["lookup_s"] += time.perf_counter() - t0
         return None
 
+    def _prefix_lookup(self, bsz, seq, lengths, t0):
+        """Prefix store: the stored entry whose token ids start this input; its map serves rows 0..P-1
+        exactly (causal attention: those rows see tokens 0..P-1 only), rows P.. compute."""
+        if bsz != 1:
+            raise ValueError("AttnCache prefix stores take one input at a time (batch 1)")
+        if not isinstance(self.input_ids, torch.Tensor):
+            raise ValueError("AttnCache prefix stores need the model called with input_ids")
+        entry = self.store.match_prefix(self.input_ids[0, :lengths[0]])
+        self.last["lookup_s"] += time.perf_counter() - t0
+        self.last["rows"] = [{"hit": entry >= 0, "entry": entry, "sim": 1.0 if entry >= 0 else float("-inf")}]
+        self.last.update(self.last["rows"][0])
+        if entry >= 0:
+            t1 = time.perf_counter()
+            self.hit_maps = self.store.fetch(entry)
+            self.last["fetch_s"] += time.perf_counter() - t1
+            reused = int(self.store.lengths[entry])
+            self.all_hit = True
+            self.hit_rows = torch.ones(1, dtype=torch.bool)
+            self.rows_reused = 0 if reused == seq else reused
+            self.last["rows_reused"] = reused
+        return None
+
     def _attn_pre(self, module, args):
         self._layer = module.layer_idx
         self._attn_t0 = time.perf_counter()
@@ -599,16 +650,24 @@ class AttnCache:
         self.last["attn_s"] += time.perf_counter() - self._attn_t0
 
 
-def _skippable(linear: nn.Linear, cache: AttnCache, layer: int):
+def _skippable(linear: nn.Linear, cache: AttnCache, layer: int, is_query: bool = True):
     """Instance forward for q/k projections: rows that reuse a stored map get zeros / uninitialised
     memory (never read). (The attention interface receives q and k already projected: skipping the
-    projections, the point of a hit, needs this per-instance forward; the Linear class is not touched.)"""
+    projections, the point of a hit, needs this per-instance forward; the Linear class is not touched.)
+    A prefix hit (rows 0..P-1 reused) projects q for rows P.. only and k for every row (rows P.. attend
+    to all keys)."""
     original = type(linear).forward
 
     def forward(x):
         rows = cache.reusing(layer)
         if rows is None:
             return original(linear, x)
+        if rows is True and cache.rows_reused:
+            if not is_query:
+                return original(linear, x)
+            out = x.new_empty(*x.shape[:-1], linear.out_features)
+            out[:, cache.rows_reused:] = original(linear, x[:, cache.rows_reused:])
+            return out
         if rows is True:
             return x.new_empty(*x.shape[:-1], linear.out_features)
         out = x.new_zeros(*x.shape[:-1], linear.out_features)
@@ -617,12 +676,22 @@ def _skippable(linear: nn.Linear, cache: AttnCache, layer: int):
     return forward
 
 
-def _skippable_rope(original, cache: AttnCache):
-    """``apply_rotary_pos_emb`` that passes q, k through while every row of the layer reuses a map."""
-    def apply_rotary_pos_emb(q, k, *args, **kwargs):
+def _skippable_rope(original, cache: AttnCache, rotate_half=None):
+    """``apply_rotary_pos_emb`` that passes q, k through while every row of the layer reuses a map; on a
+    prefix hit (rows 0..P-1 reused) it rotates q's rows P.. and every row of k (the modeling module's
+    formula, ``x * cos + rotate_half(x) * sin``)."""
+    def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
         if cache.reusing(cache._layer) is True:
-            return q, k
-        return original(q, k, *args, **kwargs)
+            p = cache.rows_reused
+            if not p:
+                return q, k
+            if rotate_half is None or args or set(kwargs) - {"unsqueeze_dim"} or kwargs.get("unsqueeze_dim", 1) != 1:
+                return original(q, k, cos, sin, *args, **kwargs)
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+            q_out = q.new_empty(q.shape)
+            q_out[:, :, p:] = q[:, :, p:] * cos[:, :, p:] + rotate_half(q[:, :, p:]) * sin[:, :, p:]
+            return q_out, k * cos + rotate_half(k) * sin
+        return original(q, k, cos, sin, *args, **kwargs)
     apply_rotary_pos_emb._ladmac_cache = cache
     return apply_rotary_pos_emb
 
@@ -648,6 +717,26 @@ def _reuse_matmul(amap, value):
     return out.view(bsz, h_q, length, dim).transpose(1, 2)
 
 
+def _prefix_attention(amap, query, key, value, attention_mask, scaling, blocks: int = 4):
+    """Batch 1, rows 0..P-1 from the stored (1, Hq, P, P) causal map (row blocks: block i multiplies
+    only the columns up to its last row, the map being zero above the diagonal), rows P.. by sdpa over
+    all keys (causal). -> (1, L, Hq, D)"""
+    bsz, h_kv, length, dim = value.shape
+    h_q, p = amap.shape[1], amap.shape[-1]
+    a = amap.view(bsz, h_kv, h_q // h_kv, p, p)
+    v = value[:, :, :p].unsqueeze(2)
+    step = max(64, -(-p // blocks))
+    head = torch.cat([torch.matmul(a[..., s:min(p, s + step), :min(p, s + step)], v[..., :min(p, s + step), :])
+                      for s in range(0, p, step)], dim=-2).view(bsz, h_q, p, dim)
+    if attention_mask is not None:
+        mask = attention_mask[:, :, p:, :length]
+    else:
+        mask = torch.ones(length - p, length, dtype=torch.bool).tril(p)
+    tail = F.scaled_dot_product_attention(query[:, :, p:], key, value, attn_mask=mask, scale=scaling,
+                                          enable_gqa=h_q != h_kv)
+    return torch.cat([head, tail], dim=2).transpose(1, 2).contiguous()
+
+
 def _attncache_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """AttentionInterface function: stored map @ V on hit rows of a reused layer, eager maps when
     recording, else sdpa (miss rows of a partly hitting batch: sdpa on those rows only)."""
@@ -656,6 +745,8 @@ def _attncache_attention(module, query, key, value, attention_mask, scaling=None
     rows = cache.reusing(module.layer_idx) if cache is not None else None
     if rows is not None:
         amap = cache.hit_maps[module.layer_idx]
+        if rows is True and cache.rows_reused:
+            return _prefix_attention(amap, query, key, value, attention_mask, scaling), None
         if amap.shape[-1] != value.shape[2]:
             raise ValueError(f"stored map length {amap.shape[-1]} != input length {value.shape[2]}")
         if rows is True:
@@ -739,5 +830,29 @@ def build_store(cache: AttnCache, run_one, inputs: list, root, progress: bool = 
     manifest = {"version": STORE_VERSION, "config": dataclasses.asdict(cfg), "dtype": cfg.map_dtype,
                 "num_layers": cache.num_layers, "layers": layers, "heads": heads, "train_loss": losses,
                 "entries": entries}
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    return MapStore.open(root)
+
+
+def build_prefix_store(cache: AttnCache, run_ids, prefixes: list, root, progress: bool = True,
+                       texts: list[str] | None = None) -> MapStore:
+    """A store whose entries are shared prompt prefixes (1-D token id tensors): each prefix is run alone
+    (``run_ids(ids)``, batch 1, record mode) and its maps in ``cfg.layers`` are written; a lookup matches
+    an input's leading token ids exactly (no projector, no index). Only for causal models: the rows
+    0..P-1 of the map of any input that starts with the prefix equal the prefix's own map."""
+    cfg = cache.cfg
+    layers = cfg.reuse_layers(cache.num_layers)
+    rec = record_inputs(cache, run_ids, prefixes, progress)
+    root = Path(root)
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    entries = [MapStore.write_entry(root, number, maps, layers, cfg.map_dtype) for number, maps in enumerate(rec.maps)]
+    heads = int(rec.maps[0][0].reshape(-1, rec.lengths[0], rec.lengths[0]).shape[0])
+    manifest = {"version": STORE_VERSION, "kind": "prefix", "config": dataclasses.asdict(cfg), "dtype": cfg.map_dtype,
+                "num_layers": cache.num_layers, "layers": layers, "heads": heads, "train_loss": [],
+                "entries": entries, "prefix_ids": [[int(t) for t in ids] for ids in prefixes]}
+    if texts is not None:
+        manifest["texts"] = list(texts)
     (root / "manifest.json").write_text(json.dumps(manifest))
     return MapStore.open(root)

@@ -389,3 +389,107 @@ def test_label_and_config_rules():
         with pytest.raises(ConfigError):
             AttnCacheConfig(**bad)
     assert json.loads(AttnCacheConfig().to_json())["alpha"] == 0.2
+
+
+@pytest.fixture(scope="module")
+def smol_prefix(tmp_path_factory):
+    """SmolLM2 and a prefix store of one MMLU subject's 2-shot prefix (short: ~150 tokens)."""
+    from golden.attncache import build_prefix_store
+    from golden.llm.smollm2 import load_smollm2
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    model, tok = load_smollm2(dtype=torch.float32)
+    base = model.model
+    data = ev.mmlu_questions(tok, 2, ["management"], 3, seed=0)
+    _, _, pids, items = data[0]
+
+    def run_ids(ids):
+        with torch.inference_mode():
+            return base(input_ids=ids.view(1, -1)).last_hidden_state[0]
+    plain = {n: run_ids(torch.cat([pids, q])) for n, (q, _) in enumerate(items)}  # before AttnCache is attached
+    cache = AttnCache(base, AttnCacheConfig(layers="all"))
+    root = tmp_path_factory.mktemp("attncache_prefix") / "store"
+    store = build_prefix_store(cache, run_ids, [pids], root, progress=False)
+    cache.use_store(store)
+    yield dict(cache=cache, store=store, root=root, pids=pids, items=items, run_ids=run_ids, plain=plain, base=base)
+    cache.detach()
+    torch.set_num_threads(threads)
+
+
+def test_mmlu_prefix_rows_reused_exactly(smol_prefix, monkeypatch):
+    """A 5-shot-style prompt reuses the stored prefix map for its first P rows in every layer: the output
+    equals the plain model's (causal rows 0..P-1 see only the shared prefix), q is not projected for
+    those rows, and the reuse is real: a wrong stored map changes the output."""
+    s = smol_prefix
+    cache, store, pids = s["cache"], s["store"], s["pids"]
+    p = int(pids.shape[0])
+    assert store.kind == "prefix" and store.index is None and store.layers == list(range(30))
+    assert (s["root"] / store.entries[0]["file"]).stat().st_size == 4 * 30 * 9 * p * p
+    cache.mode = "lookup"
+    try:
+        for n, (q, _) in enumerate(s["items"]):
+            out = s["run_ids"](torch.cat([pids, q]))
+            assert cache.last["hit"] and cache.last["rows_reused"] == p and cache.last["entry"] == 0
+            torch.testing.assert_close(out, s["plain"][n], atol=2e-4, rtol=1e-4)
+        # an input that does not start with the stored prefix misses and equals the plain model
+        q0 = s["items"][0][0]
+        miss = s["run_ids"](torch.cat([pids[1:], q0]))
+        assert not cache.last["hit"] and cache.last["rows_reused"] == 0
+        cache.mode = "off"
+        torch.testing.assert_close(miss, s["run_ids"](torch.cat([pids[1:], q0])), atol=1e-5, rtol=1e-5)
+        # q_proj of a hit runs on rows P.. only: poison its input rows 0..P-1 -> nothing changes
+        seen = {}
+        attn = s["base"].layers[3].self_attn
+        names = {id(attn.q_proj.weight): "q", id(attn.k_proj.weight): "k", id(attn.v_proj.weight): "v"}
+        linear = torch.nn.functional.linear
+
+        def spy(x, weight, bias=None):
+            if id(weight) in names:
+                seen[names[id(weight)]] = x.shape[1]
+            return linear(x, weight, bias)
+        monkeypatch.setattr(torch.nn.functional, "linear", spy)
+        cache.mode = "lookup"
+        s["run_ids"](torch.cat([pids, q0]))
+        monkeypatch.undo()
+        n_q = int(q0.shape[0])
+        assert seen == {"q": n_q, "k": p + n_q, "v": p + n_q}  # q for the question rows only
+        # a wrong stored map (uniform causal rows) changes the output: the stored map is what is used
+        maps = store.fetch(0)  # mapped on the first hit, inside inference_mode
+        with torch.inference_mode():
+            saved = maps[5].clone()
+            maps[5].copy_(torch.tril(torch.ones(p, p)) / torch.arange(1, p + 1).unsqueeze(1))
+        try:
+            bad = s["run_ids"](torch.cat([pids, q0]))
+        finally:
+            with torch.inference_mode():
+                maps[5].copy_(saved)
+        assert float((bad - s["plain"][0]).abs().max()) > 1e-2
+    finally:
+        cache.mode = "off"
+
+
+def test_mmlu_loader_and_errors(tmp_path, monkeypatch):
+    """MMLU files parse with RFC-4180 quoting (U+0085 inside a question is not a line break); malformed rows
+    and bad ``--task mmlu`` options are one-line errors before a model loads."""
+    from golden.llm.data import mmlu_prompts, mmlu_subjects, read_mmlu
+    subjects = mmlu_subjects()
+    assert len(subjects) == 9
+    counts = {s: len(mmlu_prompts(s, 5)[1]) for s in subjects}
+    assert counts["management"] == 103 and sum(counts.values()) == 1135
+    prefix, items = mmlu_prompts("management", 5)
+    assert prefix.startswith("The following are multiple choice questions (with answers) about management.")
+    assert prefix.count("\nAnswer: ") == 5 and items[0][0].endswith("\nAnswer:") and items[0][1] in "ABCD"
+    assert any("\u0085" in q for q, _ in items)
+    for name, text in {"fields": "q,a,b,c\n", "answer": "q,a,b,c,d,E\n", "empty": '"",a,b,c,d,A\n'}.items():
+        (tmp_path / f"{name}.csv").write_text("ok,a,b,c,d,A\n" + text)
+        with pytest.raises(DataError, match=rf"{name}\.csv:2"):
+            read_mmlu(tmp_path / f"{name}.csv")
+
+    def no_model(*a, **k):
+        raise AssertionError("bad input must be rejected before the model is loaded")
+    monkeypatch.setattr("golden.llm.smollm2.load_smollm2", no_model)
+    for argv, fragment in ((["--shots", "7"], "--shots"), (["--subjects", "astrology"], "unknown MMLU subject"),
+                           (["--model", "minilm"], "smollm2"), (["--limit", "0"], "--limit"),
+                           (["--diagnose", "all"], "stsb only")):
+        with pytest.raises(ConfigError, match=fragment):
+            ev.main(["--task", "mmlu", *argv, "--no-progress"])
