@@ -25,7 +25,8 @@ NEG_INF = -math.inf
 class MacConfig(BlockConfig):
     window: int = param(512, "M: ring window of past pre-RoPE queries per query head")
     tau: float = param(0.45, "match threshold: hit iff ||q_pre_n - q_pre_m|| < sqrt(2d)(1 - tau)")
-    band: int = param(256, "S: an entry of position p covers keys [sinks, p+1-S); the last S keys are the tail")
+    band: int = param(256, "S: an entry of position p covers keys [sinks, p+1-S); the last S keys are the tail "
+                           "(the rectification distance; 0: no amend, the entry covers [sinks, p+1))")
     min_context: int = param(2048, "MAC is attempted only when the step sees at least this many keys")
     sinks: int = param(0, "F: the first F keys are always recomputed exactly with the current query")
     cancel_bound: float = param(1.0 / 64, "a removal is flagged (full recompute) when 1 - t < this")
@@ -35,7 +36,7 @@ class MacConfig(BlockConfig):
     def validate(self):
         self.require(self.window >= 1, f"window must be >= 1, got {self.window}")
         self.require(0.0 < self.tau < 1.0, f"tau must be in (0, 1), got {self.tau}")
-        self.require(self.band >= 1, f"band must be >= 1, got {self.band}")
+        self.require(self.band >= 0, f"band must be >= 0, got {self.band}")
         self.require(self.min_context >= 1, f"min_context must be >= 1, got {self.min_context}")
         self.require(self.sinks >= 0, f"sinks must be >= 0, got {self.sinks}")
         self.require(0.0 < self.cancel_bound < 1.0, f"cancel_bound must be in (0, 1), got {self.cancel_bound}")

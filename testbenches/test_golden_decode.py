@@ -369,7 +369,8 @@ def data_files(tmp_path):
     ("mac", ["--context", "8000", "--tokens", "192"], "needs 8193 positions"),
     ("lad", ["--tokens", "9000"], "max_position_embeddings 8192"),
     ("mac", ["--prompt-len", "8190", "--new-tokens", "8"], "max_position_embeddings 8192"),
-    ("mac", ["--hardware"], "unrecognized arguments"),
+    ("mac", ["--hardware", "--set", "band=-1"], "band must be >= 0"),
+    ("mac", ["--hardware", "--set", "max_positions=1024"], "exceeds the engine's KV memory"),
     ("mac", ["--frobnicate"], "unrecognized arguments"),
     ("lad", ["--out", "{folder}"], "is a directory"),
     ("lad", ["--plot", "{binary}"], "is not a folder"),
@@ -408,6 +409,10 @@ def test_eval_set_edits_the_method_config(monkeypatch):
         (LadConfig(), LadTileConfig(max_centers=128))
     assert configs("mac", ["--set", "window=64", "--set", "reuse=false"]) == (MacConfig(window=64, reuse=False), None)
     assert configs("mac", []) == (MacConfig(), None)
+    from golden.mac_decode import MacDecodeConfig
+    assert configs("mac", ["--hardware", "--set", "band=32"]) == \
+        (MacDecodeConfig(band=32).reference(), MacDecodeConfig(band=32))
+    assert MacDecodeConfig().reference() == MacConfig()             # the float twin of the defaults
 
 
 def test_max_positions_read_without_loading_the_model():

@@ -7,7 +7,10 @@ token agreement), and per-run stats of each method.
 ``--set NAME=VALUE`` edits the method's config: ``LadConfig`` for ``eval lad``, ``MacConfig`` for
 ``eval mac``; with ``--hardware`` it edits the LAD tile's ``LadTileConfig`` instead, whose float twin
 is ``LadTileConfig.reference()``. ``--hardware`` runs the tile's bit-accurate model
-(golden/lad_tile.py, bit-exact with the RTL) for every query head of every layer.
+(golden/lad_tile.py, bit-exact with the RTL) for every query head of every layer. For ``eval mac``,
+``--hardware`` runs the MAC decode engine's bit-accurate model (golden/mac_decode.py, variant
+``mac-decode``) next to the float reference; ``--set`` then edits its ``MacDecodeConfig`` and the
+float ``mac`` variant is ``MacDecodeConfig.reference()``.
 
 The pieces: golden/llm/hooks.py (the attention function on a controller, per-layer states),
 runs.py (the decoding loops), metrics.py, data.py (WikiText-2), plots.py, report.py.
@@ -26,6 +29,7 @@ from ..cli import Parser, add_overrides, configure, parse_overrides
 from ..errors import ConfigError
 from ..lad_ref import LadConfig
 from ..lad_tile import LadTileConfig
+from ..mac_decode import MacDecodeConfig
 from ..mac_ref import MacConfig
 from .data import read_wikitext, wikitext_ids
 from .hooks import Controller
@@ -57,7 +61,10 @@ def build_parser(method: str) -> Parser:
                        help="also run the LAD tile's bit-accurate model (golden/lad_tile.py, bit-exact with the "
                             "RTL) for every head, and its float twin (lad-tile-float)")
     else:
-        add_overrides(p, "a MacConfig parameter")
+        add_overrides(p, "a MacConfig parameter (with --hardware: a MacDecodeConfig parameter)")
+        p.add_argument("--hardware", action="store_true",
+                       help="also run the MAC decode engine's bit-accurate model (golden/mac_decode.py) for every "
+                            "head of every layer (variant mac-decode); mac is then its float reference")
     p.add_argument("--ablate", action="store_true",
                    help="also run the ablation variant (LAD: exact scores = PWL error only; "
                         "MAC: exact prefix = merge machinery only)")
@@ -95,7 +102,16 @@ def check_lengths(args) -> None:
 
 
 def method_configs(method: str, args):
-    """``(config of the method, LadTileConfig or None)`` from the defaults and ``--set``."""
+    """``(config of the method, LadTileConfig / MacDecodeConfig or None)`` from the defaults and ``--set``."""
+    if method == "mac" and getattr(args, "hardware", False):
+        eng = configure(MacDecodeConfig(), args.set)
+        if eng.head_dim != MODEL_HEAD_DIM:
+            raise ConfigError(f"MacDecodeConfig: head_dim is {MODEL_HEAD_DIM} for SmolLM2, got {eng.head_dim}")
+        longest = max(args.context + args.tokens, args.prompt_len + args.new_tokens if args.prompts else 0)
+        if longest > eng.max_positions:
+            raise ConfigError(f"--hardware: a context of {longest} tokens exceeds the engine's KV memory "
+                              f"(max_positions = {eng.max_positions})")
+        return eng.reference(), eng
     if not getattr(args, "hardware", False):
         cfg = configure(BASE_CONFIGS[method], args.set)
         fixed = [name for name in parse_overrides(args.set) if method == "lad" and name in MODEL_FIELDS]
@@ -122,7 +138,9 @@ def run_variants(method: str, args, cfg, tile_cfg) -> dict[str, tuple[str, dict]
     if args.ablate:
         variants[f"{method}-{'exact-scores' if method == 'lad' else 'exact-prefix'}"] = (method, {kw: replace(
             cfg, **({"exact_scores": True} if method == "lad" else {"exact_prefix": True}))})
-    if tile_cfg is not None:
+    if isinstance(tile_cfg, MacDecodeConfig):
+        variants["mac-decode"] = ("mac-decode", {"mac": tile_cfg})
+    elif tile_cfg is not None:
         variants["lad-tile-float"] = ("lad", {"lad": tile_cfg.reference()})
         variants["lad-tile"] = ("lad-tile", {"tile": tile_cfg})
     if not args.variants:
@@ -160,7 +178,8 @@ def main(method: str, argv: list[str]) -> int:
     ids = wikitext_ids(tokenizer, need, args.data, text=text)
 
     results = {"method": method, "model": args.model, "command": "ladmac eval " + " ".join([method, *argv]),
-               "config": cfg.to_dict(), **({"tile_config": tile_cfg.to_dict()} if tile_cfg else {}),
+               "config": cfg.to_dict(),
+               **({("engine_config" if method == "mac" else "tile_config"): tile_cfg.to_dict()} if tile_cfg else {}),
                "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
     seq = ids[:args.context + args.tokens + 1]
     nll_full, _ = full_parallel(ctl, seq, args.context)
@@ -179,6 +198,8 @@ def main(method: str, argv: list[str]) -> int:
     generated = {"generation": variants[method]} if method in variants else {}
     if "lad-tile" in variants:
         generated["generation_hardware"] = variants["lad-tile"]
+    if "mac-decode" in variants:
+        generated["generation_hardware"] = variants["mac-decode"]
     for key, (m_name, m_kw) in generated.items():
         gen, gen_stats = [], []
         for i in range(args.prompts):
@@ -199,6 +220,8 @@ def main(method: str, argv: list[str]) -> int:
     results["seconds"] = time.time() - t_start
     if method == "mac" and method in steps:
         results["steps"] = steps[method]
+    if "mac-decode" in steps:
+        results["steps_hardware"] = steps["mac-decode"]
     print_table(method, results)
     if args.out:
         write_json(args.out, results)

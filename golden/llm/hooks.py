@@ -8,7 +8,8 @@ Everything a run needs (which method, its configs, per-layer states, stats) live
 controller; nothing is module-global and no transformers function is replaced.
 
 Per-layer states: :class:`golden.lad_ref.LadHead` (``lad``), :class:`TileLayerState` (``lad-tile``,
-the LAD tile's bit-accurate model) and :class:`golden.mac_ref.MacLayerState` (``mac``).
+the LAD tile's bit-accurate model), :class:`golden.mac_ref.MacLayerState` (``mac``) and
+:class:`golden.mac_decode.MacDecodeLayer` (``mac-decode``, the MAC decode engine's bit-accurate model).
 """
 from __future__ import annotations
 
@@ -21,9 +22,10 @@ from ..errors import ConfigError
 from ..lad_ref import LadConfig, LadHead
 from ..lad_batch import LadTileBatch
 from ..lad_tile import LadTileConfig, StepPath, dense_step_cycles, schedule_cycles
+from ..mac_decode import MacDecodeConfig, MacDecodeLayer
 from ..mac_ref import MacConfig, MacLayerState
 
-METHODS = ("full", "lad", "lad-tile", "mac")
+METHODS = ("full", "lad", "lad-tile", "mac", "mac-decode")
 
 
 class TileLayerState:
@@ -112,14 +114,17 @@ class Controller:
             del self.model._ladmac_controller
 
     # -- a run ---------------------------------------------------------------------------------
-    def start(self, method: str, lad: LadConfig | None = None, mac: MacConfig | None = None,
+    def start(self, method: str, lad: LadConfig | None = None, mac: MacConfig | MacDecodeConfig | None = None,
               tile: LadTileConfig | None = None) -> "Controller":
-        """Begin a run of ``method`` (full | lad | lad-tile | mac): fresh states and stats."""
+        """Begin a run of ``method`` (full | lad | lad-tile | mac | mac-decode): fresh states and stats
+        (``mac``: a MacConfig for ``mac``, a MacDecodeConfig for ``mac-decode``)."""
         if method not in METHODS:
             raise ConfigError(f"unknown attention method '{method}' (known: {', '.join(METHODS)})")
         self.method = method
         self.lad = lad or LadConfig()
-        self.mac = mac or MacConfig()
+        self.mac = mac or (MacDecodeConfig() if method == "mac-decode" else MacConfig())
+        if method == "mac-decode" and not isinstance(self.mac, MacDecodeConfig):
+            raise ConfigError("mac-decode runs on a MacDecodeConfig")
         self.tile = tile or LadTileConfig()
         self.totals, self.steps = {}, []
         self.reset()
@@ -143,6 +148,11 @@ class Controller:
             self.steps.append({"context": context, **self._step})
         self._step = {}
 
+    def _mac_state(self, hq: int, hkv: int, d: int, scale: float):
+        """A layer's MAC state: the float reference (``mac``) or the decode engine's model (``mac-decode``)."""
+        cls = MacDecodeLayer if self.method == "mac-decode" else MacLayerState
+        return cls(self.mac, hq, hkv, d, scale)
+
     # -- the attention function (transformers' AttentionInterface signature) ------------------------
     def attention(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -157,9 +167,8 @@ class Controller:
                 k, v = key[0].repeat_interleave(g, 0), value[0].repeat_interleave(g, 0)
                 for t in range(Sq):
                     st.step(query[0, :, t], k[:, t], v[:, t])
-            if self.method == "mac" and Sq == key.shape[2]:  # a prefill from position 0: fill the ring
-                st = self.states.setdefault(module.layer_idx, MacLayerState(
-                    self.mac, Hq, key.shape[1], D, scaling or module.scaling))
+            if self.method in ("mac", "mac-decode") and Sq == key.shape[2]:  # a prefill from 0: fill the ring
+                st = self.states.setdefault(module.layer_idx, self._mac_state(Hq, key.shape[1], D, scale))
                 q_pre = self.q_pre[module.layer_idx].view(Sq, Hq, D).transpose(0, 1)
                 st.prefill(q_pre, query[0], key[0], value[0])
             return out
@@ -186,7 +195,7 @@ class Controller:
                                  value[0, :, -1].repeat_interleave(g, 0))
         else:
             if st is None:
-                st = self.states[layer] = MacLayerState(self.mac, Hq, Hkv, D, scale)
+                st = self.states[layer] = self._mac_state(Hq, Hkv, D, scale)
             q_pre = self.q_pre[layer].view(-1, Hq, D)[-1]
             out, stats = st.decode_step(q_pre, query[0, :, 0], key[0], value[0], L - 1)
         self.add(stats)

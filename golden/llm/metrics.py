@@ -84,7 +84,7 @@ def summarize(ctl) -> dict:
             "centers_per_head_max": max(int(s.n_centers.max()) for s in ctl.states.values()),
             "layer_steps": t["layer_steps"],
         }
-    if ctl.method == "mac" and t.get("heads"):
+    if ctl.method in ("mac", "mac-decode") and t.get("heads"):
         engaged = [s for s in ctl.steps if s.get("misses", 0) + s.get("hits", 0) > 0]
         eh = sum(s["heads"] for s in engaged)
         return {
@@ -94,5 +94,7 @@ def summarize(ctl) -> dict:
             if engaged else 0.0,
             "fallbacks": t["fallbacks"], "engaged_steps": len(engaged), "steps": len(ctl.steps),
             "layer_steps": t["layer_steps"],
+            **({"saturated_elements": t["saturated"], "kv_bytes": t["kv_bytes"], "entry_bytes": t["entry_bytes"],
+                "dense_kv_bytes": t["dense_kv_bytes"]} if "kv_bytes" in t else {}),
         }
     return {"layer_steps": t.get("layer_steps", 0)}
