@@ -10,6 +10,7 @@ epochs, pairs, index, seed, ...), which starts from the model's entry of ``MODEL
 (``This sentence: "..." means in one word:"``, last token's final hidden state)."""
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
@@ -466,7 +467,7 @@ def main(argv: list[str]) -> int:
     check_outputs(args.out, args.plot)
 
     import torch
-    from ..attncache import AttnCache, build_store
+    from ..attncache import AttnCache
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     enc = Encoder(args.model)
@@ -485,23 +486,40 @@ def main(argv: list[str]) -> int:
         if args.out:
             write_json(args.out, result)
         return 0
-    tmp = None
-    root = Path(args.store) if args.store else Path(tmp := tempfile.mkdtemp(prefix="ladmac-attncache-"))
-    try:
-        t0 = time.perf_counter()
-        store = build_store(cache, enc.embed, db_sentences, root, progress=args.progress)
-        store.manifest["texts"] = db_sentences
-        build_s = time.perf_counter() - t0
+    with _store_root(args.store, cache) as root:
+        store, build_s = _build_text_store(cache, enc, db_sentences, root, args.progress)
         res = evaluate(enc, cache, store, test, cfg.theta, thetas, progress=args.progress)
-    finally:
-        cache.detach()
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
     result = {"model": args.model, "command": "ladmac eval attncache " + " ".join(argv),
               "config": cfg.to_dict(), "threads": args.threads, "train_pairs": len(train),
               "test_pairs": len(test), "db_sentences": len(db_sentences), "load_s": load_s, "build_s": build_s,
               "train_loss_first_last": [store.manifest["train_loss"][0], store.manifest["train_loss"][-1]]
               if store.manifest["train_loss"] else None, **res}
+    return _report(result, args)
+
+
+@contextlib.contextmanager
+def _store_root(store: str | None, cache):
+    """The store's folder (``--store``, or a temp folder removed afterwards); detaches ``cache`` on exit."""
+    tmp = None
+    root = Path(store) if store else Path(tmp := tempfile.mkdtemp(prefix="ladmac-attncache-"))
+    try:
+        yield root
+    finally:
+        cache.detach()
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _build_text_store(cache, enc: Encoder, texts: list[str], root: Path, progress: bool):
+    """build_store over ``texts`` (their exact texts kept for the new-text hit rate) -> (store, seconds)."""
+    from ..attncache import build_store
+    t0 = time.perf_counter()
+    store = build_store(cache, enc.embed, texts, root, progress=progress)
+    store.manifest["texts"] = texts
+    return store, time.perf_counter() - t0
+
+
+def _report(result: dict, args) -> int:
     print_table(result)
     if args.plot:
         result["plots"] = attncache_plots(result, args.plot)
@@ -516,7 +534,7 @@ def main_sst2(args, argv, cfg, thetas) -> int:
     the probe is fitted on the full model's embeddings; test accuracy (%) full vs AttnCache."""
     import numpy as np
     import torch
-    from ..attncache import AttnCache, build_store
+    from ..attncache import AttnCache
     rows = load_sst2(args.data or data_file(SST2))
     n_train = len(rows) // 2 if args.train is None else args.train
     if not 2 <= n_train < len(rows) - 1:
@@ -543,29 +561,14 @@ def main_sst2(args, argv, cfg, thetas) -> int:
         pred = predict([emb[s] for s in sentences])
         return 100.0 * float((pred == torch.as_tensor([labels[s] for s in sentences])).double().mean())
     cache = AttnCache(enc.base, cfg)
-    tmp = None
-    root = Path(args.store) if args.store else Path(tmp := tempfile.mkdtemp(prefix="ladmac-attncache-"))
-    try:
-        t0 = time.perf_counter()
-        store = build_store(cache, enc.embed, db, root, progress=args.progress)
-        store.manifest["texts"] = db
-        build_s = time.perf_counter() - t0
+    with _store_root(args.store, cache) as root:
+        store, build_s = _build_text_store(cache, enc, db, root, args.progress)
         res = evaluate(enc, cache, store, None, cfg.theta, thetas, progress=args.progress, sentences=sentences,
                        score=accuracy, metric="accuracy")
-    finally:
-        cache.detach()
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
     result = {"model": args.model, "task": "sst2", "command": "ladmac eval attncache " + " ".join(argv),
               "config": cfg.to_dict(), "threads": args.threads, "train_sentences": len(train),
               "db_sentences": len(db), "load_s": load_s, "build_s": build_s, **res}
-    print_table(result)
-    if args.plot:
-        result["plots"] = attncache_plots(result, args.plot)
-        print("plots: " + ", ".join(result["plots"]))
-    if args.out:
-        write_json(args.out, result)
-    return 0
+    return _report(result, args)
 
 
 # ----------------------------------------------------------------------------- MMLU
@@ -691,13 +694,11 @@ def main_mmlu(args, argv, cfg) -> int:
             return head(hidden)[0, letters]
 
     cache = AttnCache(base, cfg)
-    tmp = None
-    root = Path(args.store) if args.store else Path(tmp := tempfile.mkdtemp(prefix="ladmac-attncache-"))
     result = {"model": args.model, "task": "mmlu", "shots": args.shots, "command": "ladmac eval attncache " +
               " ".join(argv), "config": cfg.to_dict(), "threads": args.threads, "limit_per_subject": args.limit,
               "load_s": load_s}
     rows, per_subject = [], []
-    try:
+    with _store_root(args.store, cache) as root:
         t0 = time.perf_counter()
         store = build_prefix_store(cache, run_ids, [d[2] for d in data], root, progress=args.progress,
                                    texts=[d[1] for d in data])
@@ -737,10 +738,6 @@ def main_mmlu(args, argv, cfg) -> int:
                   f"end to end {s['e2e_speedup']:.2f}x", flush=True)
             if args.out:  # as it goes
                 write_json(args.out, dict(result, partial=True, subjects=per_subject, rows=rows))
-    finally:
-        cache.detach()
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
     hits = np.array([r["cache"]["hit"] for r in rows])
     # an input whose exact text is stored: its ids equal a stored entry's (the entries are the prefixes)
     exact = np.array([r["cache"]["hit"] and r["cache"]["rows_reused"] == r["len"] for r in rows])
