@@ -6,7 +6,8 @@ Six pipeline stages that stall together (one result per cycle, latency 6): 1. co
 of ``x`` against the interval boundaries, the leading one of ``z``, ``|x|`` for EXP2;
 2. the interval index, normalise ``z``, the partial products of ``|x| log2 e`` (each one
 MULT18X18D, registered); 3. sum and round ``u``, slice exponent, table index and offset;
-4. look up the coefficients; 5. the one multiply; 6. add, round and saturate. Each stage
+4. look up the coefficients (the line intercept pre-shifted with the rounding folded in);
+5. the one multiply; 6. one add or subtract, then saturate. Each stage
 holds at most one multiplier or one long carry chain (docs/synthesis.md).
 """
 from __future__ import annotations
@@ -136,9 +137,15 @@ class Sfm(wiring.Component):
         mant = unsigned(cfg.mantissa_frac + 1)
         coef = unsigned(cfg.coef_frac + 1)
         slopes = Array(Const(v, coef) for v in cfg.exp_slopes_raw)
-        recip_c0 = Array(Const(v, mant) for v in cfg.recip_c0_raw)
+        # c0 - round_shift(c1 * offset, k) == (c0' - c1 * offset) >> k (floor) with
+        # c0' = (c0 << k) + 2^k - 1 - 2^(k-1): the line's intercept comes pre-shifted with the
+        # rounding folded in, so stage 6 is one subtract (not an add, then a subtract)
+        k = cfg.table_offset_shift
+        fold = (lambda v: (v << k) + (1 << k) - 1 - (1 << (k - 1))) if k > 0 else (lambda v: v)
+        c0_shape = unsigned(max(1, max(fold(v) for v in cfg.recip_c0_raw + cfg.exp2_c0_raw).bit_length()))
+        recip_c0 = Array(Const(fold(v), c0_shape) for v in cfg.recip_c0_raw)
         recip_c1 = Array(Const(v, mant) for v in cfg.recip_c1_raw)
-        exp2_c0 = Array(Const(v, mant) for v in cfg.exp2_c0_raw)
+        exp2_c0 = Array(Const(fold(v), c0_shape) for v in cfg.exp2_c0_raw)
         exp2_c1 = Array(Const(v, mant) for v in cfg.exp2_c1_raw)
         # EXP's intercept comes as (b << x_frac) + the rounding half of exp_shift, so stage 6
         # has one add: round_shift(a x + (b << x_frac), exp_shift) = (a x + bias) >> exp_shift
@@ -148,7 +155,7 @@ class Sfm(wiring.Component):
         biases = Array(Const(v, bias_shape) for v in bias_raw)
         s4 = stage("s4", valid=1, op=2, x=signed(cfg.x_width), interval=cfg.interval_width,
                    exponent=EXPONENT_WIDTH, special=1, offset=offset_width, slope=coef, intercept=bias_shape,
-                   c0=mant, c1=mant)
+                   c0=c0_shape, c1=mant)
         is_exp2 = s3["op"] == SfmOp.EXP2
         with m.If(ce):
             m.d.sync += carry(s4, s3, "valid", "op", "x", "interval", "exponent", "special", "offset")
@@ -158,7 +165,7 @@ class Sfm(wiring.Component):
 
         # Stage 5: the one multiply (slope * x as registered DSP pieces, or c1 * offset).
         s5 = stage("s5", valid=1, op=2, interval=cfg.interval_width, exponent=EXPONENT_WIDTH, special=1,
-                   intercept=bias_shape, c0=mant, line_product=unsigned(cfg.mantissa_frac + 1 + offset_width))
+                   intercept=bias_shape, c0=c0_shape, line_product=unsigned(cfg.mantissa_frac + 1 + offset_width))
         with m.If(ce):
             m.d.sync += carry(s5, s4, "valid", "op", "interval", "exponent", "special", "intercept", "c0")
             m.d.sync += s5["line_product"].eq(s4["c1"] * s4["offset"])
@@ -169,7 +176,8 @@ class Sfm(wiring.Component):
         exp_sum = csa_sum([(r << sh) if sh else r for r, sh in exp_pieces] + [s5["intercept"]], exp_width).as_signed()
         exp_value = saturate(exp_sum >> cfg.exp_shift if cfg.exp_shift > 0 else exp_sum << -cfg.exp_shift,
                              unsigned(cfg.out_width))
-        mantissa = s5["c0"] - round_shift(s5["line_product"], cfg.table_offset_shift)
+        mantissa = ((s5["c0"] - s5["line_product"]) >> k if k > 0
+                    else s5["c0"] - round_shift(s5["line_product"], k))
         max_mantissa = (1 << (cfg.mantissa_frac + 1)) - 1
         out = self.o.payload
         with m.If(ce):
