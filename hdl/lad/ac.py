@@ -89,8 +89,21 @@ class Ac(wiring.Component):
         main_busy = Signal()
         m.d.comb += self.busy.eq(main_busy | engine_busy | waiting)
 
+        words_of = {}                      # (flat, beat index) -> the selected beat: one mux per pair
+
         def lane(flat, beat, i, width=aw):
-            return flat.word_select(beat, L * width)[i * width:(i + 1) * width].as_signed()
+            # An Array of the flat's beat slices is a nb-way mux per bit; word_select with a variable
+            # offset would make every output bit depend on every bit of the flat (Amaranth's Part),
+            # which made the netlist's cycle check the bulk of the tile's Verilog generation.
+            key = (id(flat), id(beat))
+            if key not in words_of:
+                words_of[key] = Array(flat[b * L * width:(b + 1) * L * width] for b in range(nb))[beat]
+            return words_of[key][i * width:(i + 1) * width].as_signed()
+
+        q_flat = self.q.as_value()
+
+        def q_lane(beat, i):               # element beat * L + i of q
+            return lane(q_flat, beat, i, kw)
 
         def addr_row(cnt):                 # word address -> (local row, beat)
             return cnt // nb if nb & (nb - 1) else cnt >> (nb.bit_length() - 1), cnt % nb
@@ -160,7 +173,7 @@ class Ac(wiring.Component):
                     for i in range(L):
                         a_lane = resp.payload[i * aw:(i + 1) * aw].as_signed()
                         m.d.comb += [vi.payload.a[i].eq(saturate(round_shift(a_lane, cfg.cache_dot_shift), signed(ow))),
-                                     vi.payload.b[i].eq(self.q.as_value().word_select(beat * L + i, kw).as_signed())]
+                                     vi.payload.b[i].eq(q_lane(beat, i))]
                 with m.If(ports[0][0].valid & ports[0][0].ready):
                     m.d.sync += issue.eq(issue + 1)
                 with m.If(ports[0][1].valid):
@@ -189,7 +202,7 @@ class Ac(wiring.Component):
                              vpus[0].o.ready.eq(1)]
                 for i in range(L):
                     m.d.comb += [vi.payload.a[i].eq(saturate(round_shift(lane(D, issue, i), cfg.cache_dot_shift), signed(ow))),
-                                 vi.payload.b[i].eq(self.q.as_value().word_select(issue * L + i, kw).as_signed())]
+                                 vi.payload.b[i].eq(q_lane(issue, i))]
                 with m.If(vi.valid & vi.ready):
                     m.d.sync += issue.eq(issue + 1)
                 with m.If(vpus[0].o.valid):
