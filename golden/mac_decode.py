@@ -489,7 +489,42 @@ class MacDecodeLayer:
                  "fallbacks": int(info["fallback"].sum()), "kv_read": int(group_read.sum()),
                  "kv_total": int(self.hkv * L), "skip_ratio": 1.0 - float(group_read.sum()) / float(self.hkv * L),
                  "saturated": self.saturated - sat0, **step_bytes(cfg, info, self.hkv, L)}
+        F, lo_tail, _ = step_ranges(cfg, n)
+        cyc = head_step_cycles(cfg, L, info["kv_keys"], info["hit"].long(), engaged, min(n, cfg.window),
+                               info["fallback"].long() * (lo_tail - F))
+        stats.update(engine_cycles=float(cyc.sum()), dense_cycles=float(H * dense_head_cycles(cfg, L)),
+                     head_kv_keys=int(info["kv_keys"].sum()))
         return cfg.out_format.to_float(o), stats
+
+
+# -- cycles: the schedule's model (docs/mac-unit.md, "Decode engine") ----------------------------
+MATCH_OVERHEAD = 10     # MatchUnit: cycles per match beyond M d/L + 2 d/L (docs/mac-unit.md, RTL-measured)
+MERGE_CYCLES = 20       # MergeUnit: cycles per merge/removal transaction (scalar phase, RTL-measured)
+PASS_LATENCY = 8        # VPU / SFM pipeline fill of one K or V pass
+NORM_CYCLES = 12        # RECIP of a range state's sum and its first output beat
+
+
+def head_step_cycles(cfg: MacDecodeConfig, L: int, keys, hit, engaged: bool, filled: int, fallback_keys=0):
+    """Cycles of one head's decode step on the planned engine (one VPU of ``lanes`` lanes, one SFM,
+    the KV port delivering one beat of ``lanes`` elements per cycle, steps not overlapped): match
+    (the MatchUnit's measured ``filled d/L + 2 d/L + 10``; a ring write only when not engaged), a K
+    pass and a V pass over the ``keys`` it reads (``d/L`` beats each, tail / band / body accumulated
+    in the same V pass), a second V pass over ``fallback_keys`` when a removal cancels, the entry read
+    on a hit and write, two MergeUnit transactions (plus one for sinks), normalisation of two range
+    states. ``keys``, ``hit``, ``fallback_keys``: ints or tensors (per head)."""
+    B = cfg.beats
+    match = filled * B + 2 * B + MATCH_OVERHEAD if engaged else B
+    passes = 2 * (keys * B + PASS_LATENCY) + fallback_keys * B
+    entry = B + (hit * B if not isinstance(hit, bool) else (B if hit else 0))
+    merges = (2 + (1 if cfg.sinks else 0)) * MERGE_CYCLES
+    return match + passes + entry + merges + 2 * (NORM_CYCLES + B)
+
+
+def dense_head_cycles(cfg: MacDecodeConfig, L: int) -> int:
+    """The dense baseline's head step at the same KV bandwidth (one beat per cycle): a K pass and a V
+    pass over all L keys, one normalisation."""
+    B = cfg.beats
+    return 2 * (L * B + PASS_LATENCY) + NORM_CYCLES + B
 
 
 def step_bytes(cfg: MacDecodeConfig, info: dict, kv_heads: int, L: int) -> dict:

@@ -95,6 +95,8 @@ def summarize(ctl) -> dict:
             "fallbacks": t["fallbacks"], "engaged_steps": len(engaged), "steps": len(ctl.steps),
             "layer_steps": t["layer_steps"],
             **({"saturated_elements": t["saturated"], "kv_bytes": t["kv_bytes"], "entry_bytes": t["entry_bytes"],
-                "dense_kv_bytes": t["dense_kv_bytes"]} if "kv_bytes" in t else {}),
+                "dense_kv_bytes": t["dense_kv_bytes"], "engine_cycles": t["engine_cycles"],
+                "dense_cycles": t["dense_cycles"], "cycles_vs_dense": t["engine_cycles"] / t["dense_cycles"]}
+               if "kv_bytes" in t else {}),
         }
     return {"layer_steps": t.get("layer_steps", 0)}
