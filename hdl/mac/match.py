@@ -11,8 +11,10 @@ plus a few for load, result and write-back.
 Timing (docs/synthesis.md): the ring is banked by its address's high bits, each bank one
 block RAM deep (2048 words: DP16KD as 2K x 9). The read request is registered before the
 banks' address pins (and the write, which lands a cycle later, while the next query
-loads); a bank's read data goes straight into a register next to it; the bank select is
-the next stage, registered with the query beat it is compared against (read latency 4).
+loads); a bank's read data goes straight into a register next to it (the placer keeps
+it there: nothing else is in that stage); the bank select follows in two registered
+steps (a pair of banks, then the pair), the second with the query beat it is compared
+against (read latency 5).
 The read pipeline stalls as a whole with the VPU's input. The reported position is kept
 per compared slot during the scan (no add after it).
 """
@@ -79,7 +81,7 @@ class MatchUnit(wiring.Component):
         wports = [bank.write_port() for bank in banks]
         rports = [bank.read_port(domain="sync") for bank in banks]
         query_buf = Array(Signal(word, name=f"query_beat{b}") for b in range(nb))
-        req_beat = Signal(range(nb))   # the beat of the word requested (selects the query beat at r1)
+        req_beat = Signal(range(nb))   # the beat of the word requested (selects the query beat at r2)
         req = stream.Signature(data.StructLayout({"addr": unsigned(low + _bits(n_banks))})).create()
         write = stream.Signature(data.StructLayout({"addr": unsigned(low + _bits(n_banks)),
                                                     "data": unsigned(word)})).create()
@@ -88,7 +90,11 @@ class MatchUnit(wiring.Component):
         m.d.comb += [ce.eq(~resp.valid | resp.ready), req.ready.eq(ce)]
         r0_valid, r1_valid = Signal(), Signal()
         r0_bank, r1_bank = Signal(_bits(n_banks)), Signal(_bits(n_banks))
-        r0_beat, r1_beat = Signal(range(nb)), Signal(range(nb))
+        r0_beat, r1_beat, r2_beat = Signal(range(nb)), Signal(range(nb)), Signal(range(nb))
+        # bank select in two registered steps: a pair of banks (by the bank's low bit), then the pair
+        n_pairs = -(-n_banks // 2)
+        r2_valid, r2_pair = Signal(), Signal(max(1, _bits(n_banks) - 1))
+        r2_word = Array(Signal(word, name=f"ring_pair{g}") for g in range(n_pairs))
         resp_q, resp_last = Signal(word), Signal()   # the query beat and ``last``, registered with the ring word
         r1_word = Array(Signal(word, name=f"ring_word{b}") for b in range(n_banks))
         # the request registered before the banks (their address pins are far apart), the
@@ -103,10 +109,13 @@ class MatchUnit(wiring.Component):
         with m.If(ce):
             m.d.sync += [ra_valid.eq(req.valid), ra_addr.eq(req.payload.addr), ra_beat.eq(req_beat),
                          r0_valid.eq(ra_valid), r0_bank.eq(ra_addr[low:] if n_banks > 1 else 0),
-                         r1_valid.eq(r0_valid), r1_bank.eq(r0_bank), resp.valid.eq(r1_valid),
-                         resp.payload.eq(r1_word[r1_bank]),
-                         r0_beat.eq(ra_beat), r1_beat.eq(r0_beat),
-                         resp_q.eq(query_buf[r1_beat]), resp_last.eq(r1_beat == nb - 1)]
+                         r1_valid.eq(r0_valid), r1_bank.eq(r0_bank), r2_valid.eq(r1_valid),
+                         r2_pair.eq(r1_bank[1:] if n_banks > 2 else 0), resp.valid.eq(r2_valid),
+                         resp.payload.eq(r2_word[r2_pair]),
+                         r0_beat.eq(ra_beat), r1_beat.eq(r0_beat), r2_beat.eq(r1_beat),
+                         resp_q.eq(query_buf[r2_beat]), resp_last.eq(r2_beat == nb - 1)]
+            m.d.sync += [r2_word[g].eq(Mux(r1_bank[0], r1_word[2 * g + 1], r1_word[2 * g]) if 2 * g + 1 < n_banks
+                                       else r1_word[2 * g]) for g in range(n_pairs)]
             m.d.sync += [r1_word[b].eq(rports[b].data) for b in range(n_banks)]
 
         head = Signal(_bits(cfg.heads))
