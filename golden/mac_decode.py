@@ -146,7 +146,10 @@ def attend_bits(s: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, cfg: MacDe
     p = round_shift(me << (cfg.sum_frac - cfg.mantissa_frac), ke)
     p = torch.where(mask, p, torch.zeros_like(p))
     z = p.sum(-1)
-    n = (p.double().unsqueeze(-2) @ v.double()).squeeze(-2).round().long()  # exact (validate's bound)
+    if v.dim() == p.dim() + 1 and v.shape[-3] == 1:      # values shared by p's second-last dim
+        n = (p.double() @ v.squeeze(-3).double()).round().long()
+    else:
+        n = (p.double().unsqueeze(-2) @ v.double()).squeeze(-2).round().long()  # exact (validate's bound)
     z_sat = saturate(z, cfg.sum_format)
     r, kr = recip(z_sat, cfg.sfm)
     pre = (kr - cfg.attend_guard).clamp_min(0)          # z >= 2^sum_frac: kr >= sum_frac >= guard

@@ -20,7 +20,7 @@ from golden.mac_ref import MacLayerState, attend
 
 DATA = Path(__file__).parent / "data"
 TINY = PRESETS["tiny"]            # window 8, d 8, band 4, min_context 10
-SEEDS = (2025, 2026, 2027)
+SEEDS = (2025, 2026)
 
 
 def random_sequence(cfg: MacDecodeConfig, H: int, Hkv: int, N: int, seed: int):
@@ -100,8 +100,8 @@ def real_trace(cfg: MacDecodeConfig, steps: int):
 
 def test_layer_model_equals_head_model_on_real_trace():
     cfg = MacDecodeConfig(window=32, band=8, min_context=48, lanes=8, max_positions=1024)
-    c = run_both(cfg, 1, 1, real_trace(cfg, 200))
-    assert c["hits"] > 40 and c["misses"] > 40 and c["idle"] == 47, c
+    c = run_both(cfg, 1, 1, real_trace(cfg, 160))
+    assert c["hits"] > 30 and c["misses"] > 30 and c["idle"] == 47, c
 
 
 def test_prefill_entries_are_range_attention_of_their_query():
