@@ -96,6 +96,9 @@ class LadTileConfig(HeadConfig):
                                 "actives' value reads between them (the KV port's requests in flight)")
     kv_positions: int = param(8192, "depth of the KV memory: contexts past max_positions (up to this) are "
                                     "computed by an exact pass over it")
+    ac_lanes: int = param(0, "lanes of AC's scalar-times-vector arithmetic (corrections, cache updates, N's "
+                             "terms, o = N RECIP(Z)) per cycle: 0 = all lanes; fewer take lanes / ac_lanes "
+                             "cycles a beat with that many times fewer multipliers (FPGA fit)")
 
     def validate(self):
         super().validate()
@@ -117,6 +120,8 @@ class LadTileConfig(HeadConfig):
                      f"eas_beats must divide head_dim / lanes ({self.beats}) and leave at most 64 EAS lanes, "
                      f"got {self.eas_beats}")
         self.require(1 <= self.md_inflight <= 16, f"md_inflight must be 1..16, got {self.md_inflight}")
+        self.require(self.ac_lanes >= 0 and (self.ac_lanes == 0 or self.lanes % self.ac_lanes == 0),
+                     f"ac_lanes must be 0 (all lanes) or divide lanes ({self.lanes}), got {self.ac_lanes}")
         self.require(self.max_positions <= self.kv_positions <= 1 << 16,
                      f"kv_positions must be max_positions..65536, got {self.kv_positions}")
         self.require(self.beats >= DenseConfig.min_beats,
@@ -130,6 +135,11 @@ class LadTileConfig(HeadConfig):
     @property
     def ac_vpus(self) -> int:
         return self.vpus - 3
+
+    @property
+    def ac_group(self) -> int:
+        """Lanes AC's scalar-times-vector arithmetic handles per cycle (``ac_lanes``, 0 = ``lanes``)."""
+        return self.ac_lanes or self.lanes
 
     @property
     def ac_update_cycles(self) -> int:
@@ -252,6 +262,9 @@ class LadTileConfig(HeadConfig):
 PRESETS = {
     "default": LadTileConfig(),
     "small": LadTileConfig(head_dim=32, lanes=8, vpus=5, max_positions=64, max_centers=8, kv_positions=128),
+    # head_dim 64 on the LFE5U-85F (docs/lad-tile.md "Synthesis"): 155 of 208 DP16KD (centers 2048 x 1024 bits),
+    # about 133 of 156 MULT18X18D (EAS 2 x 8 lanes, one AC VPU, AC's scalar arithmetic a lane a cycle)
+    "ecp5-85f": LadTileConfig(max_positions=2048, max_centers=2048, kv_positions=4096, eas_beats=8, vpus=4, ac_lanes=1),
 }
 
 

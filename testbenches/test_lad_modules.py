@@ -3,6 +3,7 @@ against its part of golden.lad_tile.LadTileModel (the model's per-module trace a
 module-level methods), with random stimulus (seed in the parameters), corner cases and
 random gaps / back-pressure / latency on every stream port; then the tile
 (test_lad_tile.py). Small preset: d = 32, 4 beats, 2 AC VPUs, 64 positions, 8 centers."""
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -65,12 +66,15 @@ def test_lad_md_rtl_equals_golden(kind, steps, seed):
     assert r["intervals_seen"] == list(range(SMALL.n_intervals))
 
 
-@pytest.mark.parametrize("kind, steps, seed", [("drift", 40, SEED), ("all_active", 20, SEED + 5)])
-def test_lad_ac_rtl_equals_golden(kind, steps, seed):
+@pytest.mark.parametrize("kind, steps, seed, ac_lanes", [("drift", 40, SEED, 0), ("all_active", 20, SEED + 5, 0),
+                                                         ("drift", 24, SEED + 6, 2)])
+def test_lad_ac_rtl_equals_golden(kind, steps, seed, ac_lanes):
     """The tile's command sequence of a drift / all-active sequence: first step (empty caches,
     Z = 0 into RECIP), corrections, mode-change cache updates, absorptions, extreme values (v =
-    127, k = -100 in drift); probes read o of the cache terms alone."""
-    r = simulate("lad-ac", SMALL, "testbenches.tb.tb_lad_ac", seed=seed, name=kind,
+    127, k = -100 in drift); probes read o of the cache terms alone. ``ac_lanes = 2``: the
+    scalar-times-vector arithmetic two lanes a cycle (4 cycles a beat), as the FPGA preset does."""
+    cfg = replace(SMALL, ac_lanes=ac_lanes)
+    r = simulate("lad-ac", cfg, "testbenches.tb.tb_lad_ac", seed=seed, name=f"{kind}-{cfg.ac_group}",
                  params={"steps": steps, "kind": kind, "probe": 0.5})
     assert r["mismatches"] == 0 and r["steps"] == steps, r["mismatch_list"]
     assert r["corrections"] > 0 and r["mode_change_updates"] > 0 and r["probes"] > 0 and r["qa_passes"] > 0

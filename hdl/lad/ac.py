@@ -19,10 +19,15 @@ B, C, D, E, F and the step's ``N``, ``Z`` (registers). Commands on ``cmd``:
   Updates reach A in command order, as in the model;
 - ``FINISH``: ``(rm, e) = RECIP(clamp(Z))`` through the ``recip_*`` ports, then
   ``o = sat(round_shift(N rm, mf + e))`` leaves on ``out``, one beat per transfer.
+
+The scalar-times-vector arithmetic outside the VPUs (BEATS' products, COMBINE's terms, OUT's
+``N rm``) handles ``cfg.ac_group`` lanes a cycle: all ``L`` at the defaults (a beat a cycle);
+fewer (``ac_lanes``, the FPGA preset) take ``L / ac_lanes`` cycles a beat with that many times
+fewer multipliers and adders, with the same arithmetic (bit-exact with the same model).
 """
 from __future__ import annotations
 
-from amaranth import Array, Cat, Module, Mux, Signal, signed, unsigned
+from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -82,22 +87,29 @@ class Ac(wiring.Component):
         issue, resp_cnt, out_cnt = Signal(range(words + 1)), Signal(range(words + 1)), Signal(range(words + 1))
         e_issue, e_resp, e_out = (Signal(range(words + 1), name=f"engine_{x}") for x in ("issue", "resp", "out"))
         rm, re = Signal(mf + 1), Signal(cfg.sfm.exponent_width)
-        out_b = Signal(range(nb + 1))
+        AL = cfg.ac_group                   # lanes of the scalar-times-vector arithmetic per cycle
+        G = L // AL                         # cycles (lane groups) per beat
+        out_b = Signal(range(nb * G + 1))   # COMBINE / OUT: the group (G = 1: the beat)
+        in_sub = Signal(range(G))           # BEATS: the group of the command's beat
+        o_sub = Signal(range(G))            # OUT: the group of the beat being filled
+        o_buf = Signal(L * kw)              # OUT (G > 1): the beat being filled
         sa, sb, sc = cfg.n_cache_shifts
         za, zb, zc = cfg.z_cache_shifts
         S = cfg.scale_raw
         main_busy = Signal()
         m.d.comb += self.busy.eq(main_busy | engine_busy | waiting)
 
-        words_of = {}                      # (flat, beat index) -> the selected beat: one mux per pair
+        words_of = {}                      # (flat, index, run) -> the selected run: one mux per triple
 
-        def lane(flat, beat, i, width=aw):
-            # An Array of the flat's beat slices is a nb-way mux per bit; word_select with a variable
-            # offset would make every output bit depend on every bit of the flat (Amaranth's Part),
-            # which made the netlist's cycle check the bulk of the tile's Verilog generation.
-            key = (id(flat), id(beat))
+        def lane(flat, idx, i, width=aw, per=L):
+            """Lane ``i`` of run ``idx`` of ``per`` lanes (a beat, or a group of AL lanes) of a flat register."""
+            # An Array of the flat's run slices is a mux per bit; word_select with a variable offset
+            # would make every output bit depend on every bit of the flat (Amaranth's Part), which
+            # made the netlist's cycle check the bulk of the tile's Verilog generation.
+            key = (id(flat), id(idx), per)
             if key not in words_of:
-                words_of[key] = Array(flat[b * L * width:(b + 1) * L * width] for b in range(nb))[beat]
+                runs = len(flat) // (per * width)
+                words_of[key] = Array(flat[r * per * width:(r + 1) * per * width] for r in range(runs))[idx]
             return words_of[key][i * width:(i + 1) * width].as_signed()
 
         q_flat = self.q.as_value()
@@ -114,8 +126,9 @@ class Ac(wiring.Component):
 
         with m.FSM():
             with m.State("IDLE"):
-                m.d.comb += self.cmd.ready.eq(~waiting)
                 c = self.cmd.payload
+                beat_done = Const(1) if G == 1 else (in_sub == G - 1)   # a BEATS command's last group
+                m.d.comb += self.cmd.ready.eq(~waiting & ((c.op != AcOp.BEATS) | beat_done))
                 with m.If(self.cmd.valid & ~waiting):
                     with m.Switch(c.op):
                         with m.Case(AcOp.QA):
@@ -127,35 +140,43 @@ class Ac(wiring.Component):
                                 m.next = "COMBINE"
                             with m.Else():
                                 start_qa_pass(1)
-                        with m.Case(AcOp.BEATS):
+                        with m.Case(AcOp.BEATS):   # group in_sub of the beat (all of it when G = 1)
+                            grp = in_b if G == 1 else in_b * G + in_sub
                             n_new, b_new, c_new, d_new, g_new = [], [], [], [], []
-                            for i in range(L):
-                                av = Signal(signed(COEF_FRAC + 2 + kw), name=f"alpha_v{i}")
-                                m.d.comb += av.eq(c.alpha * c.v[i])
-                                n_new.append(saturate(lane(N, in_b, i) + c.w * c.v[i], signed(aw)))
-                                b_new.append(saturate(lane(B, in_b, i) + av, signed(aw)))
-                                c_new.append(saturate(lane(C, in_b, i) + c.beta * c.v[i], signed(aw)))
-                                d_new.append(saturate(lane(D, in_b, i) + c.alpha * c.k[i], signed(aw)))
+                            for j in range(AL):
+                                v_j, k_j = ((c.v[j], c.k[j]) if G == 1 else
+                                            (Array(c.v[r * AL + j] for r in range(G))[in_sub],
+                                             Array(c.k[r * AL + j] for r in range(G))[in_sub]))
+                                av = Signal(signed(COEF_FRAC + 2 + kw), name=f"alpha_v{j}")
+                                m.d.comb += av.eq(c.alpha * v_j)
+                                n_new.append(saturate(lane(N, grp, j, per=AL) + c.w * v_j, signed(aw)))
+                                b_new.append(saturate(lane(B, grp, j, per=AL) + av, signed(aw)))
+                                c_new.append(saturate(lane(C, grp, j, per=AL) + c.beta * v_j, signed(aw)))
+                                d_new.append(saturate(lane(D, grp, j, per=AL) + c.alpha * k_j, signed(aw)))
                                 g_new.append(round_shift(av, cfg.g_shift)[:gw])
                             with m.If(c.accumulate):
-                                m.d.sync += N.word_select(in_b, L * aw).eq(Cat(*n_new))
+                                m.d.sync += N.word_select(grp, AL * aw).eq(Cat(*n_new))
                             with m.If(c.update):
-                                m.d.sync += [B.word_select(in_b, L * aw).eq(Cat(*b_new)),
-                                             C.word_select(in_b, L * aw).eq(Cat(*c_new)),
-                                             D.word_select(in_b, L * aw).eq(Cat(*d_new)),
-                                             g.word_select(in_b, L * gw).eq(Cat(*g_new)),
-                                             k_buf[in_b].eq(c.k), qa_fresh.eq(0)]
-                            with m.If(in_b == 0):
-                                with m.If(c.accumulate):
-                                    m.d.sync += Z.eq(saturate(Z + c.w, signed(zw)))
-                                with m.If(c.update):
-                                    m.d.sync += [E.eq(saturate(E + c.alpha, signed(cfg.ef_width))),
-                                                 F.eq(saturate(F + c.beta, signed(cfg.ef_width)))]
-                            m.d.sync += in_b.eq(incr(in_b, nb))
-                            with m.If((in_b == nb - 1) & c.update):
-                                m.d.sync += waiting.eq(1)      # the engine takes it when it is free
+                                m.d.sync += [B.word_select(grp, AL * aw).eq(Cat(*b_new)),
+                                             C.word_select(grp, AL * aw).eq(Cat(*c_new)),
+                                             D.word_select(grp, AL * aw).eq(Cat(*d_new)),
+                                             g.word_select(grp, AL * gw).eq(Cat(*g_new))]
+                            if G > 1:
+                                m.d.sync += in_sub.eq(incr(in_sub, G))
                         with m.Case(AcOp.FINISH):
                             m.next = "RECIP"
+                    with m.If(self.cmd.valid & self.cmd.ready & (c.op == AcOp.BEATS)):   # the beat's transfer
+                        with m.If(c.update):
+                            m.d.sync += [k_buf[in_b].eq(c.k), qa_fresh.eq(0)]
+                        with m.If(in_b == 0):
+                            with m.If(c.accumulate):
+                                m.d.sync += Z.eq(saturate(Z + c.w, signed(zw)))
+                            with m.If(c.update):
+                                m.d.sync += [E.eq(saturate(E + c.alpha, signed(cfg.ef_width))),
+                                             F.eq(saturate(F + c.beta, signed(cfg.ef_width)))]
+                        m.d.sync += in_b.eq(incr(in_b, nb))
+                        with m.If((in_b == nb - 1) & c.update):
+                            m.d.sync += waiting.eq(1)      # the engine takes it when it is free
 
             with m.State("QA_WAIT"):   # A must hold every update handed over so far
                 m.d.comb += main_busy.eq(1)
@@ -187,12 +208,13 @@ class Ac(wiring.Component):
                             m.next = "COMBINE"
                         with m.Else():
                             m.next = "IDLE"
-            with m.State("COMBINE"):   # N = round(S q.A_r) - round(m B) + round(C), a beat per cycle
+            with m.State("COMBINE"):   # N = round(S q.A_r) - round(m B) + round(C), a group per cycle
                 m.d.comb += main_busy.eq(1)
-                terms = [saturate(round_shift(lane(qa, out_b, i) * S, sa) - round_shift(m_ref * lane(B, out_b, i), sb)
-                                  + round_shift(lane(C, out_b, i), sc), signed(aw)) for i in range(L)]
-                m.d.sync += [N.word_select(out_b, L * aw).eq(Cat(*terms)), out_b.eq(out_b + 1)]
-                with m.If(out_b == nb - 1):
+                terms = [saturate(round_shift(lane(qa, out_b, j, per=AL) * S, sa)
+                                  - round_shift(m_ref * lane(B, out_b, j, per=AL), sb)
+                                  + round_shift(lane(C, out_b, j, per=AL), sc), signed(aw)) for j in range(AL)]
+                m.d.sync += [N.word_select(out_b, AL * aw).eq(Cat(*terms)), out_b.eq(out_b + 1)]
+                with m.If(out_b == nb * G - 1):
                     m.d.sync += issue.eq(0)
                     m.next = "TERMS_Z"
             with m.State("TERMS_Z"):   # Z from q.D_r on VPU 0 (the engine is idle: no update since the pass)
@@ -224,14 +246,32 @@ class Ac(wiring.Component):
                     m.d.sync += [rm.eq(self.recip_resp.payload.mantissa), re.eq(self.recip_resp.payload.exponent),
                                  out_b.eq(0)]
                     m.next = "OUT"
-            with m.State("OUT"):
-                m.d.comb += [main_busy.eq(1), self.out.valid.eq(1)]
-                for i in range(L):
-                    m.d.comb += self.out.payload[i].eq(saturate(round_shift(lane(N, out_b, i) * rm, mf + re), signed(kw)))
-                with m.If(self.out.ready):
-                    m.d.sync += out_b.eq(out_b + 1)
-                    with m.If(out_b == nb - 1):
-                        m.next = "IDLE"
+            if G == 1:
+                with m.State("OUT"):
+                    m.d.comb += [main_busy.eq(1), self.out.valid.eq(1)]
+                    for i in range(L):
+                        m.d.comb += self.out.payload[i].eq(saturate(round_shift(lane(N, out_b, i) * rm, mf + re),
+                                                                    signed(kw)))
+                    with m.If(self.out.ready):
+                        m.d.sync += out_b.eq(out_b + 1)
+                        with m.If(out_b == nb - 1):
+                            m.next = "IDLE"
+            else:
+                with m.State("OUT"):        # the beat's groups into o_buf, one a cycle
+                    m.d.comb += main_busy.eq(1)
+                    o_grp = [saturate(round_shift(lane(N, out_b, j, per=AL) * rm, mf + re), signed(kw))
+                             for j in range(AL)]
+                    m.d.sync += [o_buf.word_select(o_sub, AL * kw).eq(Cat(*o_grp)), out_b.eq(out_b + 1),
+                                 o_sub.eq(incr(o_sub, G))]
+                    with m.If(o_sub == G - 1):
+                        m.next = "OUT_SEND"
+                with m.State("OUT_SEND"):
+                    m.d.comb += [main_busy.eq(1), self.out.valid.eq(1), self.out.payload.eq(o_buf)]
+                    with m.If(self.out.ready):
+                        with m.If(out_b == nb * G):
+                            m.next = "IDLE"
+                        with m.Else():
+                            m.next = "OUT"
 
         # The A engine: A[l] += g_l k, read-modify-write of every word, P rows at a time. It runs
         # while the FSM above takes commands; the q.A_r pass waits for it (QA_WAIT), so the two
