@@ -360,6 +360,8 @@ def test_eval_config_defaults_are_the_configs_own(monkeypatch):
                            (["--set", "layers=0-9"], "layers"), (["--set", "label=x"], "label"),
                            (["--diagnose", "0-x"], "diagnose"), (["--task", "foo"], "unknown task"),
                            (["--task", "sst2", "--train", "1"], "--train"),
+                           (["--task", "sst2", "--calib", "1"], "--calib"),
+                           (["--task", "sst2", "--db-extra", "wiki"], "--db-extra"),
                            (["--epochs", "3"], "unrecognized arguments"), (["--theta", "0.9"], "unrecognized"),
                            (["--model", "gpt9"], "unknown model")):
         with pytest.raises(ConfigError, match=fragment):

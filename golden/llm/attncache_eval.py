@@ -399,6 +399,11 @@ def build_parser() -> Parser:
     p.add_argument("--shots", type=int, default=5, help="mmlu: dev exemplars in the prompt, 0..5 (default 5)")
     p.add_argument("--limit", type=int, default=None, help="mmlu: questions per subject (seeded shuffle; "
                                                            "default all)")
+    p.add_argument("--calib", type=int, default=None, help="sst2: held-out sentences that choose theta (the "
+                                                           "rest are the test set)")
+    p.add_argument("--calib-drop", type=float, default=0.5, help="sst2 --calib: largest calibration accuracy "
+                                                                 "drop (points) theta may cost (default 0.5)")
+    p.add_argument("--db-extra", default=None, help="sst2: 'stsb' adds the STS-B dev sentences to the database")
     p.add_argument("--subjects", default=None, help="mmlu: comma list of subjects (default: all in data/mmlu)")
     add_overrides(p, "an AttnCacheConfig parameter (theta, epochs, pairs, index, seed, ...; "
                      "base: the model's entry of MODEL_CONFIGS)")
@@ -530,8 +535,11 @@ def _report(result: dict, args) -> int:
 
 
 def main_sst2(args, argv, cfg, thetas) -> int:
-    """SST-2 dev: database = probe training set = the first ``--train`` sentences of a seeded shuffle;
-    the probe is fitted on the full model's embeddings; test accuracy (%) full vs AttnCache."""
+    """SST-2 dev: database = probe training set = the first ``--train`` sentences of a seeded shuffle
+    (``--db-extra stsb``: plus the STS-B dev sentences, in the database only); the probe is fitted on the
+    full model's embeddings; test accuracy (%) full vs AttnCache. ``--calib N``: the first N held-out
+    sentences choose theta (the smallest of ``--thetas`` whose calibration accuracy drop is at most
+    ``--calib-drop``), the others are the test set, run at that theta."""
     import numpy as np
     import torch
     from ..attncache import AttnCache
@@ -542,32 +550,55 @@ def main_sst2(args, argv, cfg, thetas) -> int:
     order = np.random.default_rng(cfg.seed).permutation(len(rows))
     train = [rows[i] for i in order[:n_train]]
     test = [rows[i] for i in order[n_train:]]
+    calib = []
+    if args.calib is not None:
+        if not 2 <= args.calib <= len(test) - 2:
+            raise ConfigError(f"--calib must be in 2..{len(test) - 2} (held-out SST-2 sentences), got {args.calib}")
+        calib, test = test[:args.calib], test[args.calib:]
     if args.test is not None:
         if args.test < 2:
             raise ConfigError(f"--test must be >= 2, got {args.test}")
         test = test[:args.test]
+    if args.db_extra not in (None, "stsb"):
+        raise ConfigError(f"--db-extra must be stsb, got '{args.db_extra}'")
+    extra = [] if args.db_extra is None else list(dict.fromkeys(
+        s for _, a, b in load_stsb(data_file(STSB)) for s in (a, b)))
     check_outputs(args.out, args.plot)
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     enc = Encoder(args.model)
     load_s = time.perf_counter() - t0
-    db = list(dict.fromkeys(s for s, _ in train))
+    db = list(dict.fromkeys([s for s, _ in train] + extra))
     train_emb = [enc.embed(s).clone() for s, _ in train]
     predict = fit_probe(train_emb, [y for _, y in train])
-    labels = {s: y for s, y in test}
-    sentences = list(labels)
 
-    def accuracy(emb):
-        pred = predict([emb[s] for s in sentences])
-        return 100.0 * float((pred == torch.as_tensor([labels[s] for s in sentences])).double().mean())
+    def scorer(split):
+        labels = {s: y for s, y in split}
+        sentences = list(labels)
+
+        def accuracy(emb):
+            pred = predict([emb[s] for s in sentences])
+            return 100.0 * float((pred == torch.as_tensor([labels[s] for s in sentences])).double().mean())
+        return sentences, accuracy
     cache = AttnCache(enc.base, cfg)
+    theta, calibration = cfg.theta, None
     with _store_root(args.store, cache) as root:
         store, build_s = _build_text_store(cache, enc, db, root, args.progress)
-        res = evaluate(enc, cache, store, None, cfg.theta, thetas, progress=args.progress, sentences=sentences,
+        if calib:
+            sentences, accuracy = scorer(calib)
+            calibration = evaluate(enc, cache, store, None, cfg.theta, thetas, progress=args.progress,
+                                   sentences=sentences, score=accuracy, metric="accuracy")
+            ok = [r["theta"] for r in calibration["sweep"] if r["delta"] >= -args.calib_drop]
+            theta = min(ok) if ok else max(thetas)
+            print(f"calibration ({len(calib)} sentences): theta {theta:g} = the smallest with accuracy drop <= "
+                  f"{args.calib_drop:g}")
+        sentences, accuracy = scorer(test)
+        res = evaluate(enc, cache, store, None, theta, thetas, progress=args.progress, sentences=sentences,
                        score=accuracy, metric="accuracy")
     result = {"model": args.model, "task": "sst2", "command": "ladmac eval attncache " + " ".join(argv),
               "config": cfg.to_dict(), "threads": args.threads, "train_sentences": len(train),
-              "db_sentences": len(db), "load_s": load_s, "build_s": build_s, **res}
+              "db_sentences": len(db), "db_extra": args.db_extra, "calib_sentences": len(calib),
+              "theta_used": theta, "calibration": calibration, "load_s": load_s, "build_s": build_s, **res}
     return _report(result, args)
 
 
