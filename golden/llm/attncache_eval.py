@@ -656,7 +656,7 @@ def mmlu_plots(result: dict, folder) -> list[str]:
     ax.set_xticklabels([s["subject"].replace("_", " ") for s in subs], rotation=40, ha="right", fontsize=7)
     ax.set_ylabel("speedup over all inputs")
     ax.set_title(f"MMLU {result['shots']}-shot per subject")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     paths.append(str(folder / f"{stem}_speedup.png"))
     fig.savefig(paths[1], dpi=110)
