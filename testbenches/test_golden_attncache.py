@@ -361,6 +361,7 @@ def test_eval_config_defaults_are_the_configs_own(monkeypatch):
                            (["--diagnose", "0-x"], "diagnose"), (["--task", "foo"], "unknown task"),
                            (["--task", "sst2", "--train", "1"], "--train"),
                            (["--task", "sst2", "--calib", "1"], "--calib"),
+                           (["--calib", "1"], "--calib"), (["--calib", "10", "--test", "1"], "--test"),
                            (["--task", "sst2", "--db-extra", "wiki"], "--db-extra"),
                            (["--epochs", "3"], "unrecognized arguments"), (["--theta", "0.9"], "unrecognized"),
                            (["--model", "gpt9"], "unknown model")):

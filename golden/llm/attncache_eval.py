@@ -399,10 +399,10 @@ def build_parser() -> Parser:
     p.add_argument("--shots", type=int, default=5, help="mmlu: dev exemplars in the prompt, 0..5 (default 5)")
     p.add_argument("--limit", type=int, default=None, help="mmlu: questions per subject (seeded shuffle; "
                                                            "default all)")
-    p.add_argument("--calib", type=int, default=None, help="sst2: held-out sentences that choose theta (the "
-                                                           "rest are the test set)")
-    p.add_argument("--calib-drop", type=float, default=0.5, help="sst2 --calib: largest calibration accuracy "
-                                                                 "drop (points) theta may cost (default 0.5)")
+    p.add_argument("--calib", type=int, default=None, help="held-out STS-B pairs / SST-2 sentences that choose "
+                                                           "theta (the test set follows them)")
+    p.add_argument("--calib-drop", type=float, default=0.5, help="--calib: largest calibration score drop "
+                                                                 "(points) theta may cost (default 0.5)")
     p.add_argument("--db-extra", default=None, help="sst2: 'stsb' adds the STS-B dev sentences to the database")
     p.add_argument("--subjects", default=None, help="mmlu: comma list of subjects (default: all in data/mmlu)")
     add_overrides(p, "an AttnCacheConfig parameter (theta, epochs, pairs, index, seed, ...; "
@@ -468,7 +468,16 @@ def main(argv: list[str]) -> int:
             raise ConfigError("--diagnose runs on stsb only")
         return main_sst2(args, argv, cfg, thetas)
     rows = load_stsb(args.data or data_file(STSB))
-    train, test = split_pairs(rows, 1000 if args.train is None else args.train, args.test, cfg.seed)
+    train, test = split_pairs(rows, 1000 if args.train is None else args.train, None, cfg.seed)
+    calib = []
+    if args.calib is not None:  # the first --calib held-out pairs choose theta, the test pairs follow them
+        if not 2 <= args.calib <= len(test) - 2:
+            raise ConfigError(f"--calib must be in 2..{len(test) - 2} (held-out STS-B pairs), got {args.calib}")
+        calib, test = test[:args.calib], test[args.calib:]
+    if args.test is not None:
+        if args.test < 2:
+            raise ConfigError(f"--test must be >= 2, got {args.test}")
+        test = test[:args.test]
     check_outputs(args.out, args.plot)
 
     import torch
@@ -493,9 +502,14 @@ def main(argv: list[str]) -> int:
         return 0
     with _store_root(args.store, cache) as root:
         store, build_s = _build_text_store(cache, enc, db_sentences, root, args.progress)
-        res = evaluate(enc, cache, store, test, cfg.theta, thetas, progress=args.progress)
+        theta, calibration = cfg.theta, None
+        if calib:
+            calibration = evaluate(enc, cache, store, calib, cfg.theta, thetas, progress=args.progress)
+            theta = _calibrated_theta(calibration, thetas, args.calib_drop, len(calib), "pairs")
+        res = evaluate(enc, cache, store, test, theta, thetas, progress=args.progress)
     result = {"model": args.model, "command": "ladmac eval attncache " + " ".join(argv),
               "config": cfg.to_dict(), "threads": args.threads, "train_pairs": len(train),
+              "calib_pairs": len(calib), "theta_used": theta, "calibration": calibration,
               "test_pairs": len(test), "db_sentences": len(db_sentences), "load_s": load_s, "build_s": build_s,
               "train_loss_first_last": [store.manifest["train_loss"][0], store.manifest["train_loss"][-1]]
               if store.manifest["train_loss"] else None, **res}
@@ -522,6 +536,14 @@ def _build_text_store(cache, enc: Encoder, texts: list[str], root: Path, progres
     store = build_store(cache, enc.embed, texts, root, progress=progress)
     store.manifest["texts"] = texts
     return store, time.perf_counter() - t0
+
+
+def _calibrated_theta(calibration: dict, thetas, max_drop: float, n: int, what: str) -> float:
+    """The smallest theta of the sweep whose calibration score drop is at most ``max_drop`` (else the largest)."""
+    ok = [r["theta"] for r in calibration["sweep"] if r["delta"] >= -max_drop]
+    theta = min(ok) if ok else max(thetas)
+    print(f"calibration ({n} {what}): theta {theta:g} = the smallest with a {calibration['metric']} drop <= {max_drop:g}")
+    return theta
 
 
 def _report(result: dict, args) -> int:
@@ -588,10 +610,7 @@ def main_sst2(args, argv, cfg, thetas) -> int:
             sentences, accuracy = scorer(calib)
             calibration = evaluate(enc, cache, store, None, cfg.theta, thetas, progress=args.progress,
                                    sentences=sentences, score=accuracy, metric="accuracy")
-            ok = [r["theta"] for r in calibration["sweep"] if r["delta"] >= -args.calib_drop]
-            theta = min(ok) if ok else max(thetas)
-            print(f"calibration ({len(calib)} sentences): theta {theta:g} = the smallest with accuracy drop <= "
-                  f"{args.calib_drop:g}")
+            theta = _calibrated_theta(calibration, thetas, args.calib_drop, len(calib), "sentences")
         sentences, accuracy = scorer(test)
         res = evaluate(enc, cache, store, None, theta, thetas, progress=args.progress, sentences=sentences,
                        score=accuracy, metric="accuracy")
