@@ -15,7 +15,7 @@ while its scalar phase runs, so the next transaction's first beat, and with it t
 scalar phase, is visible as soon as the last beat is loaded: the scalar phase of one
 transaction overlaps the vector phase of the one before. Vector phase: one beat per cycle
 through a five-stage pipeline (buffer read; the read data registered; partial
-products; sum; round and saturate):
+products; sum with the rounding half; shift and saturate):
 ``o = sat(round_shift(w1 o1 + w2 o2, mantissa_frac))`` (zeros when flagged).
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from amaranth.lib.wiring import In, Out
 from golden.mac_unit import MacUnitConfig, MergeOp
 from golden.sfm import SfmOp
 
-from ..lib.arith import round_shift, saturate, stall_all_enable
+from ..lib.arith import saturate, stall_all_enable
 from ..lib.pipe import csa_sum, partial_products, register_partials
 from ..lib.sfm import Sfm
 
@@ -229,14 +229,17 @@ class MergeUnit(wiring.Component):
                                    f"v1_{l}") for l in range(lanes)]
         v2_valid = Signal()
         v2_m, v2_s, v2_flagged = Signal(signed(cfg.score_width)), Signal(cfg.sum_width), Signal()
-        v2_sum = [Signal(signed(ww + ow + 2), name=f"v2_sum{l}") for l in range(lanes)]
+        v2_sum = [Signal(signed(ww + ow + 2), name=f"v2_sum{l}") for l in range(lanes)]   # w1 o1 + w2 o2 + half
+        half_frac = (1 << (frac - 1)) if frac > 0 else 0
         with m.If(ce):
             m.d.sync += [v1_valid.eq(va_valid), v1_m.eq(va_m), v1_s.eq(va_s), v1_flagged.eq(va_flagged)]
             m.d.sync += [v2_valid.eq(v1_valid), v2_m.eq(v1_m), v2_s.eq(v1_s), v2_flagged.eq(v1_flagged)]
-            m.d.sync += [v2_sum[l].eq(csa_sum([(r << s) if s else r for r, s in v1_pp[l]], len(v2_sum[l])).as_signed())
+            # the rounding half of round_shift(., frac) is one more carry-save term, so the
+            # last stage is a shift and a saturate (no second carry chain)
+            m.d.sync += [v2_sum[l].eq(csa_sum([(r << s) if s else r for r, s in v1_pp[l]] + [Const(half_frac, len(v2_sum[l]))],
+                                              len(v2_sum[l])).as_signed())
                          for l in range(lanes)]
             m.d.sync += [self.o.valid.eq(v2_valid), self.o.payload.m.eq(v2_m), self.o.payload.s.eq(v2_s),
                          self.o.payload.flagged.eq(v2_flagged)]
-            m.d.sync += [self.o.payload.o[l].eq(saturate(round_shift(v2_sum[l], frac), signed(ow)))
-                         for l in range(lanes)]
+            m.d.sync += [self.o.payload.o[l].eq(saturate(v2_sum[l] >> frac, signed(ow))) for l in range(lanes)]
         return m
