@@ -72,7 +72,7 @@ def main(argv=None) -> int:
         r = json.loads(path.read_text())
         cfg = MacDecodeConfig(lanes=args.lanes, **{k: r["config"][k] for k in ("window", "band", "min_context", "sinks")})
         for key, conv in (("steps", lambda s: float_step(cfg, s)), ("steps_hardware", hardware_step)):
-            if r.get(key):
+            if r.get(key) and (key == "steps" or "engine_cycles" in r[key][0]):
                 rows = [conv(s) for s in r[key]][-args.last:]
                 name = f"{path.stem}:{'bit-accurate' if key == 'steps_hardware' else 'float (upper bound)'}"
                 out[name] = {"summary": summarize(rows), "rows": rows}
