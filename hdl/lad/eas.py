@@ -99,16 +99,26 @@ class Eas(wiring.Component):
         new_rc = Signal(rl)
         result = Signal(key_out_layout(cfg))
 
-        # t_j of the pending center, one cycle after its recip was requested
-        rc = Signal(rl)
-        m.d.comb += rc.eq(r_resp.payload)
-        t_now = Signal.like(best_t)
-        m.d.comb += t_now.eq(round_shift(kdot * kdot * rc.mantissa, mf + rc.exponent))
+        # t_j of each center in a 4-stage pipeline behind its recip's read (it never stalls: one
+        # center per cycle at most): the square of k_n.c_j; times rc_j; the shift; the compare.
+        # Centers reach the compare in order, so the first maximum wins as in the model.
         m.d.comb += r_resp.ready.eq(1)
-        with m.If(r_resp.valid):
+        sq_valid, prod_valid, t_valid = Signal(), Signal(), Signal()
+        sq = Signal(2 * cfg.eas_vpu.acc_width)
+        prod = Signal(2 * cfg.eas_vpu.acc_width + mf + 1)
+        t_now = Signal.like(best_t)
+        stage_dot = [Signal.like(kdot, name=f"dot_p{i}") for i in range(3)]
+        stage_j = [Signal.like(kdot_j, name=f"j_p{i}") for i in range(3)]
+        stage_rc = [Signal(rl, name=f"rc_p{i}") for i in range(3)]
+        m.d.sync += [sq_valid.eq(r_resp.valid), prod_valid.eq(sq_valid), t_valid.eq(prod_valid),
+                     sq.eq(kdot * kdot), prod.eq(sq * stage_rc[0].mantissa),
+                     t_now.eq(round_shift(prod, mf + stage_rc[1].exponent)),
+                     stage_dot[0].eq(kdot), stage_j[0].eq(kdot_j), stage_rc[0].eq(r_resp.payload)]
+        m.d.sync += [x[i + 1].eq(x[i]) for x in (stage_dot, stage_j, stage_rc) for i in range(2)]
+        with m.If(t_valid):
             with m.If(~best_valid | (t_now > best_t)):
-                m.d.sync += [best_valid.eq(1), best_t.eq(t_now), best_j.eq(kdot_j), best_dot.eq(kdot),
-                             best_rc.eq(rc)]
+                m.d.sync += [best_valid.eq(1), best_t.eq(t_now), best_j.eq(stage_j[2]), best_dot.eq(stage_dot[2]),
+                             best_rc.eq(stage_rc[2])]
             m.d.sync += done_j.eq(done_j + 1)
 
         with m.FSM():
@@ -152,13 +162,18 @@ class Eas(wiring.Component):
                     m.d.sync += [kdot.eq(vpu_k.o.payload.dot), kdot_j.eq(out_j), out_j.eq(out_j + 1)]
                 with m.If((done_j == count) & ~r_resp.valid & ~vpu_q.o.valid):
                     m.d.sync += out_j.eq(0)
-                    m.next = "DECIDE"
+                    m.next = "PRODUCTS"
+            kk_cos = Signal(cfg.kk_width + COS_FRAC + 1)
+            rho_prod = Signal(signed(len(best_dot) + mf + 2))
+            with m.State("PRODUCTS"):   # the decision's two products, registered
+                m.d.sync += [kk_cos.eq(kk * cfg.cos2_raw), rho_prod.eq(best_dot * best_rc.mantissa)]
+                m.next = "DECIDE"
             with m.State("DECIDE"):
                 join = Signal()
-                m.d.comb += join.eq(best_valid & (((kk != 0) & ((best_t << COS_FRAC) >= kk * cfg.cos2_raw))
+                m.d.comb += join.eq(best_valid & (((kk != 0) & ((best_t << COS_FRAC) >= kk_cos))
                                                   | (count >= cfg.max_centers)))
-                rho = saturate(round_shift(best_dot * best_rc.mantissa,
-                                           (best_rc.exponent + (mf - cfg.rho_frac))[:8]), signed(cfg.rho_width))
+                rho = saturate(round_shift(rho_prod, (best_rc.exponent + (mf - cfg.rho_frac))[:8]),
+                               signed(cfg.rho_width))
                 with m.If(join):
                     m.d.sync += [result.center.eq(best_j), result.rho.eq(rho), result.new_center.eq(0),
                                  result.s_new.eq(s_new)]
