@@ -21,6 +21,7 @@ from amaranth.lib.wiring import In, Out
 from golden.lad_tile import LadTileConfig
 
 from ..lib.arith import saturate
+from ..lib.slice import RegisterSlice
 from ..lib.sram import SramBank
 from .common import bump_counters, candidate_layout, meta_layout, outside_mode, sram_banks
 from .eas import lookup_layout
@@ -58,11 +59,32 @@ class Apid(wiring.Component):
         banks = sram_banks(cfg)
         m.submodules.meta_mem = meta = SramBank(banks["apid.metadata"])
         m.submodules.approx_mem = amem = SramBank(banks["apid.approx_scores"])
-        meta_req, meta_resp = meta.read_port(0)
-        a_req, a_resp = amem.read_port(0)
-
+        meta_req, meta_raw = meta.read_port(0)
+        a_req, a_raw = amem.read_port(0)
         length = Signal(cfg.position_width)
         m_ref = Signal(signed(xw))
+        # The two read ports (in lockstep: same addresses, same cycles) through two register slices,
+        # so the decisions neither follow the RAMs' read data nor drive their clock enables: the
+        # first registers the words, pass B's test (x^_i outside its mode?) and the bumped counters
+        # are computed between the two, the second holds them for the state machine below.
+        mw = len(meta_raw.payload)
+        cw = cfg.counter_bits * cfg.n_intervals
+        m.submodules.resp_slice = resp_slice = RegisterSlice(mw + xw)
+        m.submodules.test_slice = test_slice = RegisterSlice(mw + 1 + cw)
+        m.d.comb += [resp_slice.i.valid.eq(meta_raw.valid), resp_slice.i.payload.eq(Cat(meta_raw.payload, a_raw.payload)),
+                     meta_raw.ready.eq(resp_slice.i.ready), a_raw.ready.eq(resp_slice.i.ready)]
+        raw_word = data.View(ml, resp_slice.o.payload[:mw])
+        x_hat = Signal(signed(xw))
+        m.d.comb += x_hat.eq(saturate(resp_slice.o.payload[mw:].as_signed() - m_ref, signed(xw)))
+        bumped_raw = bump_counters(m, raw_word.counters, raw_word.mode, cfg, "quiet_counters")
+        m.d.comb += [test_slice.i.valid.eq(resp_slice.o.valid), resp_slice.o.ready.eq(test_slice.i.ready),
+                     test_slice.i.payload.eq(Cat(resp_slice.o.payload[:mw], outside_mode(x_hat, raw_word.mode, cfg),
+                                                 bumped_raw))]
+        meta_resp = test_slice.o
+        meta_data = test_slice.o.payload[:mw]
+        is_cand = test_slice.o.payload[mw]
+        bumped = data.View(data.ArrayLayout(unsigned(cfg.counter_bits), cfg.n_intervals), test_slice.o.payload[mw + 1:])
+
         issued = Signal(cfg.position_width)
         finished = Signal(cfg.position_width)
         best = Signal(signed(xw))
@@ -96,7 +118,7 @@ class Apid(wiring.Component):
                 m.d.comb += [meta_req.valid.eq(issued < length), meta_req.payload.addr.eq(issued)]
                 with m.If(meta_req.valid & meta_req.ready):
                     m.d.sync += issued.eq(issued + 1)
-                word = data.View(ml, meta_resp.payload)
+                word = data.View(ml, meta_data)
                 m.d.comb += [self.lookup.valid.eq(meta_resp.valid), self.lookup.payload.center.eq(word.center),
                              self.lookup.payload.rho.eq(word.rho), meta_resp.ready.eq(self.lookup.ready),
                              self.approx.ready.eq(1)]
@@ -118,12 +140,7 @@ class Apid(wiring.Component):
                              a_req.valid.eq(issued < length), a_req.payload.addr.eq(issued)]
                 with m.If(meta_req.valid & meta_req.ready):
                     m.d.sync += issued.eq(issued + 1)
-                word = data.View(ml, meta_resp.payload)
-                x_hat = Signal(signed(xw))
-                m.d.comb += x_hat.eq(saturate(a_resp.payload.as_signed() - m_ref, signed(xw)))
-                is_cand = Signal()
-                m.d.comb += is_cand.eq(outside_mode(x_hat, word.mode, cfg))
-                bumped = bump_counters(m, word.counters, word.mode, cfg, "quiet_counters")
+                word = data.View(ml, meta_data)
                 # a verdict is written back as it comes (it has the metadata port first)
                 v_write = Signal()
                 m.d.comb += [self.verdict.ready.eq(pending.r_rdy), v_write.eq(self.verdict.valid & pending.r_rdy),
@@ -138,7 +155,7 @@ class Apid(wiring.Component):
                              self.cand.payload.counters.eq(word.counters),
                              take_cand.eq(self.cand.valid & self.cand.ready),
                              take_quiet.eq(meta_resp.valid & ~is_cand & ~v_write),
-                             meta_resp.ready.eq(take_quiet | take_cand), a_resp.ready.eq(take_quiet | take_cand),
+                             meta_resp.ready.eq(take_quiet | take_cand),
                              pending.w_en.eq(take_cand), pending.w_data.eq(Cat(word.center, word.rho))]
                 with m.If(take_cand):
                     m.d.sync += candidates.eq(candidates + 1)
