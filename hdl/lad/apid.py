@@ -20,10 +20,9 @@ from amaranth.lib.wiring import In, Out
 
 from golden.lad_tile import LadTileConfig
 
-from ..lib.arith import saturate
 from ..lib.slice import RegisterSlice
 from ..lib.sram import SramBank
-from .common import bump_counters, candidate_layout, meta_layout, outside_mode, sram_banks
+from .common import bump_counters, candidate_layout, meta_layout, mode_thresholds, sram_banks
 from .eas import lookup_layout
 
 
@@ -62,23 +61,26 @@ class Apid(wiring.Component):
         meta_req, meta_raw = meta.read_port(0)
         a_req, a_raw = amem.read_port(0)
         length = Signal(cfg.position_width)
-        m_ref = Signal(signed(xw))
-        # The two read ports (in lockstep: same addresses, same cycles) through two register slices,
-        # so the decisions neither follow the RAMs' read data nor drive their clock enables: the
-        # first registers the words, pass B's test (x^_i outside its mode?) and the bumped counters
-        # are computed between the two, the second holds them for the state machine below.
+        # The two read ports (in lockstep: same addresses, same cycles) through three register
+        # slices, so the decisions neither follow the RAMs' read data nor drive their clock
+        # enables: after the first, s^_i against every interval's two thresholds (bound + m, in
+        # parallel); after the second, the verdict for the position's mode and its bumped
+        # counters; the third holds them for the state machine below.
         mw = len(meta_raw.payload)
-        cw = cfg.counter_bits * cfg.n_intervals
+        R = cfg.n_intervals
+        cw = cfg.counter_bits * R
         m.submodules.resp_slice = resp_slice = RegisterSlice(mw + xw)
+        m.submodules.cmp_slice = cmp_slice = RegisterSlice(mw + 2 * R)
         m.submodules.test_slice = test_slice = RegisterSlice(mw + 1 + cw)
+        compare, pick = mode_thresholds(m, self.scan.payload.m, self.scan.valid & self.scan.ready, cfg)
         m.d.comb += [resp_slice.i.valid.eq(meta_raw.valid), resp_slice.i.payload.eq(Cat(meta_raw.payload, a_raw.payload)),
-                     meta_raw.ready.eq(resp_slice.i.ready), a_raw.ready.eq(resp_slice.i.ready)]
-        raw_word = data.View(ml, resp_slice.o.payload[:mw])
-        x_hat = Signal(signed(xw))
-        m.d.comb += x_hat.eq(saturate(resp_slice.o.payload[mw:].as_signed() - m_ref, signed(xw)))
-        bumped_raw = bump_counters(m, raw_word.counters, raw_word.mode, cfg, "quiet_counters")
-        m.d.comb += [test_slice.i.valid.eq(resp_slice.o.valid), resp_slice.o.ready.eq(test_slice.i.ready),
-                     test_slice.i.payload.eq(Cat(resp_slice.o.payload[:mw], outside_mode(x_hat, raw_word.mode, cfg),
+                     meta_raw.ready.eq(resp_slice.i.ready), a_raw.ready.eq(resp_slice.i.ready),
+                     cmp_slice.i.valid.eq(resp_slice.o.valid), resp_slice.o.ready.eq(cmp_slice.i.ready),
+                     cmp_slice.i.payload.eq(Cat(resp_slice.o.payload[:mw], compare(resp_slice.o.payload[mw:].as_signed())))]
+        cmp_word = data.View(ml, cmp_slice.o.payload[:mw])
+        bumped_raw = bump_counters(m, cmp_word.counters, cmp_word.mode, cfg, "quiet_counters")
+        m.d.comb += [test_slice.i.valid.eq(cmp_slice.o.valid), cmp_slice.o.ready.eq(test_slice.i.ready),
+                     test_slice.i.payload.eq(Cat(cmp_slice.o.payload[:mw], pick(cmp_slice.o.payload[mw:], cmp_word.mode),
                                                  bumped_raw))]
         meta_resp = test_slice.o
         meta_data = test_slice.o.payload[:mw]
@@ -97,7 +99,7 @@ class Apid(wiring.Component):
                 m.d.comb += self.scan.ready.eq(1)
                 with m.If(self.scan.valid):
                     p = self.scan.payload
-                    m.d.sync += [length.eq(p.length), m_ref.eq(p.m), issued.eq(0), finished.eq(0),
+                    m.d.sync += [length.eq(p.length), issued.eq(0), finished.eq(0),
                                  best.eq(-(1 << (xw - 1))), candidates.eq(0)]
                     with m.If(p.classify):
                         m.next = "CLASSIFY"

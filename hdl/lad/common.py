@@ -6,7 +6,7 @@ scaled score of a dot product (``LadTileModel.score``).
 """
 from __future__ import annotations
 
-from amaranth import Array, Const, Mux, Signal, signed, unsigned
+from amaranth import Array, Cat, Const, Mux, Signal, signed, unsigned
 from amaranth.lib import data, enum
 
 from golden.lad_tile import LadTileConfig, mode_bounds
@@ -72,8 +72,10 @@ def sram_banks(cfg: LadTileConfig) -> dict[str, SramConfig]:
         "eas.centers": SramConfig(depth=max(2, cfg.max_centers * cfg.eas_beats), width=cfg.eas_lanes * cfg.kv_width),
         "eas.center_scores": SramConfig(depth=max(2, cfg.max_centers), width=xw),
         "eas.center_recips": SramConfig(depth=max(2, cfg.max_centers), width=recip_resp_layout(cfg).size),
-        "apid.metadata": SramConfig(depth=cfg.max_positions, width=meta_layout(cfg).size),
-        "apid.approx_scores": SramConfig(depth=cfg.max_positions, width=xw),
+        # APID's banks: read data registered once more after the RAM (APID's register slices
+        # take it from a fabric register next to the RAM, not from the RAM's output pins)
+        "apid.metadata": SramConfig(depth=cfg.max_positions, width=meta_layout(cfg).size, read_latency=2),
+        "apid.approx_scores": SramConfig(depth=cfg.max_positions, width=xw, read_latency=2),
         **{f"ac.a{p}": SramConfig(depth=a_words, width=L * cfg.ac_acc_width) for p in range(P)},
         "exact.scores": SramConfig(depth=cfg.kv_positions, width=xw),   # the exact pass's score buffer
     }
@@ -121,14 +123,33 @@ def score_of(dot, cfg: LadTileConfig):
     return saturate(round_shift(dot * cfg.scale_raw, cfg.score_shift), signed(cfg.sfm.x_width))
 
 
-def outside_mode(x_hat, mode, cfg: LadTileConfig):
-    """APID's test: ``x_hat`` outside the (guarded) bounds of interval ``mode``."""
+def mode_thresholds(m, m_load, load, cfg: LadTileConfig):
+    """APID's test without the subtraction: ``x^ = sat(s^ - m)`` is outside the (guarded) bounds
+    ``lo``, ``hi`` of interval ``mode`` iff ``s^ < lo + m`` or ``s^ >= hi + m``, because ``sat`` is
+    monotone and exact inside the x format (a bound at or past the format's end can never be
+    crossed by a saturated ``x^``: that side is dropped). The per-interval thresholds are
+    registers, loaded from ``m_load`` when ``load``. Returns ``(compare, pick)``:
+    ``compare(s_hat)`` is every interval's two tests (2 x n_intervals bits, in parallel) and
+    ``pick(tests, mode)`` the verdict for ``mode`` from them (a register may sit between)."""
     lo, hi = mode_bounds(cfg)
-    below = Array(Const(v if v is not None else 0, signed(cfg.sfm.x_width + 2)) for v in lo)
-    above = Array(Const(v if v is not None else 0, signed(cfg.sfm.x_width + 2)) for v in hi)
-    has_lo = Array(Const(v is not None, 1) for v in lo)
-    has_hi = Array(Const(v is not None, 1) for v in hi)
-    return (has_lo[mode] & (x_hat < below[mode])) | (has_hi[mode] & (x_hat >= above[mode]))
+    fmt = cfg.sfm.x_format
+    tw = cfg.sfm.x_width + 2
+    R = cfg.n_intervals
+    sides = []
+    for name, bounds, crossable in (("lo", lo, lambda b: b > fmt.min_raw), ("hi", hi, lambda b: b <= fmt.max_raw)):
+        regs = [Signal(signed(tw), name=f"threshold_{name}{r}") for r in range(R)]
+        with m.If(load):
+            m.d.sync += [reg.eq(m_load + (b if b is not None else 0)) for reg, b in zip(regs, bounds)]
+        sides.append((regs, Array(Const(b is not None and crossable(b), 1) for b in bounds)))
+    (t_lo, has_lo), (t_hi, has_hi) = sides
+
+    def compare(s_hat):
+        return Cat(*(s_hat < t for t in t_lo), *(s_hat >= t for t in t_hi))
+
+    def pick(tests, mode):
+        below, above = Array(tests[r] for r in range(R)), Array(tests[R + r] for r in range(R))
+        return (has_lo[mode] & below[mode]) | (has_hi[mode] & above[mode])
+    return compare, pick
 
 
 def bump_counters(m, counters, r, cfg: LadTileConfig, name: str):
@@ -141,7 +162,8 @@ def bump_counters(m, counters, r, cfg: LadTileConfig, name: str):
     over = Signal(name=f"{name}_over")
     for i in range(cfg.n_intervals):
         m.d.comb += plus[i].eq(counters[i] + (r == i))
-    m.d.comb += over.eq(Array(plus)[r] > cfg.counter_max)
+    # counter r passes counter_max exactly when it is at counter_max now (no add in series)
+    m.d.comb += over.eq(Array(counters[i] for i in range(cfg.n_intervals))[r] == cfg.counter_max)
     for i in range(cfg.n_intervals):
         m.d.comb += out[i].eq(Mux(over, plus[i] >> 1, plus[i]))
     return out
