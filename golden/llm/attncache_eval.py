@@ -22,6 +22,7 @@ from ..attncache import AttnCacheConfig
 from ..cli import Parser, add_overrides, configure
 from ..errors import ConfigError, DataError
 from ..paths import data_file
+from .data import read_data_text
 from .plots import attncache_plots
 from .report import check_outputs, write_json
 
@@ -42,16 +43,26 @@ MMLU_CONFIG = AttnCacheConfig(layers="all", label="map", similarity="dist", thet
 NUM_LAYERS = {"minilm": 6, "smollm2": 30}  # checked against the loaded model by AttnCache
 
 
+def _calib_test_split(held_out: list, args, what: str) -> tuple[list, list]:
+    """(calibration, test): the first ``--calib`` held-out items choose theta, the test items
+    follow them (the first ``--test`` of the rest, when given)."""
+    calib, test = [], held_out
+    if args.calib is not None:
+        if not 2 <= args.calib <= len(held_out) - 2:
+            raise ConfigError(f"--calib must be in 2..{len(held_out) - 2} (held-out {what}), got {args.calib}")
+        calib, test = held_out[:args.calib], held_out[args.calib:]
+    if args.test is not None:
+        if args.test < 2:
+            raise ConfigError(f"--test must be >= 2, got {args.test}")
+        test = test[:args.test]
+    return calib, test
+
+
 # ----------------------------------------------------------------------------- data
 def load_stsb(path) -> list[tuple[float, str, str]]:
     """STS-B rows ``genre file year id score s1 s2 [extra]``, split on tabs only -> (score, s1, s2)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DataError(f"STS-B file {path} not found") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise DataError(f"cannot read STS-B file {path}: {err}") from None
+    text = read_data_text(path, "STS-B")
     rows = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -469,15 +480,7 @@ def main(argv: list[str]) -> int:
         return main_sst2(args, argv, cfg, thetas)
     rows = load_stsb(args.data or data_file(STSB))
     train, test = split_pairs(rows, 1000 if args.train is None else args.train, None, cfg.seed)
-    calib = []
-    if args.calib is not None:  # the first --calib held-out pairs choose theta, the test pairs follow them
-        if not 2 <= args.calib <= len(test) - 2:
-            raise ConfigError(f"--calib must be in 2..{len(test) - 2} (held-out STS-B pairs), got {args.calib}")
-        calib, test = test[:args.calib], test[args.calib:]
-    if args.test is not None:
-        if args.test < 2:
-            raise ConfigError(f"--test must be >= 2, got {args.test}")
-        test = test[:args.test]
+    calib, test = _calib_test_split(test, args, "STS-B pairs")
     check_outputs(args.out, args.plot)
 
     import torch
@@ -572,15 +575,7 @@ def main_sst2(args, argv, cfg, thetas) -> int:
     order = np.random.default_rng(cfg.seed).permutation(len(rows))
     train = [rows[i] for i in order[:n_train]]
     test = [rows[i] for i in order[n_train:]]
-    calib = []
-    if args.calib is not None:
-        if not 2 <= args.calib <= len(test) - 2:
-            raise ConfigError(f"--calib must be in 2..{len(test) - 2} (held-out SST-2 sentences), got {args.calib}")
-        calib, test = test[:args.calib], test[args.calib:]
-    if args.test is not None:
-        if args.test < 2:
-            raise ConfigError(f"--test must be >= 2, got {args.test}")
-        test = test[:args.test]
+    calib, test = _calib_test_split(test, args, "SST-2 sentences")
     if args.db_extra not in (None, "stsb"):
         raise ConfigError(f"--db-extra must be stsb, got '{args.db_extra}'")
     extra = [] if args.db_extra is None else list(dict.fromkeys(

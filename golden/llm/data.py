@@ -66,17 +66,24 @@ def mmlu_subjects(root: Path | None = None) -> list[str]:
     return subjects
 
 
+def read_data_text(path, what: str) -> str:
+    """A data file's UTF-8 text; :class:`DataError` naming ``what`` and the file when it is missing
+    or unreadable (the loaders of MMLU, STS-B and SST-2 share it)."""
+    path = Path(path)
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DataError(f"{what} file {path} not found") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise DataError(f"cannot read {what} file {path}: {err}") from None
+
+
 def read_mmlu(path: Path) -> list[tuple[str, tuple[str, str, str, str], str]]:
     """An MMLU csv (``question,A,B,C,D,answer``, RFC-4180 quoting) -> [(question, choices, answer letter)];
     :class:`DataError` naming the file and line on a malformed row."""
     import csv
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DataError(f"MMLU file {path} not found") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise DataError(f"cannot read MMLU file {path}: {err}") from None
+    text = read_data_text(path, "MMLU")
     rows = []
     import io
     reader = csv.reader(io.StringIO(text, newline=""))  # not splitlines: questions hold U+0085 / U+2028
