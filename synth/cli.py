@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write the report(s) as JSON here")
     p.add_argument("--doc", help="with --all or several BLOCKs: write the Markdown summary here (e.g. docs/synthesis.md)")
     p.add_argument("--bitstream", action="store_true",
-                   help="also build the ULX3S bitstream through Amaranth's build script (YoWASP tools)")
+                   help="also write the ULX3S bitstream (nextpnr --textcfg, then yowasp-ecppack)")
     p.add_argument("--no-cache", dest="cache", action="store_false", help="ignore cached results")
     return p
 

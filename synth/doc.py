@@ -177,7 +177,7 @@ def render(results: list[dict], command: str | None = None) -> str:
     w("make synth                                   # = ladmac synth --all --doc docs/synthesis.md")
     w("ladmac synth vpu --preset narrow             # one block, table on stdout")
     w("ladmac synth sram --set depth=1024 --out build/sram.json")
-    w("ladmac synth sram --bitstream               # ULX3S bitstream via Amaranth's build script")
+    w("ladmac synth sram --bitstream               # ULX3S bitstream (nextpnr --textcfg + ecppack)")
     w("ladmac synth vpu --target generic            # technology-independent count only")
     w("```")
     w("")
