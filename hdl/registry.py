@@ -11,7 +11,7 @@ from typing import Callable
 
 from amaranth.back import verilog
 
-from golden import dense as golden_dense, lad_tile as golden_lad_tile, mac_unit as golden_mac, sfm as golden_sfm, sram as golden_sram, vpu as golden_vpu
+from golden import dense as golden_dense, lad_tile as golden_lad_tile, mac_decode as golden_mac_decode, mac_unit as golden_mac, sfm as golden_sfm, sram as golden_sram, vpu as golden_vpu
 from golden.errors import ConfigError
 
 
@@ -60,6 +60,8 @@ BLOCKS: dict[str, Block] = {b.name: b for b in [
            "MacUnitConfig", "hdl.mac.merge:MergeUnit"),
     _block("mac-unit", "MAC unit: match + merge behind stream ports", golden_mac, "MacUnitConfig",
            "hdl.mac.unit:MacUnit"),
+    _block("mac-decode", "MAC decode engine: match, entry, band/tail attention, merge, downdate for one head's step",
+           golden_mac_decode, "MacDecodeConfig", "hdl.mac.decode:MacDecodeEngine"),
     _block("dense", "dense PWL attention baseline: reads every key and value (LAD's reference point)",
            golden_dense, "DenseConfig", "hdl.lad.dense:DenseAttention"),
     _block("lad-tile", "LAD tile: EAS, APID, MD, AC, VPU pool, SFM and SRAM banks for one head's decode",

@@ -1,0 +1,531 @@
+"""MAC decode engine: one MAC-Attention decode step of one query head (docs/mac-unit.md,
+"Decode engine"; docs/algorithms.md §2), bit for bit ``golden.mac_decode.MacDecodeHead``.
+
+Streams: ``query`` (``d/L`` beats of head, position n, pre-RoPE and post-RoPE query lanes);
+``kv_req`` (head, K or V, first position, count) / ``kv_resp`` (``count·d/L`` beats of
+``lanes`` elements, in order); ``es_req`` (write bit, head, slot, beat and, for a write, the
+beat's m, s, o lanes) / ``es_resp`` (m, s, o lanes of a read beat; a write has no response);
+``out`` (``d/L`` beats of m, s, o lanes with ``stats = 0``, then one statistics beat with
+``stats = 1``: engaged, hit, matched position and distance, fallback, keys read, cycles).
+
+A step, in order (one thing at a time; the schedule ``golden.mac_decode.head_step_cycles``
+models is the target, not yet reached):
+
+1. The pre-RoPE query beats go straight into the :class:`~hdl.mac.match.MatchUnit` (its ring is
+   written on every step; its result is ignored while ``L < min_context`` or ``reuse`` is off),
+   the post-RoPE beats into a query buffer. Then ``F``, ``lo_tail``, ``lo_band`` and the keys read.
+2. **K pass**: one KV burst for the sinks ``[0, F)`` and one for ``[lo, L)`` (``lo = lo_band`` on a
+   hit, ``F`` on a miss); the VPU's DOT gives each exact ``q·k``, three registered stages give
+   ``sat(round_shift(q·k · scale, score_shift))`` into the score SRAM (addressed by position), and
+   the running maxima of the sinks, the middle range (band / prefix) and the tail.
+3. **Range attention** (``attend_bits``) of a range ``[lo, hi)`` with its maximum ``m``: one V
+   burst; each score read back, ``x = sat(s - m)`` registered, the SFM's EXP2, ``p =
+   round_shift(me << (sum_frac - mantissa_frac), ke)`` into a FIFO, ``z += p``; the VPU's AXPY
+   accumulates ``N += p v`` exactly; RECIP of ``sat(z)`` and a three-stage output pipeline
+   ``sat(round_shift(round_shift(N, kr - G) · r, out_shift))`` into the state SRAM. Ranges: tail;
+   band (hit) or body ``[F, L)`` (miss; the tail's keys a second time, with the body's maximum);
+   the prefix again on a fallback; the sinks.
+4. **Combine** (⊕ / ⊖ with the model's empty-state rules: an empty state passes the other one
+   through by pointer, no transaction) through the :class:`~hdl.mac.merge.MergeUnit`'s streams,
+   both operands read from the state SRAM's two read ports. Hit: entry (read from the entry
+   store) ⊕ band; miss: body ⊖ tail, prefix on a flagged removal, empty when ``lo_tail = F``.
+   The entry is written at slot ``n mod window`` (a per-head slot counter, as the MatchUnit's:
+   positions of a head arrive in order from 0); output ``sinks ⊕ (E ⊕ tail)``.
+
+States (m, s scalars in registers, o vectors as ``d/L`` words in the state SRAM): tail, middle,
+entry, E, E ⊕ tail, sinks, output.
+"""
+from __future__ import annotations
+
+from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from golden.errors import ConfigError
+from golden.mac_decode import MacDecodeConfig
+from golden.mac_unit import MergeOp
+from golden.sfm import SfmOp
+from golden.sram import SramConfig
+from golden.vpu import VpuConfig, VpuOp
+
+from ..lib.arith import incr, round_shift, saturate
+from ..lib.pipe import csa_sum, partial_products, register_partials
+from ..lib.sfm import Sfm
+from ..lib.sram import SramBank
+from ..lib.vpu import Vpu
+from .match import MatchUnit
+from .merge import MergeUnit
+
+
+def _bits(n: int) -> int:
+    return max(1, (n - 1).bit_length())
+
+
+# physical state slots in the state SRAM (and the m / s register arrays)
+TAIL, MID, ENT, E, O, SK, OUT = range(7)
+N_SLOTS = 8
+
+
+def attend_vpu(cfg: MacDecodeConfig) -> VpuConfig:
+    """The engine's VPU: DOT of q·k (kv_width) and AXPY of N += p v with the weight ``p`` (up to
+    2^(sum_frac+1)) as the scalar, exact (axpy_shift 0, N below 2^(acc_width-1))."""
+    width = max(cfg.kv_width, cfg.sum_frac + 2)
+    acc = max(2 * width + 2, cfg.max_positions.bit_length() + cfg.sum_frac + cfg.kv_width + 2)
+    if width > 30 or acc > 62:
+        raise ConfigError(f"mac-decode: sum_frac {cfg.sum_frac} / max_positions {cfg.max_positions} need a "
+                          f"{width}-bit weight and {acc}-bit accumulator (VPU limits 30 / 62)")
+    return VpuConfig(lanes=cfg.lanes, in_width=width, acc_width=acc, axpy_shift=0)
+
+
+def query_layout(cfg: MacDecodeConfig) -> data.StructLayout:
+    return data.StructLayout({
+        "head": unsigned(_bits(cfg.heads)), "position": unsigned(cfg.position_width),
+        "q_pre": data.ArrayLayout(signed(cfg.q_width), cfg.lanes),
+        "q": data.ArrayLayout(signed(cfg.kv_width), cfg.lanes),
+    })
+
+
+def kv_request_layout(cfg: MacDecodeConfig) -> data.StructLayout:
+    return data.StructLayout({"head": unsigned(_bits(cfg.heads)), "value": unsigned(1),
+                              "first": unsigned(cfg.position_width), "count": unsigned(cfg.position_width)})
+
+
+def kv_response_layout(cfg: MacDecodeConfig) -> data.ArrayLayout:
+    return data.ArrayLayout(signed(cfg.kv_width), cfg.lanes)
+
+
+def entry_request_layout(cfg: MacDecodeConfig) -> data.StructLayout:
+    return data.StructLayout({
+        "write": unsigned(1), "head": unsigned(_bits(cfg.heads)), "slot": unsigned(_bits(cfg.window)),
+        "beat": unsigned(_bits(cfg.beats)),
+        "m": signed(cfg.score_width), "s": unsigned(cfg.sum_width),
+        "o": data.ArrayLayout(signed(cfg.out_width), cfg.lanes),
+    })
+
+
+def entry_response_layout(cfg: MacDecodeConfig) -> data.StructLayout:
+    return data.StructLayout({
+        "m": signed(cfg.score_width), "s": unsigned(cfg.sum_width),
+        "o": data.ArrayLayout(signed(cfg.out_width), cfg.lanes),
+    })
+
+
+def out_layout(cfg: MacDecodeConfig) -> data.StructLayout:
+    return data.StructLayout({
+        "stats": unsigned(1),
+        "m": signed(cfg.score_width), "s": unsigned(cfg.sum_width),
+        "o": data.ArrayLayout(signed(cfg.out_width), cfg.lanes),
+        "engaged": unsigned(1), "hit": unsigned(1), "fallback": unsigned(1),
+        "position": unsigned(cfg.position_width), "distance": unsigned(cfg.vpu.acc_width),
+        "keys": unsigned(cfg.position_width), "cycles": unsigned(32),
+    })
+
+
+class MacDecodeEngine(wiring.Component):
+    """``query`` -> (``kv_req`` / ``kv_resp``, ``es_req`` / ``es_resp``) -> ``out``; one head's step at a time."""
+
+    def __init__(self, cfg: MacDecodeConfig):
+        self.cfg = cfg
+        self.vpu_cfg = attend_vpu(cfg)
+        super().__init__({
+            "query": In(stream.Signature(query_layout(cfg))),
+            "kv_req": Out(stream.Signature(kv_request_layout(cfg))),
+            "kv_resp": In(stream.Signature(kv_response_layout(cfg))),
+            "es_req": Out(stream.Signature(entry_request_layout(cfg))),
+            "es_resp": In(stream.Signature(entry_response_layout(cfg))),
+            "out": Out(stream.Signature(out_layout(cfg))),
+        })
+
+    def elaborate(self, platform):
+        cfg, m = self.cfg, Module()
+        nb, lanes, vcfg, sfm_cfg = cfg.beats, cfg.lanes, self.vpu_cfg, cfg.sfm
+        sw, ow, aw = cfg.score_width, cfg.out_width, vcfg.acc_width
+        sf = cfg.score_format
+        m.submodules.match = match = MatchUnit(cfg)
+        m.submodules.merge = merge = MergeUnit(cfg)
+        m.submodules.vpu = vpu = Vpu(vcfg)
+        m.submodules.sfm = sfm = Sfm(sfm_cfg)
+        m.submodules.scores = scores = SramBank(SramConfig(depth=cfg.max_positions, width=sw, read_latency=2))
+        m.submodules.states = states = SramBank(SramConfig(depth=N_SLOTS * nb, width=lanes * ow, read_ports=2,
+                                                           read_latency=1))
+        m.submodules.p_fifo = p_fifo = fifo.SyncFIFOBuffered(width=vcfg.in_width, depth=4)
+        score_req, score_resp = scores.read_port(0)
+        rd0_req, rd0_resp = states.read_port(0)
+        rd1_req, rd1_resp = states.read_port(1)
+
+        # -- positions: W bits hold 0..max_positions; differences in signed W + 2 bits
+        W = cfg.max_positions.bit_length() + 1
+        pos_t, dif_t = unsigned(W), signed(W + 2)
+
+        query_buf = Array(Signal(lanes * cfg.kv_width, name=f"q_beat{b}") for b in range(nb))
+        head = Signal(_bits(cfg.heads))
+        position = Signal(pos_t)
+        write_slots = Array(Signal(range(cfg.window), name=f"entry_slot{h}") for h in range(cfg.heads))
+        load_beat = Signal(range(nb))
+        # match result
+        r_hit, r_slot = Signal(), Signal(_bits(cfg.window))
+        r_pos, r_dist = Signal(cfg.position_width), Signal(cfg.vpu.acc_width)
+        # step ranges
+        L, F, lo_tail, lo_band, lo_mid, keys = (Signal(pos_t, name=n) for n in
+                                                ("L", "F", "lo_tail", "lo_band", "lo_mid", "keys"))
+        engaged, hit, fallback = Signal(), Signal(), Signal()
+        cycles = Signal(32)
+        counting = Signal()
+        with m.If(counting):
+            m.d.sync += cycles.eq(cycles + 1)
+
+        # per-state scalars
+        m_arr = Array(Signal(signed(sw), name=f"state_m{i}") for i in range(N_SLOTS))
+        s_arr = Array(Signal(cfg.sum_width, name=f"state_s{i}") for i in range(N_SLOTS))
+        # maxima of the K pass
+        m_sink, m_mid, m_tail = (Signal(signed(sw), name=n) for n in ("m_sink", "m_mid", "m_tail"))
+        # result pointers of the combines: E, E ⊕ tail, output
+        P_E, P_O, P_OUT = 0, 1, 2
+        ptrs = Array(Signal(3, name=f"ptr{i}") for i in range(3))
+
+        # -- K pass: request phase, response beat, score positions
+        kq_phase = Signal(2)
+        resp_beat = Signal(range(nb))
+        s_pos, scored = Signal(pos_t), Signal(pos_t)
+        k_in = Signal()
+        k1_valid, k2_valid, k3_valid = Signal(), Signal(), Signal()
+        k1_pp = register_partials(m, 1, partial_products(vpu.o.payload.dot, cfg.scale_raw), "k1")
+        kw = aw + cfg.scale_raw.bit_length() + 2
+        k2_t = Signal(signed(kw))
+        k3_score = Signal(signed(sw))
+        score_half = (1 << (cfg.score_shift - 1)) if cfg.score_shift > 0 else 0
+        m.d.sync += [k1_valid.eq(k_in), k2_valid.eq(k1_valid), k3_valid.eq(k2_valid),
+                     k2_t.eq(csa_sum([(r << sh) if sh else r for r, sh in k1_pp] + [Const(score_half, kw)],
+                                     kw).as_signed()),
+                     k3_score.eq(saturate(k2_t >> cfg.score_shift if cfg.score_shift >= 0
+                                          else k2_t << -cfg.score_shift, signed(sw)))]
+
+        # -- range attention: parameters, V pass counters, numerator, output pipeline
+        r_lo, r_hi, r_m, r_dst = Signal(pos_t), Signal(pos_t), Signal(signed(sw)), Signal(3)
+        sc_pos, done_pos = Signal(pos_t), Signal(pos_t)
+        done_beat = Signal(range(nb))
+        inflight = Signal(range(nb + 1))
+        numer = Array(Signal(lanes * aw, name=f"numer_beat{b}") for b in range(nb))
+        z_sum = Signal(cfg.sum_width + 2)
+        z_sat = Signal(cfg.sum_width)
+        m.d.comb += z_sat.eq(saturate(z_sum, unsigned(cfg.sum_width)))
+        x_valid, x_reg = Signal(), Signal(signed(sw))
+        recip_m = Signal(sfm_cfg.value_width)
+        pre = Signal(range(64))
+        # p = round_shift(me << (sum_frac - mantissa_frac), ke) of an EXP2 result
+        me, ke = sfm.o.payload.value, sfm.o.payload.exponent
+        p_value = Signal(vcfg.in_width)
+        m.d.comb += p_value.eq(round_shift(me << (cfg.sum_frac - cfg.mantissa_frac), ke))
+
+        o_issue, o_beat, o_issued = Signal(), Signal(range(nb)), Signal()
+        o0_valid, o1_valid, o2_valid = Signal(), Signal(), Signal()
+        o0_beat, o1_beat, o2_beat = Signal(range(nb)), Signal(range(nb)), Signal(range(nb))
+        o0_lane = [Signal(signed(aw + 1), name=f"ro0_lane{l}") for l in range(lanes)]
+        o1_lane = [Signal(signed(aw + 1 + sfm_cfg.value_width + 1), name=f"ro1_lane{l}") for l in range(lanes)]
+        o2_lane = [Signal(signed(ow), name=f"ro2_lane{l}") for l in range(lanes)]
+        word = numer[o_beat]
+        m.d.sync += [o0_valid.eq(o_issue), o0_beat.eq(o_beat), o1_valid.eq(o0_valid), o1_beat.eq(o0_beat),
+                     o2_valid.eq(o1_valid), o2_beat.eq(o1_beat)]
+        for l in range(lanes):
+            n_l = word[l * aw:(l + 1) * aw].as_signed()
+            m.d.sync += [o0_lane[l].eq(round_shift(n_l, pre)),
+                         o1_lane[l].eq(o0_lane[l] * recip_m),
+                         o2_lane[l].eq(saturate(round_shift(o1_lane[l], cfg.out_shift), signed(ow)))]
+
+        # -- combine: operands, destination, target pointer, result flag
+        c_op, c_a, c_b, c_dst, c_target = Signal(), Signal(3), Signal(3), Signal(3), Signal(2)
+        c_flag = Signal()
+        feed_beat, mo_beat = Signal(range(nb + 1)), Signal(range(nb))
+        # entry / output beats
+        e_beat, e_rbeat = Signal(range(nb + 1)), Signal(range(nb))
+
+        task = Signal(4)
+        stats_phase = Signal()
+
+        # default: the state SRAM write (the range output pipeline's beats)
+        wr = states.write
+        with m.If(o2_valid):
+            m.d.comb += [wr.valid.eq(1), wr.payload.addr.eq(r_dst * nb + o2_beat),
+                         wr.payload.data.eq(Cat(*[o.as_unsigned() for o in o2_lane]))]
+
+        with m.FSM():
+            with m.State("LOAD"):
+                # the pre-RoPE beats straight into the MatchUnit; the post-RoPE ones buffered
+                p = self.query.payload
+                m.d.comb += [match.query.valid.eq(self.query.valid), self.query.ready.eq(match.query.ready),
+                             match.query.payload.head.eq(p.head), match.query.payload.q.eq(p.q_pre)]
+                with m.If(self.query.valid & self.query.ready):
+                    m.d.sync += [query_buf[load_beat].eq(p.q), load_beat.eq(incr(load_beat, nb)),
+                                 counting.eq(1)]
+                    with m.If(load_beat == 0):
+                        m.d.sync += [head.eq(p.head), position.eq(p.position), cycles.eq(1)]
+                    with m.If(load_beat == nb - 1):
+                        m.next = "MATCH"
+            with m.State("MATCH"):
+                m.d.comb += match.result.ready.eq(1)
+                with m.If(match.result.valid):
+                    rp = match.result.payload
+                    m.d.sync += [r_hit.eq(rp.hit), r_slot.eq(rp.slot), r_pos.eq(rp.position),
+                                 r_dist.eq(rp.distance),
+                                 L.eq(position + 1), F.eq(Mux(position + 1 > cfg.sinks, cfg.sinks, position + 1)),
+                                 engaged.eq(int(cfg.reuse) & (position + 1 >= cfg.min_context))]
+                    m.next = "RANGES"
+            with m.State("RANGES"):
+                tail_lo = Signal(dif_t)
+                m.d.comb += tail_lo.eq(L - cfg.band)
+                lt = Mux(tail_lo > F, tail_lo, F)
+                m.d.sync += [lo_tail.eq(lt), hit.eq(engaged & r_hit), fallback.eq(0)]
+                m.next = "RANGES2"
+            with m.State("RANGES2"):
+                band_lo = Signal(dif_t)
+                m.d.comb += band_lo.eq(r_pos[:W] + 1 - cfg.band)
+                lb = Mux(band_lo < F, F, Mux(band_lo > lo_tail, lo_tail, band_lo))
+                mid = Mux(hit, lb, F)
+                m.d.sync += [lo_band.eq(lb), lo_mid.eq(mid), keys.eq(F + L - mid),
+                             kq_phase.eq(0), resp_beat.eq(0), scored.eq(0), s_pos.eq(Mux(F != 0, 0, mid)),
+                             m_sink.eq(sf.min_raw), m_mid.eq(sf.min_raw), m_tail.eq(sf.min_raw)]
+                m.next = "KEYS"
+
+            with m.State("KEYS"):
+                # requests: the sinks [0, F), then [lo_mid, L)
+                has0, has1 = F != 0, L != lo_mid
+                m.d.comb += [self.kv_req.payload.head.eq(head), self.kv_req.payload.value.eq(0),
+                             self.kv_req.payload.first.eq(Mux(kq_phase == 0, 0, lo_mid)),
+                             self.kv_req.payload.count.eq(Mux(kq_phase == 0, F, L - lo_mid)),
+                             self.kv_req.valid.eq(((kq_phase == 0) & has0) | ((kq_phase == 1) & has1))]
+                with m.If(kq_phase == 0):
+                    with m.If(~has0 | self.kv_req.ready):
+                        m.d.sync += kq_phase.eq(1)
+                with m.Elif(kq_phase == 1):
+                    with m.If(~has1 | self.kv_req.ready):
+                        m.d.sync += kq_phase.eq(2)
+                # key beats -> DOT with the buffered query beat
+                m.d.comb += [vpu.i.valid.eq(self.kv_resp.valid), self.kv_resp.ready.eq(vpu.i.ready),
+                             vpu.i.payload.op.eq(VpuOp.DOT), vpu.i.payload.last.eq(resp_beat == nb - 1)]
+                qb = query_buf[resp_beat]
+                for l in range(lanes):
+                    m.d.comb += [vpu.i.payload.a[l].eq(self.kv_resp.payload[l]),
+                                 vpu.i.payload.b[l].eq(qb[l * cfg.kv_width:(l + 1) * cfg.kv_width].as_signed())]
+                with m.If(vpu.i.valid & vpu.i.ready):
+                    m.d.sync += resp_beat.eq(incr(resp_beat, nb))
+                m.d.comb += [vpu.o.ready.eq(1), k_in.eq(vpu.o.valid)]
+                with m.If(k3_valid):
+                    m.d.comb += [scores.write.valid.eq(1), scores.write.payload.addr.eq(s_pos),
+                                 scores.write.payload.data.eq(k3_score)]
+                    m.d.sync += [scored.eq(scored + 1), s_pos.eq(Mux(s_pos + 1 == F, lo_mid, s_pos + 1))]
+                    with m.If(s_pos < F):
+                        with m.If(k3_score > m_sink):
+                            m.d.sync += m_sink.eq(k3_score)
+                    with m.Elif(s_pos < lo_tail):
+                        with m.If(k3_score > m_mid):
+                            m.d.sync += m_mid.eq(k3_score)
+                    with m.Else():
+                        with m.If(k3_score > m_tail):
+                            m.d.sync += m_tail.eq(k3_score)
+                with m.If(~k3_valid & (scored == keys) & (kq_phase == 2)):
+                    m.d.sync += task.eq(0)
+                    m.next = "DISPATCH"
+
+            # -- the step's program --------------------------------------------------------
+            def start_range(lo, hi, mref, dst):
+                m.d.sync += [r_lo.eq(lo), r_hi.eq(hi), r_m.eq(mref), r_dst.eq(dst)]
+                m.next = "R_START"
+
+            def start_combine(op, a, b, dst, target):
+                m.d.sync += [c_op.eq(op), c_a.eq(a), c_b.eq(b), c_dst.eq(dst), c_target.eq(target)]
+                m.next = "COMBINE"
+
+            with m.State("DISPATCH"):
+                m.d.sync += task.eq(task + 1)
+                miss_body = ~hit & (lo_tail != F)
+                with m.Switch(task):
+                    with m.Case(0):                   # the matched entry (hit)
+                        with m.If(hit):
+                            m.d.sync += [e_beat.eq(0), e_rbeat.eq(0)]
+                            m.next = "ENTRY_READ"
+                    with m.Case(1):                   # tail
+                        start_range(lo_tail, L, m_tail, TAIL)
+                    with m.Case(2):                   # band (hit), body (miss) or empty
+                        with m.If(hit):
+                            start_range(lo_band, lo_tail, m_mid, MID)
+                        with m.Elif(miss_body):
+                            start_range(F, L, Mux(m_mid > m_tail, m_mid, m_tail), MID)
+                        with m.Else():
+                            start_range(F, F, 0, MID)
+                    with m.Case(3):                   # E = entry ⊕ band | body ⊖ tail | empty
+                        with m.If(hit):
+                            start_combine(MergeOp.MERGE, ENT, MID, E, P_E)
+                        with m.Elif(miss_body):
+                            start_combine(MergeOp.DOWNDATE, MID, TAIL, E, P_E)
+                        with m.Else():
+                            m.d.sync += ptrs[P_E].eq(MID)
+                    with m.Case(4):                   # fallback: the prefix again
+                        with m.If(miss_body & c_flag):
+                            m.d.sync += [fallback.eq(1), ptrs[P_E].eq(MID)]
+                            start_range(F, lo_tail, m_mid, MID)
+                    with m.Case(5):                   # write E
+                        m.d.sync += e_beat.eq(0)
+                        m.next = "ENTRY_WRITE"
+                    with m.Case(6):
+                        start_combine(MergeOp.MERGE, ptrs[P_E], TAIL, O, P_O)
+                    with m.Case(7):                   # sinks
+                        start_range(0, F, m_sink, SK)
+                    with m.Case(8):
+                        start_combine(MergeOp.MERGE, SK, ptrs[P_O], OUT, P_OUT)
+                    with m.Case(9):
+                        m.d.sync += [e_beat.eq(0), e_rbeat.eq(0), stats_phase.eq(0)]
+                        m.next = "EMIT"
+
+            # -- range attention ----------------------------------------------------------
+            with m.State("R_START"):
+                m.d.sync += [sc_pos.eq(r_lo), done_pos.eq(0), done_beat.eq(0), resp_beat.eq(0), z_sum.eq(0),
+                             inflight.eq(0)]
+                m.d.sync += [numer[b].eq(0) for b in range(nb)]
+                m.d.comb += [self.kv_req.payload.head.eq(head), self.kv_req.payload.value.eq(1),
+                             self.kv_req.payload.first.eq(r_lo), self.kv_req.payload.count.eq(r_hi - r_lo)]
+                with m.If(r_hi == r_lo):
+                    m.next = "R_RECIP"
+                with m.Else():
+                    m.d.comb += self.kv_req.valid.eq(1)
+                    with m.If(self.kv_req.ready):
+                        m.next = "R_VALUES"
+            with m.State("R_VALUES"):
+                count = r_hi - r_lo
+                m.d.comb += [score_req.valid.eq(sc_pos < r_hi), score_req.payload.addr.eq(sc_pos)]
+                with m.If(score_req.valid & score_req.ready):
+                    m.d.sync += sc_pos.eq(sc_pos + 1)
+                m.d.comb += score_resp.ready.eq(~x_valid | sfm.i.ready)
+                with m.If(score_resp.ready):
+                    m.d.sync += [x_valid.eq(score_resp.valid),
+                                 x_reg.eq(saturate(score_resp.payload.as_signed() - r_m, signed(sw)))]
+                m.d.comb += [sfm.i.valid.eq(x_valid), sfm.i.payload.op.eq(SfmOp.EXP2), sfm.i.payload.x.eq(x_reg),
+                             p_fifo.w_data.eq(p_value), p_fifo.w_en.eq(sfm.o.valid), sfm.o.ready.eq(p_fifo.w_rdy)]
+                with m.If(sfm.o.valid & sfm.o.ready):
+                    m.d.sync += z_sum.eq(z_sum + p_value)
+                room = inflight < nb
+                m.d.comb += [vpu.i.valid.eq(self.kv_resp.valid & p_fifo.r_rdy & room),
+                             self.kv_resp.ready.eq(vpu.i.ready & p_fifo.r_rdy & room),
+                             p_fifo.r_en.eq(vpu.i.ready & self.kv_resp.valid & room & (resp_beat == nb - 1)),
+                             vpu.i.payload.op.eq(VpuOp.AXPY), vpu.i.payload.last.eq(1),
+                             vpu.i.payload.scalar.eq(p_fifo.r_data)]
+                acc_word = numer[resp_beat]
+                for l in range(lanes):
+                    m.d.comb += [vpu.i.payload.a[l].eq(self.kv_resp.payload[l]),
+                                 vpu.i.payload.acc[l].eq(acc_word[l * aw:(l + 1) * aw].as_signed())]
+                with m.If(vpu.i.valid & vpu.i.ready):
+                    m.d.sync += resp_beat.eq(incr(resp_beat, nb))
+                m.d.sync += inflight.eq(inflight + (vpu.i.valid & vpu.i.ready) - vpu.o.valid)
+                m.d.comb += vpu.o.ready.eq(1)
+                with m.If(vpu.o.valid):
+                    m.d.sync += [numer[done_beat].eq(vpu.o.payload.vec), done_beat.eq(incr(done_beat, nb))]
+                    with m.If(done_beat == nb - 1):
+                        m.d.sync += done_pos.eq(done_pos + 1)
+                        with m.If(done_pos == count - 1):
+                            m.next = "R_RECIP"
+            with m.State("R_RECIP"):
+                m.d.comb += [sfm.i.valid.eq(1), sfm.i.payload.op.eq(SfmOp.RECIP), sfm.i.payload.z.eq(z_sat)]
+                with m.If(sfm.i.ready):
+                    m.next = "R_RECIP_WAIT"
+            with m.State("R_RECIP_WAIT"):
+                m.d.comb += sfm.o.ready.eq(1)
+                with m.If(sfm.o.valid):
+                    kr = sfm.o.payload.exponent
+                    m.d.sync += [recip_m.eq(sfm.o.payload.value),
+                                 pre.eq(Mux(kr > cfg.attend_guard, kr - cfg.attend_guard, 0)),
+                                 o_beat.eq(0), o_issued.eq(0)]
+                    m.next = "R_OUT"
+            with m.State("R_OUT"):
+                m.d.comb += o_issue.eq(~o_issued)
+                with m.If(o_issue):
+                    m.d.sync += o_beat.eq(incr(o_beat, nb))
+                    with m.If(o_beat == nb - 1):
+                        m.d.sync += o_issued.eq(1)
+                with m.If(o2_valid & (o2_beat == nb - 1)):
+                    empty = z_sum == 0
+                    m.d.sync += [m_arr[r_dst].eq(Mux(empty, 0, r_m)), s_arr[r_dst].eq(z_sat)]
+                    m.next = "DISPATCH"
+
+            # -- ⊕ / ⊖ -------------------------------------------------------------------------
+            with m.State("COMBINE"):
+                m.d.sync += [feed_beat.eq(0), mo_beat.eq(0), c_flag.eq(0)]
+                with m.If(s_arr[c_b] == 0):
+                    m.d.sync += ptrs[c_target].eq(c_a)
+                    m.next = "DISPATCH"
+                with m.Elif((s_arr[c_a] == 0) & (c_op == MergeOp.MERGE)):
+                    m.d.sync += ptrs[c_target].eq(c_b)
+                    m.next = "DISPATCH"
+                with m.Else():
+                    m.next = "MERGE"
+            with m.State("MERGE"):
+                m.d.comb += [rd0_req.valid.eq(feed_beat < nb), rd0_req.payload.addr.eq(c_a * nb + feed_beat),
+                             rd1_req.valid.eq(feed_beat < nb), rd1_req.payload.addr.eq(c_b * nb + feed_beat)]
+                with m.If(rd0_req.valid & rd0_req.ready):
+                    m.d.sync += feed_beat.eq(feed_beat + 1)
+                mi = merge.i.payload
+                m.d.comb += [merge.i.valid.eq(rd0_resp.valid & rd1_resp.valid),
+                             rd0_resp.ready.eq(merge.i.ready), rd1_resp.ready.eq(merge.i.ready),
+                             mi.op.eq(c_op), mi.m1.eq(m_arr[c_a]), mi.s1.eq(s_arr[c_a]),
+                             mi.m2.eq(m_arr[c_b]), mi.s2.eq(s_arr[c_b]),
+                             mi.o1.eq(rd0_resp.payload), mi.o2.eq(rd1_resp.payload)]
+                m.d.comb += merge.o.ready.eq(1)
+                with m.If(merge.o.valid):
+                    m.d.comb += [wr.valid.eq(1), wr.payload.addr.eq(c_dst * nb + mo_beat),
+                                 wr.payload.data.eq(merge.o.payload.o)]
+                    m.d.sync += mo_beat.eq(incr(mo_beat, nb))
+                    with m.If(mo_beat == nb - 1):
+                        m.d.sync += [m_arr[c_dst].eq(merge.o.payload.m), s_arr[c_dst].eq(merge.o.payload.s),
+                                     c_flag.eq(merge.o.payload.flagged), ptrs[c_target].eq(c_dst)]
+                        m.next = "DISPATCH"
+
+            # -- entry store ----------------------------------------------------------------------
+            er = self.es_req.payload
+            with m.State("ENTRY_READ"):
+                m.d.comb += [self.es_req.valid.eq(e_beat < nb), er.write.eq(0), er.head.eq(head),
+                             er.slot.eq(r_slot), er.beat.eq(e_beat)]
+                with m.If(self.es_req.valid & self.es_req.ready):
+                    m.d.sync += e_beat.eq(e_beat + 1)
+                m.d.comb += self.es_resp.ready.eq(1)
+                with m.If(self.es_resp.valid):
+                    m.d.comb += [wr.valid.eq(1), wr.payload.addr.eq(ENT * nb + e_rbeat),
+                                 wr.payload.data.eq(self.es_resp.payload.o)]
+                    m.d.sync += [e_rbeat.eq(incr(e_rbeat, nb)), m_arr[ENT].eq(self.es_resp.payload.m),
+                                 s_arr[ENT].eq(self.es_resp.payload.s)]
+                    with m.If(e_rbeat == nb - 1):
+                        m.next = "DISPATCH"
+            with m.State("ENTRY_WRITE"):
+                pe = ptrs[P_E]
+                m.d.comb += [rd0_req.valid.eq(e_beat < nb), rd0_req.payload.addr.eq(pe * nb + e_beat)]
+                with m.If(rd0_req.valid & rd0_req.ready):
+                    m.d.sync += e_beat.eq(e_beat + 1)
+                m.d.comb += [self.es_req.valid.eq(rd0_resp.valid), rd0_resp.ready.eq(self.es_req.ready),
+                             er.write.eq(1), er.head.eq(head), er.slot.eq(write_slots[head]), er.beat.eq(e_rbeat),
+                             er.m.eq(m_arr[pe]), er.s.eq(s_arr[pe]), er.o.eq(rd0_resp.payload)]
+                with m.If(self.es_req.valid & self.es_req.ready):
+                    m.d.sync += e_rbeat.eq(incr(e_rbeat, nb))
+                    with m.If(e_rbeat == nb - 1):
+                        m.d.sync += write_slots[head].eq(incr(write_slots[head], cfg.window))
+                        m.next = "DISPATCH"
+
+            # -- output ---------------------------------------------------------------------------
+            with m.State("EMIT"):
+                po = ptrs[P_OUT]
+                op_ = self.out.payload
+                m.d.comb += [rd0_req.valid.eq(e_beat < nb), rd0_req.payload.addr.eq(po * nb + e_beat)]
+                with m.If(rd0_req.valid & rd0_req.ready):
+                    m.d.sync += e_beat.eq(e_beat + 1)
+                m.d.comb += [op_.m.eq(m_arr[po]), op_.s.eq(s_arr[po]), op_.engaged.eq(engaged), op_.hit.eq(hit),
+                             op_.fallback.eq(fallback), op_.position.eq(Mux(engaged, r_pos, 0)),
+                             op_.distance.eq(Mux(engaged, r_dist, 0)), op_.keys.eq(keys), op_.cycles.eq(cycles)]
+                with m.If(~stats_phase):
+                    m.d.comb += [self.out.valid.eq(rd0_resp.valid), rd0_resp.ready.eq(self.out.ready),
+                                 op_.stats.eq(0), op_.o.eq(rd0_resp.payload)]
+                    with m.If(self.out.valid & self.out.ready):
+                        m.d.sync += e_rbeat.eq(incr(e_rbeat, nb))
+                        with m.If(e_rbeat == nb - 1):
+                            m.d.sync += stats_phase.eq(1)
+                with m.Else():
+                    m.d.comb += [self.out.valid.eq(1), op_.stats.eq(1)]
+                    with m.If(self.out.ready):
+                        m.d.sync += counting.eq(0)
+                        m.next = "LOAD"
+        return m

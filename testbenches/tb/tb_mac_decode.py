@@ -1,0 +1,118 @@
+"""cocotb: MAC decode engine (hdl/mac/decode.py) == golden.mac_decode.MacDecodeHead, one model
+per head stepping n = 0, 1, 2, ...: every output beat (m, s, o) and every statistics beat
+(engaged, hit, matched position and distance, fallback, keys read). The bench plays the KV memory
+(bursts: one request, ``count·d/L`` response beats) and the entry store (read beats answered,
+writes stored) as memories with random latency, request back-pressure and response gaps; random
+gaps on ``query``, back-pressure on ``out``.
+
+Params: ``steps`` (positions per head), ``heads_used``, ``seq_seed`` (the random sequence of
+testbenches/test_mac_decode.py: clustered and repeated pre-RoPE queries, queries aligned with the
+newest key so removals cancel), ``trace`` (real SmolLM2 layer-12 head-0 steps instead; one head),
+``gap`` / ``stall`` / ``latency`` (0 / 0 / [1, 1] for the cycle measurement)."""
+from __future__ import annotations
+
+from collections import deque
+
+import cocotb
+import torch
+from cocotb.triggers import RisingEdge
+
+from golden.mac_decode import MacDecodeConfig, MacDecodeHead, head_step_cycles, step_ranges
+from hdl.mac.decode import (entry_request_layout, entry_response_layout, kv_request_layout, kv_response_layout,
+                            out_layout, query_layout)
+from testbenches.streams import Bench, StreamSink, StreamSource, split_beats
+
+
+class BurstMemory:
+    """Request stream (random back-pressure) -> ``lookup(request)``: a list of response items
+    (possibly empty), sent in order after a random latency with random gaps."""
+
+    def __init__(self, bench: Bench, req_prefix, req_shape, resp_prefix, resp_shape, lookup, latency):
+        self.requests = StreamSink(bench.dut, req_prefix, req_shape, bench.cycles, bench.rng, stall=bench.stall)
+        self.responses = StreamSource(bench.dut, resp_prefix, resp_shape, bench.cycles, bench.rng, gap=bench.gap)
+        self.cycles, self.rng, self.lookup = bench.cycles, bench.rng, lookup
+        self.latency = tuple(bench.params.get("latency", latency))
+        self._pending: deque = deque()
+        cocotb.start_soon(self._run())
+
+    async def _run(self):
+        taken, ready_at = 0, 0
+        while True:
+            await RisingEdge(self.cycles.clk)
+            while taken < len(self.requests.received):
+                cycle, request = self.requests.received[taken]
+                ready_at = max(ready_at, cycle + self.rng.randint(*self.latency))
+                self._pending.append((ready_at, request))
+                taken += 1
+            while self._pending and self._pending[0][0] <= self.cycles.now:
+                self.responses.put(*self.lookup(self._pending.popleft()[1]))
+
+
+def sequence(bench: Bench):
+    """Raw ``(q_pre (N, H, d), q (N, H, d), k (1, N, d), v (1, N, d))`` of the run."""
+    from testbenches.test_mac_decode import random_sequence, real_trace
+    cfg, p = bench.cfg, bench.params
+    if p.get("trace"):
+        return real_trace(cfg, min(bench.steps(64), cfg.max_positions))
+    H = p.get("heads_used", cfg.heads)
+    return random_sequence(cfg, H, 1, min(bench.steps(30), cfg.max_positions), p.get("seq_seed", bench.seed))
+
+
+@cocotb.test()
+async def mac_decode_matches_golden(dut):
+    bench = await Bench.start(dut, MacDecodeConfig)
+    cfg = bench.cfg
+    q_pre, q, k, v = sequence(bench)
+    N, H = q.shape[0], q.shape[1]
+    lanes, nb = cfg.lanes, cfg.beats
+
+    def kv_lookup(req):
+        table = v[0] if req["value"] else k[0]
+        return [table[pos, b * lanes:(b + 1) * lanes].tolist()
+                for pos in range(req["first"], req["first"] + req["count"]) for b in range(nb)]
+
+    store = {}
+
+    def entry_lookup(req):
+        key = (req["head"], req["slot"], req["beat"])
+        if req["write"]:
+            store[key] = {"m": req["m"], "s": req["s"], "o": req["o"]}
+            return []
+        return [store.get(key, {"m": 0, "s": 0, "o": [0] * lanes})]
+
+    src, sink = bench.source("query", query_layout(cfg)), bench.sink("out", out_layout(cfg))
+    kv = BurstMemory(bench, "kv_req", kv_request_layout(cfg), "kv_resp", kv_response_layout(cfg), kv_lookup, (1, 6))
+    es = BurstMemory(bench, "es_req", entry_request_layout(cfg), "es_resp", entry_response_layout(cfg),
+                     entry_lookup, (1, 6))
+
+    heads = [MacDecodeHead(cfg) for _ in range(H)]
+    count = dict(hits=0, misses=0, fallbacks=0, idle=0, steps=0)
+    model_cycles, keys_list, total_keys = [], [], 0
+    for n in range(N):
+        F, lo_tail, L = step_ranges(cfg, n)
+        for h in range(H):
+            src.put(*({"head": h, "position": n, "q_pre": a, "q": b}
+                      for a, b in zip(split_beats(q_pre[n, h], lanes), split_beats(q[n, h], lanes))))
+            o, st = heads[h].step(q_pre[n, h], q[n, h], k[0, :n + 1], v[0, :n + 1], n)
+            where = f"step {n} head {h}"
+            for b, ob in enumerate(split_beats(o, lanes)):
+                sink.expect({"stats": 0, "m": st.m, "s": st.s, "o": ob}, inputs=f"{where} beat {b}")
+            sink.expect({"stats": 1, "engaged": int(st.engaged), "hit": int(st.hit), "fallback": int(st.fallback),
+                         "position": st.position if st.engaged else 0, "distance": st.distance if st.engaged else 0,
+                         "keys": st.kv_keys}, inputs=f"{where} stats")
+            count["hits"] += st.hit
+            count["misses"] += st.engaged and not st.hit
+            count["fallbacks"] += st.fallback
+            count["idle"] += not st.engaged
+            count["steps"] += 1
+            total_keys += st.kv_keys
+            keys_list.append(st.kv_keys)
+            model_cycles.append(int(head_step_cycles(cfg, L, st.kv_keys, int(st.hit), st.engaged, min(n, cfg.window),
+                                                     int(st.fallback) * (lo_tail - F))))
+    timeout = sum(keys_list) * nb * 60 + count["steps"] * (cfg.window * nb * 4 + 2000) + 10000
+    await bench.drain(timeout_cycles=timeout)
+    stats = [item for item in sink.items if item["stats"]]
+    bench.finish(vectors=count["steps"], beats=len(sink.expected), **count,
+                 rtl_cycles=[s["cycles"] for s in stats], model_cycles=model_cycles, kv_keys=keys_list,
+                 kv_requests=len(kv.requests.received), entry_requests=len(es.requests.received),
+                 nonzero_outputs=sum(1 for w, _ in sink.expected if not w["stats"] and any(w["o"])))
