@@ -24,7 +24,11 @@ def round_shift(x, shift):
     ``shift`` is an int (``<= 0`` multiplies exactly) or a tensor of shifts ``>= 0``
     (a barrel shifter in the RTL)."""
     if isinstance(shift, torch.Tensor):
-        return (x + ((torch.ones_like(shift) << shift) >> 1)) >> shift
+        # the half is 1 << (shift - 1): at shift 63, (1 << 63) >> 1 overflows int64 to -2^62
+        # (an EXP2 exponent of 63 then gave a weight of -1); shifts past 63 keep half = 0
+        half = torch.where((shift >= 1) & (shift <= 63), torch.ones_like(shift) << (shift - 1).clamp(0, 62),
+                           torch.zeros_like(shift))
+        return (x + half) >> shift
     if shift <= 0:
         return x * (1 << -shift)
     return (x + (1 << (shift - 1))) >> shift
