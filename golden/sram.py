@@ -38,6 +38,9 @@ PRESETS = {
     "default": SramConfig(),
     "dual": SramConfig(depth=100, width=20, read_ports=2, read_latency=2),
     "deep": SramConfig(depth=4096, width=64, read_ports=1, read_latency=3),
+    # five block-RAM banks of 1024 x 18 (the last one 904 words): the bank select after the
+    # tiles' registers
+    "banked": SramConfig(depth=5000, width=18, read_ports=2, read_latency=2),
 }
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from golden.errors import ConfigError, LadmacError
 from golden.paths import BUILD_ROOT
 
-from . import reports
+from . import bram_outreg, reports
 from .harness import (BOARD_CLOCK_MHZ, CORE_NAME, DIN_PINS, DOUT_PINS, BoardTop, chain_lengths,
                       harness_ff_count, pll_params)
 
@@ -200,9 +200,16 @@ def _nextpnr_fit_error(text: str, block: str) -> None:
         raise DoesNotFit(f"{block} does not fit {dev}: {m.group(1)} exhausted")
 
 
+# A tiled SRAM bank (hdl/lib/sram.py) bypasses a read that meets a write itself: its memories
+# (attribute ladmac_collision_x = read ports) are marked so that Yosys does not emulate
+# read-before-write around the block RAM (a delayed write and a bypass mux after its pins).
+COLLISION_X = "\n".join(f"setparam -set RD_COLLISION_X_MASK {n}'b{'1' * n} t:$mem_v2 a:ladmac_collision_x={n} %i"
+                        for n in range(1, 5))
 PHASE1 = """read_rtlil top.il
 {after_read}
-synth_ecp5 -top top -run begin:map_luts
+synth_ecp5 -top top -run begin:map_ram
+""" + COLLISION_X + """
+synth_ecp5 -top top -run map_ram:map_luts
 tee -q -o stat_pre.json stat -json
 write_rtlil pre.il
 """
@@ -273,6 +280,7 @@ def run_ecp5(block: str, component, work: Path, freq_mhz: float, bitstream: bool
     dev = device_info()
     t0 = time.time()
     cells = _yosys_two_phase(block, work, env["YOSYS"])
+    cells["bram_output_registers"] = bram_outreg.absorb(work / "top.json")
     t_yosys = time.time() - t0
     done = _run([env["NEXTPNR_ECP5"], "--quiet", "--log", "top.tim",
                  type(platform())._nextpnr_device_options[dev["device"]], "--package", dev["package"],
@@ -305,6 +313,7 @@ def run_ecp5(block: str, component, work: Path, freq_mhz: float, bitstream: bool
         "clocks": pnr["clocks"],
         "critical_path": pnr["critical_path"],
         "lut_mapper": cells.get("lut_mapper", "abc9"),
+        "bram_output_registers": cells["bram_output_registers"],
         "seconds": {"yosys": round(t_yosys, 1), "nextpnr": round(elapsed - t_yosys + t_seeds, 1)},
     }
     if bitstream:

@@ -6,6 +6,11 @@ is not taken (the memory's read enable is held low, so the word is kept). Reads 
 not transparent: a read and a write to the same word in one cycle returns the old word
 (golden/sram.py SramModel replays exactly this).
 
+With ``read_latency >= 2`` the array is a grid of block-RAM tiles (:func:`bram_tile`: banks of
+one DP16KD's depth, slices of its width) and the second stage registers every tile's read
+data on its own, before the bank is selected: on the ECP5 that register becomes the block
+RAM's output register (synth/flow.py), so no read path starts at the RAM's slow output pins.
+
 The memory array has no initial contents in the emitted RTLIL / Verilog (see
 :func:`_emit_without_zero_init`), as an SRAM macro powers up with unknown words. Verilator
 starts such an array at zero by default: the contents the Amaranth memory had, and what
@@ -16,7 +21,7 @@ written.
 """
 from __future__ import annotations
 
-from amaranth import Module, Signal, unsigned
+from amaranth import Array, Cat, Module, Mux, Signal, unsigned
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -26,6 +31,9 @@ from .arith import stall_all_enable
 
 # Attribute of the banks' memories (it reaches the Verilog: ``(* ladmac_undefined_init = 1 *)``).
 UNDEFINED_INIT = "ladmac_undefined_init"
+# Attribute of a tiled bank's memories: their number of read ports, each of which may read
+# undefined data in a cycle in which the word is written (the bank bypasses that read).
+COLLISION_X = "ladmac_collision_x"
 
 
 def _emit_without_zero_init() -> None:
@@ -58,6 +66,19 @@ def _emit_without_zero_init() -> None:
 _emit_without_zero_init()
 
 
+# Geometries of one ECP5 DP16KD in true dual-port mode (depth, width): a bank with a
+# registered read (read_latency >= 2) is built of memories of exactly one of these, so that
+# each maps onto one block RAM with no depth-cascade mux between its output pins and the
+# register that follows them.
+DP16KD_GEOMETRIES = ((16384, 1), (8192, 2), (4096, 4), (2048, 9), (1024, 18))
+
+
+def bram_tile(depth: int, width: int) -> tuple[int, int]:
+    """The (depth, width) of the block-RAM tiles of a ``depth x width`` bank: the geometry
+    needing the fewest tiles, the deepest among equals (fewer banks to select from)."""
+    return min(DP16KD_GEOMETRIES, key=lambda g: (-(-depth // g[0]) * -(-width // g[1]), -g[0]))
+
+
 def sram_write_layout(cfg: SramConfig) -> data.StructLayout:
     return data.StructLayout({"addr": unsigned(cfg.addr_width), "data": unsigned(cfg.width)})
 
@@ -82,21 +103,66 @@ class SramBank(wiring.Component):
 
     def elaborate(self, platform):
         cfg, m = self.cfg, Module()
-        m.submodules.mem = mem = memory.Memory(shape=unsigned(cfg.width), depth=cfg.depth, init=[],
-                                                   attrs={UNDEFINED_INIT: 1})
-        wp = mem.write_port()
-        m.d.comb += [self.write.ready.eq(1), wp.en.eq(self.write.valid),
-                     wp.addr.eq(self.write.payload.addr), wp.data.eq(self.write.payload.data)]
+        tiled = cfg.read_latency >= 2
+        tile_depth, tile_width = bram_tile(cfg.depth, cfg.width) if tiled else (cfg.depth, cfg.width)
+        # a tiled bank handles reads that meet a write itself (below), so Yosys may leave
+        # them undefined in the block RAMs (synth/flow.py: COLLISION_X_MASK)
+        attrs = {UNDEFINED_INIT: 1, **({COLLISION_X: cfg.read_ports} if tiled else {})}
+        tiles = [[memory.Memory(shape=unsigned(min(tile_width, cfg.width - lo)),
+                                depth=min(tile_depth, cfg.depth - bank * tile_depth), init=[], attrs=attrs)
+                  for lo in range(0, cfg.width, tile_width)]
+                 for bank in range(-(-cfg.depth // tile_depth))]
+        for b, row in enumerate(tiles):
+            for t, tile in enumerate(row):
+                m.submodules[f"mem_{b}_{t}"] = tile
+        banked = len(tiles) > 1
+        low = max(1, (tile_depth - 1).bit_length()) if banked else cfg.addr_width
+
+        # The write. Tiled: it reaches the RAMs a cycle later (registered), and a read in that
+        # cycle of the same word takes the registered data instead of the RAM's: reads still
+        # see every write of earlier cycles and none of their own cycle (read-before-write).
+        m.d.comb += self.write.ready.eq(1)
+        w_valid, w_addr, w_data = self.write.valid, self.write.payload.addr, self.write.payload.data
+        if tiled:
+            w_valid, w_addr, w_data = Signal(), Signal.like(w_addr), Signal.like(w_data)
+            m.d.sync += [w_valid.eq(self.write.valid), w_addr.eq(self.write.payload.addr),
+                         w_data.eq(self.write.payload.data)]
+        for b, row in enumerate(tiles):
+            for t, tile in enumerate(row):
+                wp = tile.write_port()
+                m.d.comb += [wp.en.eq(w_valid & ((w_addr[low:] == b) if banked else 1)), wp.addr.eq(w_addr[:low]),
+                             wp.data.eq(w_data[t * tile_width:][:tile.shape.width])]
+
         for n in range(cfg.read_ports):
             req, resp = self.read_port(n)
-            rp = mem.read_port(domain="sync")
             ce = stall_all_enable(resp)
-            m.d.comb += [req.ready.eq(ce), rp.en.eq(ce), rp.addr.eq(req.payload.addr)]
+            rps = [[tile.read_port(domain="sync") for tile in row] for row in tiles]
+            m.d.comb += req.ready.eq(ce)
+            m.d.comb += [x for row in rps for rp in row for x in (rp.en.eq(ce), rp.addr.eq(req.payload.addr[:low]))]
             valid = Signal(name=f"p{n}_valid0")
             with m.If(ce):
                 m.d.sync += valid.eq(req.valid)
-            word = rp.data
-            for stage in range(1, cfg.read_latency):
+            if not tiled:
+                word = rps[0][0].data
+            else:
+                # stage 1: the RAMs' read; the bank and the write met (registered here)
+                bank = Signal(range(max(2, len(tiles))), name=f"p{n}_bank0")
+                bypass, bypass_data = Signal(name=f"p{n}_bypass0"), Signal(cfg.width, name=f"p{n}_bypass_data0")
+                with m.If(ce):
+                    m.d.sync += [bank.eq(req.payload.addr[low:] if banked else 0),
+                                 bypass.eq(w_valid & (w_addr == req.payload.addr)), bypass_data.eq(w_data)]
+                # stage 2: every tile's read data registered on its own, with no logic between
+                # the RAM and the register (synth/flow.py moves it into the DP16KD's output
+                # register); then the addressed bank's word, or the write's
+                regs = [Signal(cfg.width, name=f"p{n}_tiles{b}", reset_less=True) for b in range(len(tiles))]
+                valid1, bank1 = Signal(name=f"p{n}_valid1"), Signal.like(bank, name=f"p{n}_bank1")
+                bypass1, bypass_data1 = Signal(name=f"p{n}_bypass1"), Signal.like(bypass_data, name=f"p{n}_bypass_data1")
+                with m.If(ce):
+                    m.d.sync += [reg.eq(Cat(rp.data for rp in row)) for reg, row in zip(regs, rps)]
+                    m.d.sync += [valid1.eq(valid), bank1.eq(bank), bypass1.eq(bypass), bypass_data1.eq(bypass_data)]
+                valid = valid1
+                word = Mux(bypass1, bypass_data1, Array(regs)[bank1] if banked else regs[0])
+            for stage in range(2, cfg.read_latency):
                 nxt_valid = Signal(name=f"p{n}_valid{stage}")
                 nxt_word = Signal(cfg.width, name=f"p{n}_word{stage}")
                 with m.If(ce):
