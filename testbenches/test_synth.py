@@ -247,3 +247,53 @@ def test_ladmac_cli_dispatches_synth(capsys):
     from ladmac_cli import main
     assert main(["synth", "nope"]) == 2
     assert "unknown block 'nope'" in capsys.readouterr().err
+
+
+# -- block RAM output registers (synth/bram_outreg.py) ------------------------------------
+def _ram_netlist(ff_changes=None, extra_load=False):
+    """Yosys-JSON module: a DP16KD whose port-B bits DOB0/DOB1 (nets 20, 21) each feed a
+    TRELLIS_FF (Q nets 30, 31) on the RAM's clock (net 2), enabled by net 9."""
+    ram = {"type": "DP16KD", "parameters": {"REGMODE_A": "NOREG", "REGMODE_B": "NOREG",
+                                            "DATA_WIDTH_B": "00000000000000000000000000010010"},
+           "port_directions": {"CLKB": "input", "RSTB": "input", "OCEB": "input", "DOB0": "output",
+                               "DOB1": "output", "DOB2": "output"},
+           "connections": {"CLKB": [2], "RSTB": ["0"], "OCEB": ["1"], "DOB0": [20], "DOB1": [21], "DOB2": [22]}}
+    cells = {"ram": ram}
+    for i in range(2):
+        cells[f"ff{i}"] = {"type": "TRELLIS_FF",
+                           "parameters": {"CLKMUX": "CLK", "CEMUX": "CE", "GSR": "DISABLED", "LSRMUX": "LSR",
+                                          "REGSET": "RESET"},
+                           "port_directions": {"CLK": "input", "CE": "input", "DI": "input", "LSR": "input",
+                                               "Q": "output"},
+                           "connections": {"CLK": [2], "CE": [9], "DI": [20 + i], "LSR": ["0"], "Q": [30 + i]}}
+    for key, value in (ff_changes or {}).items():
+        cells["ff1"]["connections"][key] = value
+    if extra_load:
+        cells["lut"] = {"type": "LUT4", "parameters": {}, "port_directions": {"A": "input", "Z": "output"},
+                        "connections": {"A": [21], "Z": [40]}}
+    return {"modules": {"core": {"ports": {"y": {"direction": "output", "bits": [30, 31]}}, "cells": cells}}}
+
+
+def test_bram_output_register_absorbed(tmp_path):
+    from synth import bram_outreg
+    path = tmp_path / "top.json"
+    path.write_text(json.dumps(_ram_netlist()))
+    assert bram_outreg.absorb(path) == 2
+    cells = json.loads(path.read_text())["modules"]["core"]["cells"]
+    ram = cells["ram"]
+    assert set(cells) == {"ram"}
+    assert ram["parameters"]["REGMODE_B"] == "OUTREG" and ram["parameters"]["REGMODE_A"] == "NOREG"
+    assert ram["connections"]["OCEB"] == [9]
+    assert ram["connections"]["DOB0"] == [30] and ram["connections"]["DOB1"] == [31]
+
+
+@pytest.mark.parametrize("changes, extra_load", [({"LSR": [7]}, False), ({"CE": [8]}, False),
+                                                 ({"CLK": [3]}, False), ({}, True)])
+def test_bram_output_register_left_when_not_equivalent(tmp_path, changes, extra_load):
+    """A reset, a second enable, another clock, or a RAM bit read elsewhere too: no change."""
+    from synth import bram_outreg
+    path = tmp_path / "top.json"
+    path.write_text(json.dumps(_ram_netlist(changes, extra_load)))
+    assert bram_outreg.absorb(path) == 0
+    cells = json.loads(path.read_text())["modules"]["core"]["cells"]
+    assert cells["ram"]["parameters"]["REGMODE_B"] == "NOREG" and "ff0" in cells and "ff1" in cells
