@@ -34,7 +34,7 @@ from pathlib import Path
 from golden.errors import ConfigError, LadmacError
 from golden.paths import BUILD_ROOT
 
-from . import bram_outreg, reports
+from . import absorb, reports
 from .harness import (BOARD_CLOCK_MHZ, CORE_NAME, DIN_PINS, DOUT_PINS, BoardTop, chain_lengths,
                       harness_ff_count, pll_params)
 
@@ -280,7 +280,7 @@ def run_ecp5(block: str, component, work: Path, freq_mhz: float, bitstream: bool
     dev = device_info()
     t0 = time.time()
     cells = _yosys_two_phase(block, work, env["YOSYS"])
-    cells["bram_output_registers"] = bram_outreg.absorb(work / "top.json")
+    cells["absorbed"] = absorb.absorb(work / "top.json")
     t_yosys = time.time() - t0
     done = _run([env["NEXTPNR_ECP5"], "--quiet", "--log", "top.tim",
                  type(platform())._nextpnr_device_options[dev["device"]], "--package", dev["package"],
@@ -313,7 +313,7 @@ def run_ecp5(block: str, component, work: Path, freq_mhz: float, bitstream: bool
         "clocks": pnr["clocks"],
         "critical_path": pnr["critical_path"],
         "lut_mapper": cells.get("lut_mapper", "abc9"),
-        "bram_output_registers": cells["bram_output_registers"],
+        "absorbed_ffs": cells["absorbed"],
         "seconds": {"yosys": round(t_yosys, 1), "nextpnr": round(elapsed - t_yosys + t_seeds, 1)},
     }
     if bitstream:

@@ -249,7 +249,7 @@ def test_ladmac_cli_dispatches_synth(capsys):
     assert "unknown block 'nope'" in capsys.readouterr().err
 
 
-# -- block RAM output registers (synth/bram_outreg.py) ------------------------------------
+# -- hard-block registers (synth/absorb.py) -------------------------------------------------
 def _ram_netlist(ff_changes=None, extra_load=False):
     """Yosys-JSON module: a DP16KD whose port-B bits DOB0/DOB1 (nets 20, 21) each feed a
     TRELLIS_FF (Q nets 30, 31) on the RAM's clock (net 2), enabled by net 9."""
@@ -275,10 +275,10 @@ def _ram_netlist(ff_changes=None, extra_load=False):
 
 
 def test_bram_output_register_absorbed(tmp_path):
-    from synth import bram_outreg
+    from synth import absorb
     path = tmp_path / "top.json"
     path.write_text(json.dumps(_ram_netlist()))
-    assert bram_outreg.absorb(path) == 2
+    assert absorb.absorb(path) == {"bram": 2, "dsp": 0}
     cells = json.loads(path.read_text())["modules"]["core"]["cells"]
     ram = cells["ram"]
     assert set(cells) == {"ram"}
@@ -291,9 +291,62 @@ def test_bram_output_register_absorbed(tmp_path):
                                                  ({"CLK": [3]}, False), ({}, True)])
 def test_bram_output_register_left_when_not_equivalent(tmp_path, changes, extra_load):
     """A reset, a second enable, another clock, or a RAM bit read elsewhere too: no change."""
-    from synth import bram_outreg
+    from synth import absorb
     path = tmp_path / "top.json"
     path.write_text(json.dumps(_ram_netlist(changes, extra_load)))
-    assert bram_outreg.absorb(path) == 0
+    assert absorb.absorb(path) == {"bram": 0, "dsp": 0}
     cells = json.loads(path.read_text())["modules"]["core"]["cells"]
     assert cells["ram"]["parameters"]["REGMODE_B"] == "NOREG" and "ff0" in cells and "ff1" in cells
+
+
+def _ff(clk, ce, di, q, lsr="0"):
+    return {"type": "TRELLIS_FF", "parameters": {"CLKMUX": "CLK", "CEMUX": "CE", "GSR": "DISABLED",
+                                                 "LSRMUX": "LSR", "REGSET": "RESET"},
+            "port_directions": {"CLK": "input", "CE": "input", "DI": "input", "LSR": "input", "Q": "output"},
+            "connections": {"CLK": [clk], "CE": [ce], "DI": [di], "LSR": [lsr], "Q": [q]}}
+
+
+def _dsp_netlist(shared_a=False, product_read_twice=False):
+    """A MULT18X18D: A0/A1 from flip-flops fa0/fa1 (D nets 10/11, Q 20/21, enable 8), A2 tied 0,
+    B0 from fb0 (D 12, Q 22, enable 9), products P0/P1 (nets 30/31) into flip-flops fp0/fp1
+    (Q 40/41, enable 8), P2 unused; all on clock 2."""
+    dsp = {"type": "MULT18X18D", "parameters": {},
+           "port_directions": {"A0": "input", "A1": "input", "A2": "input", "B0": "input", "SIGNEDA": "input",
+                               "SIGNEDB": "input", "P0": "output", "P1": "output", "P2": "output"},
+           "connections": {"A0": [20], "A1": [21], "A2": ["0"], "B0": [22], "SIGNEDA": ["0"], "SIGNEDB": ["0"],
+                           "P0": [30], "P1": [31], "P2": [32]}}
+    cells = {"dsp": dsp, "fa0": _ff(2, 8, 10, 20), "fa1": _ff(2, 8, 11, 21), "fb0": _ff(2, 9, 12, 22),
+             "fp0": _ff(2, 8, 30, 40), "fp1": _ff(2, 8, 31, 41)}
+    if shared_a:   # fa1's output is read elsewhere too
+        cells["lut"] = {"type": "LUT4", "parameters": {}, "port_directions": {"A": "input", "Z": "output"},
+                        "connections": {"A": [21], "Z": [50]}}
+    if product_read_twice:
+        cells["lut2"] = {"type": "LUT4", "parameters": {}, "port_directions": {"A": "input", "Z": "output"},
+                         "connections": {"A": [31], "Z": [51]}}
+    return {"modules": {"core": {"ports": {"y": {"direction": "output", "bits": [40, 41, 50, 51]}},
+                                 "cells": cells}}}
+
+
+def test_dsp_registers_absorbed(tmp_path):
+    from synth import absorb
+    path = tmp_path / "top.json"
+    path.write_text(json.dumps(_dsp_netlist(shared_a=True)))
+    assert absorb.absorb(path) == {"bram": 0, "dsp": 5}
+    cells = json.loads(path.read_text())["modules"]["core"]["cells"]
+    dsp = cells["dsp"]
+    p, c = dsp["parameters"], dsp["connections"]
+    assert set(cells) == {"dsp", "fa1", "lut"}            # fa1 is still read by the LUT
+    assert c["P0"] == [40] and c["P1"] == [41]              # the product drives the register outputs
+    assert c["A0"] == [10] and c["A1"] == [11] and c["A2"] == ["0"] and c["B0"] == [12]
+    assert c["CLK0"] == [2] and c["RST0"] == ["0"]
+    assert {p["REG_OUTPUT_CLK"], p["REG_INPUTA_CLK"], p["REG_INPUTB_CLK"]} == {"CLK0"}
+    assert c[p["REG_INPUTA_CE"]] == [8] and c[p["REG_OUTPUT_CE"]] == [8] and c[p["REG_INPUTB_CE"]] == [9]
+
+
+def test_dsp_product_read_twice_keeps_its_register(tmp_path):
+    from synth import absorb
+    path = tmp_path / "top.json"
+    path.write_text(json.dumps(_dsp_netlist(product_read_twice=True)))
+    assert absorb.absorb(path) == {"bram": 0, "dsp": 3}     # operands only
+    cells = json.loads(path.read_text())["modules"]["core"]["cells"]
+    assert "fp0" in cells and "fp1" in cells and "REG_OUTPUT_CLK" not in cells["dsp"]["parameters"]

@@ -28,6 +28,7 @@ from golden.mac_unit import MacUnitConfig
 from golden.vpu import VpuOp
 
 from ..lib.arith import incr
+from ..lib.sram import COLLISION_X
 from ..lib.vpu import Vpu
 
 RING_BANK_DEPTH = 2048   # words per ring bank: one DP16KD deep (2K x 9)
@@ -74,7 +75,10 @@ class MatchUnit(wiring.Component):
         bank_depth = min(cfg.ring_words, RING_BANK_DEPTH)
         n_banks = -(-cfg.ring_words // bank_depth)
         low = max(1, (bank_depth - 1).bit_length())
-        banks = [memory.Memory(shape=unsigned(word), depth=min(bank_depth, cfg.ring_words - b * bank_depth), init=[])
+        # a read that meets a write in a bank takes the write's data (below), so the banks may
+        # leave it undefined (no read-before-write emulation around the block RAMs: synth/flow.py)
+        banks = [memory.Memory(shape=unsigned(word), depth=min(bank_depth, cfg.ring_words - b * bank_depth), init=[],
+                               attrs={COLLISION_X: 1})
                  for b in range(n_banks)]
         for b, bank in enumerate(banks):
             m.submodules[f"ring{b}"] = bank
@@ -102,10 +106,16 @@ class MatchUnit(wiring.Component):
         ra_valid, ra_addr, ra_beat = Signal(), Signal.like(req.payload.addr), Signal(range(nb))
         w_valid, w_addr, w_data = Signal(), Signal.like(write.payload.addr), Signal(word)
         m.d.sync += [w_valid.eq(write.valid), w_addr.eq(write.payload.addr), w_data.eq(write.payload.data)]
+        # the banks are written one cycle later still; a read of that word in that cycle takes
+        # the written data (r0/r1_bypass), so every read sees exactly what it saw before
+        wb_valid, wb_addr, wb_data = Signal(), Signal.like(w_addr), Signal(word)
+        m.d.sync += [wb_valid.eq(w_valid), wb_addr.eq(w_addr), wb_data.eq(w_data)]
+        r0_bypass, r1_bypass = Signal(), Signal()
+        r0_bypass_data, r1_bypass_data = Signal(word), Signal(word)
         for b in range(n_banks):
             m.d.comb += [rports[b].addr.eq(ra_addr[:low]), rports[b].en.eq(ce),
-                         wports[b].addr.eq(w_addr[:low]), wports[b].data.eq(w_data),
-                         wports[b].en.eq(w_valid & ((w_addr[low:] == b) if n_banks > 1 else 1))]
+                         wports[b].addr.eq(wb_addr[:low]), wports[b].data.eq(wb_data),
+                         wports[b].en.eq(wb_valid & ((wb_addr[low:] == b) if n_banks > 1 else 1))]
         with m.If(ce):
             m.d.sync += [ra_valid.eq(req.valid), ra_addr.eq(req.payload.addr), ra_beat.eq(req_beat),
                          r0_valid.eq(ra_valid), r0_bank.eq(ra_addr[low:] if n_banks > 1 else 0),
@@ -114,8 +124,11 @@ class MatchUnit(wiring.Component):
                          resp.payload.eq(r2_word[r2_pair]),
                          r0_beat.eq(ra_beat), r1_beat.eq(r0_beat), r2_beat.eq(r1_beat),
                          resp_q.eq(query_buf[r2_beat]), resp_last.eq(r2_beat == nb - 1)]
-            m.d.sync += [r2_word[g].eq(Mux(r1_bank[0], r1_word[2 * g + 1], r1_word[2 * g]) if 2 * g + 1 < n_banks
-                                       else r1_word[2 * g]) for g in range(n_pairs)]
+            m.d.sync += [r0_bypass.eq(wb_valid & (wb_addr == ra_addr)), r0_bypass_data.eq(wb_data),
+                         r1_bypass.eq(r0_bypass), r1_bypass_data.eq(r0_bypass_data)]
+            m.d.sync += [r2_word[g].eq(Mux(r1_bypass, r1_bypass_data,
+                                           Mux(r1_bank[0], r1_word[2 * g + 1], r1_word[2 * g]) if 2 * g + 1 < n_banks
+                                           else r1_word[2 * g])) for g in range(n_pairs)]
             m.d.sync += [r1_word[b].eq(rports[b].data) for b in range(n_banks)]
 
         head = Signal(_bits(cfg.heads))

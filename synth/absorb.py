@@ -1,0 +1,183 @@
+"""Move fabric registers into the hard blocks' own registers, on Yosys's JSON netlist before
+nextpnr (Yosys maps neither the DP16KD's output register nor the MULT18X18D's input and output
+registers, and nextpnr times a block without them from its slow pins).
+
+**Block RAM.** Yosys maps a synchronous read port onto a DP16KD in ``NOREG`` mode and leaves the register
+that the RTL puts after it (``hdl/lib/sram.py``'s second read stage) in the fabric: the path
+from the RAM's output pins (5.8 ns clock-to-out at speed 6) to that register then limits the
+clock. This pass, run on Yosys's JSON netlist before nextpnr, switches a read port to
+``REGMODE = OUTREG`` when every used output bit of that port drives exactly one fabric
+flip-flop and nothing else, all of them on the RAM port's clock, with one shared clock
+enable (it becomes the port's ``OCE``) and no set/reset: the DP16KD's output register then
+does what those flip-flops did (same enable, same zero power-up, reset tied off), and the
+flip-flops are removed.
+
+**Multipliers.** A MULT18X18D whose used product bits each drive exactly one such flip-flop
+gets its output register (``REG_OUTPUT_CLK``); then, with the netlist re-read, an operand A or B
+whose bits all come from such flip-flops (or are constant 0) gets its input register, which
+samples what those flip-flops sample (``REG_INPUTA/B_CLK``): a flip-flop that nothing else reads
+is removed, one that something does is kept (the DSP's register is a copy of it). All of a
+DSP's registers use CLK0 (one clock), CE0..CE3 (one per distinct enable) and RST0 tied off.
+"""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+
+def _param(cell: dict, name: str, default: str = "") -> str:
+    return str(cell["parameters"].get(name, default)).strip()   # Yosys marks strings with a trailing space
+
+
+def _int_param(cell: dict, name: str, default: int) -> int:
+    value = cell["parameters"].get(name)
+    if value is None:
+        return default
+    return int(value, 2) if isinstance(value, str) and set(value) <= {"0", "1"} else int(value)
+
+
+def _loads(module: dict) -> dict:
+    """bit -> [(cell, pin)] reading it; the module's ports count as readers (cell "")."""
+    loads = defaultdict(list)
+    for name, cell in module.get("cells", {}).items():
+        for pin, bits in cell["connections"].items():
+            if cell.get("port_directions", {}).get(pin) != "output":
+                for bit in bits:
+                    loads[bit].append((name, pin))
+    for port in module.get("ports", {}).values():
+        for bit in port["bits"]:
+            loads[bit].append(("", "port"))
+    return loads
+
+
+def _plain_ff(ff: dict | None) -> tuple | None:
+    """(clock, enable) of a rising-edge TRELLIS_FF with no set/reset and a zero start, else None."""
+    if ff is None or ff["type"] != "TRELLIS_FF":
+        return None
+    c = ff["connections"]
+    if (_param(ff, "CLKMUX", "CLK") != "CLK" or _param(ff, "GSR") != "DISABLED" or c.get("LSR", ["0"]) != ["0"]
+            or _param(ff, "LSRMUX", "LSR") != "LSR" or _param(ff, "REGSET", "RESET") != "RESET"
+            or _param(ff, "CEMUX", "CE") not in ("CE", "1")):
+        return None
+    return tuple(c["CLK"]), (tuple(c["CE"]) if _param(ff, "CEMUX", "CE") == "CE" else ("1",))
+
+
+def _registered_outputs(cell: dict, prefix: str, loads: dict, cells: dict):
+    """The (pin, flip-flop) pairs and the one (clock, enable) of every used output pin
+    ``prefix<digits>`` of ``cell``, when each drives exactly one plain flip-flop's DI; else None."""
+    pairs, controls = [], set()
+    for pin, bits in cell["connections"].items():
+        if not (pin.startswith(prefix) and pin[len(prefix):].isdigit()) or not isinstance(bits[0], int) \
+                or not loads[bits[0]]:
+            continue
+        if len(loads[bits[0]]) != 1 or loads[bits[0]][0][1] != "DI":
+            return None
+        ctl = _plain_ff(cells.get(loads[bits[0]][0][0]))
+        if ctl is None:
+            return None
+        controls.add(ctl)
+        pairs.append((pin, loads[bits[0]][0][0]))
+    return (pairs, controls.pop()) if pairs and len(controls) == 1 else None
+
+
+def _registered_inputs(cell: dict, prefix: str, drivers: dict, cells: dict):
+    """The (pin, flip-flop) pairs and the one (clock, enable) of the input pins ``prefix<digits>``,
+    when each is driven by a plain flip-flop's Q or is constant 0; else None."""
+    pairs, controls = [], set()
+    for pin, bits in cell["connections"].items():
+        if not (pin.startswith(prefix) and pin[len(prefix):].isdigit()):
+            continue
+        if not isinstance(bits[0], int):
+            if bits[0] not in ("0", "x"):
+                return None
+            continue
+        ctl = _plain_ff(cells.get(drivers.get(bits[0])))
+        if ctl is None:
+            return None
+        controls.add(ctl)
+        pairs.append((pin, drivers[bits[0]]))
+    return (pairs, controls.pop()) if pairs and len(controls) == 1 else None
+
+
+def _brams(module: dict) -> int:
+    cells, loads, moved = module.get("cells", {}), _loads(module), 0
+    for ram in [c for c in cells.values() if c["type"] == "DP16KD"]:
+        if _int_param(ram, "DATA_WIDTH_A", 18) == 36:
+            continue                        # pseudo dual port: both ports' pins are one word
+        for port in "AB":
+            if _param(ram, f"REGMODE_{port}") != "NOREG" or ram["connections"].get(f"RST{port}") != ["0"]:
+                continue
+            found = _registered_outputs(ram, f"DO{port}", loads, cells)
+            if found is None or list(found[1][0]) != ram["connections"].get(f"CLK{port}"):
+                continue
+            pairs, (_, enable) = found
+            ram["parameters"][f"REGMODE_{port}"] = "OUTREG"
+            ram["connections"][f"OCE{port}"] = list(enable)
+            for pin, ff in pairs:
+                ram["connections"][pin] = cells.pop(ff)["connections"]["Q"]
+            moved += len(pairs)
+    return moved
+
+
+def _plain_dsp(dsp: dict) -> bool:
+    conn = dsp["connections"]
+    return all(conn.get(p, ["0"])[0] in ("0", "1") for p in ("SIGNEDA", "SIGNEDB", "SOURCEA", "SOURCEB"))
+
+
+def _set_register(dsp: dict, reg: str, control: tuple) -> None:
+    """Clock ``reg`` of ``dsp`` (REG_<reg>_*) on CLK0 with ``control``'s enable."""
+    (clock, enable), conn, params = control, dsp["connections"], dsp["parameters"]
+    if conn.setdefault("CLK0", list(clock)) != list(clock):
+        raise ValueError("one clock per DSP")
+    conn["RST0"] = ["0"]
+    ces = [k for k in range(4) if conn.get(f"CE{k}") == list(enable)] or \
+          [k for k in range(4) if f"CE{k}" not in conn]
+    conn[f"CE{ces[0]}"] = list(enable)
+    dsp.setdefault("port_directions", {}).update({"CLK0": "input", "RST0": "input", f"CE{ces[0]}": "input"})
+    params.update({f"REG_{reg}_CLK": "CLK0", f"REG_{reg}_RST": "RST0", f"REG_{reg}_CE": f"CE{ces[0]}"})
+
+
+def _dsps(module: dict) -> int:
+    cells, moved = module.get("cells", {}), 0
+    dsps = [c for c in cells.values() if c["type"] == "MULT18X18D" and _plain_dsp(c)
+            and all(_param(c, f"REG_{r}_CLK", "NONE") == "NONE" for r in ("INPUTA", "INPUTB", "INPUTC",
+                                                                             "PIPELINE", "OUTPUT"))]
+    loads = _loads(module)
+    for dsp in dsps:                        # products first
+        found = _registered_outputs(dsp, "P", loads, cells)
+        if found is not None:
+            _set_register(dsp, "OUTPUT", found[1])
+            for pin, ff in found[0]:
+                dsp["connections"][pin] = cells.pop(ff)["connections"]["Q"]
+            moved += len(found[0])
+    drivers = {bits[0]: name for name, cell in cells.items() for pin, bits in cell["connections"].items()
+               if cell.get("port_directions", {}).get(pin) == "output" and len(bits) == 1}
+    copied = set()
+    for dsp in dsps:                        # then operands, on the netlist as it is now
+        for reg, operand in (("INPUTA", "A"), ("INPUTB", "B")):
+            found = _registered_inputs(dsp, operand, drivers, cells)
+            if found is None or dsp["connections"].get("CLK0", list(found[1][0])) != list(found[1][0]):
+                continue
+            _set_register(dsp, reg, found[1])
+            for pin, ff in found[0]:        # the DSP's register samples what the flip-flop samples
+                dsp["connections"][pin] = cells[ff]["connections"]["DI"]
+                copied.add(ff)
+            moved += len(found[0])
+    now_read = _loads(module)
+    for ff in copied:                       # operand flip-flops that nothing reads any more
+        if not now_read[cells[ff]["connections"]["Q"][0]]:
+            del cells[ff]
+    return moved
+
+
+def absorb(netlist: Path) -> dict:
+    """Rewrite ``netlist`` (Yosys JSON) in place; returns how many flip-flops went into block
+    RAMs (``bram``) and into multipliers (``dsp``; an operand's kept flip-flops count too)."""
+    design = json.loads(netlist.read_text())
+    moved = {"bram": 0, "dsp": 0}
+    for module in design["modules"].values():
+        moved["bram"] += _brams(module)
+        moved["dsp"] += _dsps(module)
+    netlist.write_text(json.dumps(design))
+    return moved
