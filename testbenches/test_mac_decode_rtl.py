@@ -18,8 +18,8 @@ from testbenches.runner import simulate
 TINY = PRESETS["tiny"]            # window 8, d 8, lanes 4, band 4, min_context 10, 2 heads
 VARIANTS = {"tiny": TINY, "sinks": replace(TINY, sinks=2, band=3), "band0": replace(TINY, band=0)}
 TRACE = Path(__file__).parent / "data" / "smollm2_mac_trace.pt"
-# a trace config small enough for the bench: M = 32, S = 8, 2 beats of 32 lanes, 80 steps
-TRACE_CFG = MacDecodeConfig(window=32, band=8, min_context=40, heads=1, lanes=32, max_positions=128)
+# a trace config small enough for the bench: M = 32, S = 8, d = 64 in 8 beats of 8 lanes, 80 steps
+TRACE_CFG = MacDecodeConfig(window=32, band=8, min_context=40, heads=1, lanes=8, max_positions=128)
 
 
 def _summary(name, r):

@@ -33,7 +33,8 @@ models is the target, not yet reached):
    positions of a head arrive in order from 0); output ``sinks ⊕ (E ⊕ tail)``.
 
 States (m, s scalars in registers, o vectors as ``d/L`` words in the state SRAM): tail, middle,
-entry, E, E ⊕ tail, sinks, output.
+entry, E, E ⊕ tail, sinks, output. A state with ``s = 0`` is empty (its o is read as zeros: an
+empty range costs no pass; a flagged removal is replaced by the fallback before it is used).
 """
 from __future__ import annotations
 
@@ -204,7 +205,6 @@ class MacDecodeEngine(wiring.Component):
         r_lo, r_hi, r_m, r_dst = Signal(pos_t), Signal(pos_t), Signal(signed(sw)), Signal(3)
         sc_pos, done_pos = Signal(pos_t), Signal(pos_t)
         done_beat = Signal(range(nb))
-        inflight = Signal(range(nb + 1))
         numer = Array(Signal(lanes * aw, name=f"numer_beat{b}") for b in range(nb))
         z_sum = Signal(cfg.sum_width + 2)
         z_sat = Signal(cfg.sum_width)
@@ -378,13 +378,13 @@ class MacDecodeEngine(wiring.Component):
 
             # -- range attention ----------------------------------------------------------
             with m.State("R_START"):
-                m.d.sync += [sc_pos.eq(r_lo), done_pos.eq(0), done_beat.eq(0), resp_beat.eq(0), z_sum.eq(0),
-                             inflight.eq(0)]
+                m.d.sync += [sc_pos.eq(r_lo), done_pos.eq(0), done_beat.eq(0), resp_beat.eq(0), z_sum.eq(0)]
                 m.d.sync += [numer[b].eq(0) for b in range(nb)]
                 m.d.comb += [self.kv_req.payload.head.eq(head), self.kv_req.payload.value.eq(1),
                              self.kv_req.payload.first.eq(r_lo), self.kv_req.payload.count.eq(r_hi - r_lo)]
-                with m.If(r_hi == r_lo):
-                    m.next = "R_RECIP"
+                with m.If(r_hi == r_lo):              # the empty state; its o is read as zeros (s = 0)
+                    m.d.sync += [m_arr[r_dst].eq(0), s_arr[r_dst].eq(0)]
+                    m.next = "DISPATCH"
                 with m.Else():
                     m.d.comb += self.kv_req.valid.eq(1)
                     with m.If(self.kv_req.ready):
@@ -402,22 +402,24 @@ class MacDecodeEngine(wiring.Component):
                              p_fifo.w_data.eq(p_value), p_fifo.w_en.eq(sfm.o.valid), sfm.o.ready.eq(p_fifo.w_rdy)]
                 with m.If(sfm.o.valid & sfm.o.ready):
                     m.d.sync += z_sum.eq(z_sum + p_value)
-                room = inflight < nb
-                m.d.comb += [vpu.i.valid.eq(self.kv_resp.valid & p_fifo.r_rdy & room),
-                             self.kv_resp.ready.eq(vpu.i.ready & p_fifo.r_rdy & room),
-                             p_fifo.r_en.eq(vpu.i.ready & self.kv_resp.valid & room & (resp_beat == nb - 1)),
+                # AXPY with acc = 0 gives the exact products p v; they are added into N's beat
+                # where they come out of the VPU, so a beat is never read before its update lands
+                # (one beat per cycle whatever the VPU's latency and d/L)
+                m.d.comb += [vpu.i.valid.eq(self.kv_resp.valid & p_fifo.r_rdy),
+                             self.kv_resp.ready.eq(vpu.i.ready & p_fifo.r_rdy),
+                             p_fifo.r_en.eq(vpu.i.ready & self.kv_resp.valid & (resp_beat == nb - 1)),
                              vpu.i.payload.op.eq(VpuOp.AXPY), vpu.i.payload.last.eq(1),
                              vpu.i.payload.scalar.eq(p_fifo.r_data)]
-                acc_word = numer[resp_beat]
                 for l in range(lanes):
-                    m.d.comb += [vpu.i.payload.a[l].eq(self.kv_resp.payload[l]),
-                                 vpu.i.payload.acc[l].eq(acc_word[l * aw:(l + 1) * aw].as_signed())]
+                    m.d.comb += vpu.i.payload.a[l].eq(self.kv_resp.payload[l])
                 with m.If(vpu.i.valid & vpu.i.ready):
                     m.d.sync += resp_beat.eq(incr(resp_beat, nb))
-                m.d.sync += inflight.eq(inflight + (vpu.i.valid & vpu.i.ready) - vpu.o.valid)
                 m.d.comb += vpu.o.ready.eq(1)
+                acc_word = numer[done_beat]
                 with m.If(vpu.o.valid):
-                    m.d.sync += [numer[done_beat].eq(vpu.o.payload.vec), done_beat.eq(incr(done_beat, nb))]
+                    m.d.sync += [numer[done_beat].eq(Cat(*[(acc_word[l * aw:(l + 1) * aw].as_signed()
+                                                            + vpu.o.payload.vec[l])[:aw] for l in range(lanes)])),
+                                 done_beat.eq(incr(done_beat, nb))]
                     with m.If(done_beat == nb - 1):
                         m.d.sync += done_pos.eq(done_pos + 1)
                         with m.If(done_pos == count - 1):
@@ -499,7 +501,7 @@ class MacDecodeEngine(wiring.Component):
                     m.d.sync += e_beat.eq(e_beat + 1)
                 m.d.comb += [self.es_req.valid.eq(rd0_resp.valid), rd0_resp.ready.eq(self.es_req.ready),
                              er.write.eq(1), er.head.eq(head), er.slot.eq(write_slots[head]), er.beat.eq(e_rbeat),
-                             er.m.eq(m_arr[pe]), er.s.eq(s_arr[pe]), er.o.eq(rd0_resp.payload)]
+                             er.m.eq(m_arr[pe]), er.s.eq(s_arr[pe]), er.o.eq(Mux(s_arr[pe] == 0, 0, rd0_resp.payload))]
                 with m.If(self.es_req.valid & self.es_req.ready):
                     m.d.sync += e_rbeat.eq(incr(e_rbeat, nb))
                     with m.If(e_rbeat == nb - 1):
@@ -518,7 +520,7 @@ class MacDecodeEngine(wiring.Component):
                              op_.distance.eq(Mux(engaged, r_dist, 0)), op_.keys.eq(keys), op_.cycles.eq(cycles)]
                 with m.If(~stats_phase):
                     m.d.comb += [self.out.valid.eq(rd0_resp.valid), rd0_resp.ready.eq(self.out.ready),
-                                 op_.stats.eq(0), op_.o.eq(rd0_resp.payload)]
+                                 op_.stats.eq(0), op_.o.eq(Mux(s_arr[po] == 0, 0, rd0_resp.payload))]
                     with m.If(self.out.valid & self.out.ready):
                         m.d.sync += e_rbeat.eq(incr(e_rbeat, nb))
                         with m.If(e_rbeat == nb - 1):

@@ -87,7 +87,7 @@ async def mac_decode_matches_golden(dut):
 
     heads = [MacDecodeHead(cfg) for _ in range(H)]
     count = dict(hits=0, misses=0, fallbacks=0, idle=0, steps=0)
-    model_cycles, keys_list, total_keys = [], [], 0
+    model_cycles, keys_list, kinds, total_keys = [], [], [], 0
     for n in range(N):
         F, lo_tail, L = step_ranges(cfg, n)
         for h in range(H):
@@ -107,12 +107,13 @@ async def mac_decode_matches_golden(dut):
             count["steps"] += 1
             total_keys += st.kv_keys
             keys_list.append(st.kv_keys)
+            kinds.append("idle" if not st.engaged else "hit" if st.hit else "fallback" if st.fallback else "miss")
             model_cycles.append(int(head_step_cycles(cfg, L, st.kv_keys, int(st.hit), st.engaged, min(n, cfg.window),
                                                      int(st.fallback) * (lo_tail - F))))
     timeout = sum(keys_list) * nb * 60 + count["steps"] * (cfg.window * nb * 4 + 2000) + 10000
     await bench.drain(timeout_cycles=timeout)
     stats = [item for item in sink.items if item["stats"]]
     bench.finish(vectors=count["steps"], beats=len(sink.expected), **count,
-                 rtl_cycles=[s["cycles"] for s in stats], model_cycles=model_cycles, kv_keys=keys_list,
+                 rtl_cycles=[s["cycles"] for s in stats], model_cycles=model_cycles, kv_keys=keys_list, kinds=kinds,
                  kv_requests=len(kv.requests.received), entry_requests=len(es.requests.received),
                  nonzero_outputs=sum(1 for w, _ in sink.expected if not w["stats"] and any(w["o"])))
