@@ -1,0 +1,61 @@
+"""Cycles per decode step of the MAC decode engine RTL (hdl/mac/decode.py), measured under
+Verilator, next to the schedule model golden.mac_decode.head_step_cycles on the same steps.
+
+    .venv/bin/python -m benchmarks.mac_decode_rtl_cycles [--quick] [--out RUN.json]
+
+No query gaps, no back-pressure, KV memory and entry store answering after 1 cycle (one beat per
+cycle). A step's RTL cycles run from its first query beat to its statistics beat (the engine's
+``cycles`` field). Runs: ``tiny`` (M 8, d 8, L 4, S 4; two heads of the random sequence of
+testbenches/test_mac_decode.py, 30 steps) and, without ``--quick``, 80 real SmolLM2 steps (layer 12,
+head 0; M 32, S 8, d 64, L 8). Per kind of step: before min_context (idle), hit, miss, fallback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from golden.mac_decode import PRESETS, MacDecodeConfig
+from testbenches.runner import simulate
+
+TRACE = Path(__file__).resolve().parent.parent / "testbenches" / "data" / "smollm2_mac_trace.pt"
+NO_STALLS = {"gap": 0.0, "stall": 0.0, "latency": [1, 1]}
+
+
+def runs(quick: bool):
+    yield "tiny random", PRESETS["tiny"], {"steps": 30, "heads_used": 2, "seq_seed": 2025}
+    if not quick:
+        cfg = MacDecodeConfig(window=32, band=8, min_context=40, heads=1, lanes=8, max_positions=128)
+        yield "SmolLM2 L12 H0", cfg, {"trace": str(TRACE), "steps": 80}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="only the tiny run")
+    ap.add_argument("--out", help="write the per-step cycles as JSON")
+    args = ap.parse_args(argv)
+    results = []
+    print(f"{'run':16} {'kind':9} {'steps':>5} {'keys':>6} {'RTL':>7} {'model':>7} {'RTL/model':>9}")
+    for name, cfg, params in runs(args.quick):
+        t0 = time.time()
+        r = simulate("mac-decode", cfg, seed=1, name="cycles", params={**params, **NO_STALLS})
+        assert r["mismatches"] == 0, r["mismatch_list"][:3]
+        rows = list(zip(r["kinds"], r["kv_keys"], r["rtl_cycles"], r["model_cycles"]))
+        for kind in ("idle", "hit", "miss", "fallback", "all"):
+            sel = [row for row in rows if kind == "all" or row[0] == kind]
+            if not sel:
+                continue
+            keys, rtl, model = (statistics.mean(row[i] for row in sel) for i in (1, 2, 3))
+            print(f"{name:16} {kind:9} {len(sel):5d} {keys:6.1f} {rtl:7.1f} {model:7.1f} {rtl / model:9.2f}")
+        results.append({"run": name, "config": cfg.to_dict(), "kinds": r["kinds"], "kv_keys": r["kv_keys"],
+                        "rtl_cycles": r["rtl_cycles"], "model_cycles": r["model_cycles"],
+                        "sim_s": round(time.time() - t0, 1)})
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
