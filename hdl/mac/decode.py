@@ -21,8 +21,9 @@ models is the target, not yet reached):
 3. **Range attention** (``attend_bits``) of a range ``[lo, hi)`` with its maximum ``m``: one V
    burst; each score read back, ``x = sat(s - m)`` registered, the SFM's EXP2, ``p =
    round_shift(me << (sum_frac - mantissa_frac), ke)`` into a FIFO, ``z += p``; the VPU's AXPY
-   accumulates ``N += p v`` exactly; RECIP of ``sat(z)`` and a three-stage output pipeline
-   ``sat(round_shift(round_shift(N, kr - G) · r, out_shift))`` into the state SRAM. Ranges: tail;
+   accumulates ``N += p v`` exactly; RECIP of ``sat(z)`` and a four-stage output pipeline
+   ``sat(round_shift(round_shift(N, kr - G) · r, out_shift))`` (the product as registered
+   partial products, summed with the rounding half) into the state SRAM. Ranges: tail;
    band (hit) or body ``[F, L)`` (miss; the tail's keys a second time, with the body's maximum);
    the prefix again on a fallback; the sinks.
 4. **Combine** (⊕ / ⊖ with the model's empty-state rules: an empty state passes the other one
@@ -217,20 +218,26 @@ class MacDecodeEngine(wiring.Component):
         p_value = Signal(vcfg.in_width)
         m.d.comb += p_value.eq(round_shift(me << (cfg.sum_frac - cfg.mantissa_frac), ke))
 
+        # output pipeline: N's beat rounded by kr - G; partial products of that times r (one
+        # MULT18X18D each, registered); their sum with the rounding half; shift and saturate
         o_issue, o_beat, o_issued = Signal(), Signal(range(nb)), Signal()
-        o0_valid, o1_valid, o2_valid = Signal(), Signal(), Signal()
-        o0_beat, o1_beat, o2_beat = Signal(range(nb)), Signal(range(nb)), Signal(range(nb))
+        o0_valid, o1_valid, o2_valid, o3_valid = Signal(), Signal(), Signal(), Signal()
+        o0_beat, o1_beat, o2_beat, o3_beat = (Signal(range(nb), name=f"ro{i}_beat") for i in range(4))
         o0_lane = [Signal(signed(aw + 1), name=f"ro0_lane{l}") for l in range(lanes)]
-        o1_lane = [Signal(signed(aw + 1 + sfm_cfg.value_width + 1), name=f"ro1_lane{l}") for l in range(lanes)]
-        o2_lane = [Signal(signed(ow), name=f"ro2_lane{l}") for l in range(lanes)]
+        pw = aw + 1 + sfm_cfg.value_width + 1
+        o2_t = [Signal(signed(pw + 1), name=f"ro2_t{l}") for l in range(lanes)]
+        o3_lane = [Signal(signed(ow), name=f"ro3_lane{l}") for l in range(lanes)]
         word = numer[o_beat]
+        out_half = 1 << (cfg.out_shift - 1)      # out_shift >= guard + mantissa_frac > 0
         m.d.sync += [o0_valid.eq(o_issue), o0_beat.eq(o_beat), o1_valid.eq(o0_valid), o1_beat.eq(o0_beat),
-                     o2_valid.eq(o1_valid), o2_beat.eq(o1_beat)]
+                     o2_valid.eq(o1_valid), o2_beat.eq(o1_beat), o3_valid.eq(o2_valid), o3_beat.eq(o2_beat)]
         for l in range(lanes):
             n_l = word[l * aw:(l + 1) * aw].as_signed()
+            o1_pp = register_partials(m, 1, partial_products(o0_lane[l], recip_m), f"ro1_{l}")
             m.d.sync += [o0_lane[l].eq(round_shift(n_l, pre)),
-                         o1_lane[l].eq(o0_lane[l] * recip_m),
-                         o2_lane[l].eq(saturate(round_shift(o1_lane[l], cfg.out_shift), signed(ow)))]
+                         o2_t[l].eq(csa_sum([(r << sh) if sh else r for r, sh in o1_pp] + [Const(out_half, pw + 1)],
+                                            pw + 1).as_signed()),
+                         o3_lane[l].eq(saturate(o2_t[l] >> cfg.out_shift, signed(ow)))]
 
         # -- combine: operands, destination, target pointer, result flag
         c_op, c_a, c_b, c_dst, c_target = Signal(), Signal(3), Signal(3), Signal(3), Signal(2)
@@ -244,9 +251,9 @@ class MacDecodeEngine(wiring.Component):
 
         # default: the state SRAM write (the range output pipeline's beats)
         wr = states.write
-        with m.If(o2_valid):
-            m.d.comb += [wr.valid.eq(1), wr.payload.addr.eq(r_dst * nb + o2_beat),
-                         wr.payload.data.eq(Cat(*[o.as_unsigned() for o in o2_lane]))]
+        with m.If(o3_valid):
+            m.d.comb += [wr.valid.eq(1), wr.payload.addr.eq(r_dst * nb + o3_beat),
+                         wr.payload.data.eq(Cat(*[o.as_unsigned() for o in o3_lane]))]
 
         with m.FSM():
             with m.State("LOAD"):
@@ -442,7 +449,7 @@ class MacDecodeEngine(wiring.Component):
                     m.d.sync += o_beat.eq(incr(o_beat, nb))
                     with m.If(o_beat == nb - 1):
                         m.d.sync += o_issued.eq(1)
-                with m.If(o2_valid & (o2_beat == nb - 1)):
+                with m.If(o3_valid & (o3_beat == nb - 1)):
                     empty = z_sum == 0
                     m.d.sync += [m_arr[r_dst].eq(Mux(empty, 0, r_m)), s_arr[r_dst].eq(z_sat)]
                     m.next = "DISPATCH"
