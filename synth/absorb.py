@@ -17,7 +17,9 @@ gets its output register (``REG_OUTPUT_CLK``); then, with the netlist re-read, a
 whose bits all come from such flip-flops (or are constant 0) gets its input register, which
 samples what those flip-flops sample (``REG_INPUTA/B_CLK``): a flip-flop that nothing else reads
 is removed, one that something does is kept (the DSP's register is a copy of it). All of a
-DSP's registers use CLK0 (one clock), CE0..CE3 (one per distinct enable) and RST0 tied off.
+DSP's registers use CLK0 (one clock), and one CE and one RST pin per distinct enable and reset:
+a flip-flop's synchronous reset (SRMODE LSR_OVER_CE: it overrides the enable) becomes the DSP's
+(RESETMODE SYNC; the ECP5 sysDSP's synchronous reset likewise takes priority over its enable).
 """
 from __future__ import annotations
 
@@ -52,15 +54,19 @@ def _loads(module: dict) -> dict:
 
 
 def _plain_ff(ff: dict | None) -> tuple | None:
-    """(clock, enable) of a rising-edge TRELLIS_FF with no set/reset and a zero start, else None."""
+    """(clock, enable, reset) of a rising-edge TRELLIS_FF that starts and resets to zero, its
+    reset (if any) synchronous with priority over the enable; else None. Constant enable and
+    reset read ("1",) and ("0",)."""
     if ff is None or ff["type"] != "TRELLIS_FF":
         return None
     c = ff["connections"]
-    if (_param(ff, "CLKMUX", "CLK") != "CLK" or _param(ff, "GSR") != "DISABLED" or c.get("LSR", ["0"]) != ["0"]
+    reset = tuple(c.get("LSR", ["0"]))
+    if (_param(ff, "CLKMUX", "CLK") != "CLK" or _param(ff, "GSR") != "DISABLED"
             or _param(ff, "LSRMUX", "LSR") != "LSR" or _param(ff, "REGSET", "RESET") != "RESET"
-            or _param(ff, "CEMUX", "CE") not in ("CE", "1")):
+            or _param(ff, "CEMUX", "CE") not in ("CE", "1")
+            or (reset != ("0",) and _param(ff, "SRMODE", "LSR_OVER_CE") != "LSR_OVER_CE")):
         return None
-    return tuple(c["CLK"]), (tuple(c["CE"]) if _param(ff, "CEMUX", "CE") == "CE" else ("1",))
+    return tuple(c["CLK"]), (tuple(c["CE"]) if _param(ff, "CEMUX", "CE") == "CE" else ("1",)), reset
 
 
 def _registered_outputs(cell: dict, prefix: str, loads: dict, cells: dict):
@@ -109,9 +115,9 @@ def _brams(module: dict) -> int:
             if _param(ram, f"REGMODE_{port}") != "NOREG" or ram["connections"].get(f"RST{port}") != ["0"]:
                 continue
             found = _registered_outputs(ram, f"DO{port}", loads, cells)
-            if found is None or list(found[1][0]) != ram["connections"].get(f"CLK{port}"):
+            if found is None or list(found[1][0]) != ram["connections"].get(f"CLK{port}") or found[1][2] != ("0",):
                 continue
-            pairs, (_, enable) = found
+            pairs, (_, enable, _) = found
             ram["parameters"][f"REGMODE_{port}"] = "OUTREG"
             ram["connections"][f"OCE{port}"] = list(enable)
             for pin, ff in pairs:
@@ -126,16 +132,20 @@ def _plain_dsp(dsp: dict) -> bool:
 
 
 def _set_register(dsp: dict, reg: str, control: tuple) -> None:
-    """Clock ``reg`` of ``dsp`` (REG_<reg>_*) on CLK0 with ``control``'s enable."""
-    (clock, enable), conn, params = control, dsp["connections"], dsp["parameters"]
+    """Clock ``reg`` of ``dsp`` (REG_<reg>_*) on CLK0 with ``control``'s enable and reset (the
+    DSP's RESETMODE is SYNC, as the flip-flops' reset: it overrides the enable)."""
+    (clock, enable, reset), conn, params = control, dsp["connections"], dsp["parameters"]
     if conn.setdefault("CLK0", list(clock)) != list(clock):
         raise ValueError("one clock per DSP")
-    conn["RST0"] = ["0"]
-    ces = [k for k in range(4) if conn.get(f"CE{k}") == list(enable)] or \
-          [k for k in range(4) if f"CE{k}" not in conn]
-    conn[f"CE{ces[0]}"] = list(enable)
-    dsp.setdefault("port_directions", {}).update({"CLK0": "input", "RST0": "input", f"CE{ces[0]}": "input"})
-    params.update({f"REG_{reg}_CLK": "CLK0", f"REG_{reg}_RST": "RST0", f"REG_{reg}_CE": f"CE{ces[0]}"})
+    pins = {}
+    for kind, net in (("CE", enable), ("RST", reset)):
+        free = [k for k in range(4) if conn.get(f"{kind}{k}") == list(net)] or \
+               [k for k in range(4) if f"{kind}{k}" not in conn]
+        conn[f"{kind}{free[0]}"] = list(net)
+        pins[kind] = f"{kind}{free[0]}"
+    dsp.setdefault("port_directions", {}).update({"CLK0": "input", **{p: "input" for p in pins.values()}})
+    params.update({f"REG_{reg}_CLK": "CLK0", f"REG_{reg}_CE": pins["CE"], f"REG_{reg}_RST": pins["RST"],
+                   "RESETMODE": "SYNC"})
 
 
 def _dsps(module: dict) -> int:

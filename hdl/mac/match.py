@@ -100,7 +100,7 @@ class MatchUnit(wiring.Component):
         r2_valid, r2_pair = Signal(), Signal(max(1, _bits(n_banks) - 1))
         r2_word = Array(Signal(word, name=f"ring_pair{g}") for g in range(n_pairs))
         resp_q, resp_last = Signal(word), Signal()   # the query beat and ``last``, registered with the ring word
-        r1_word = Array(Signal(word, name=f"ring_word{b}") for b in range(n_banks))
+        r1_word = Array(Signal(word, name=f"ring_word{b}", reset_less=True) for b in range(n_banks))  # -> DP16KD OUTREG
         # the request registered before the banks (their address pins are far apart), the
         # write likewise (it lands a cycle later, while the next query loads)
         ra_valid, ra_addr, ra_beat = Signal(), Signal.like(req.payload.addr), Signal(range(nb))
