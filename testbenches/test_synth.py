@@ -327,32 +327,31 @@ def _dsp_netlist(shared_a=False, product_read_twice=False):
                                  "cells": cells}}}
 
 
-def test_dsp_registers_absorbed(tmp_path):
+def test_dsp_product_register_absorbed_operands_left(tmp_path):
     from synth import absorb
     path = tmp_path / "top.json"
     path.write_text(json.dumps(_dsp_netlist(shared_a=True)))
-    assert absorb.absorb(path) == {"bram": 0, "dsp": 5}
+    assert absorb.absorb(path) == {"bram": 0, "dsp": 2}
     cells = json.loads(path.read_text())["modules"]["core"]["cells"]
     dsp = cells["dsp"]
     p, c = dsp["parameters"], dsp["connections"]
-    assert set(cells) == {"dsp", "fa1", "lut"}            # fa1 is still read by the LUT
-    assert c["P0"] == [40] and c["P1"] == [41]              # the product drives the register outputs
-    assert c["A0"] == [10] and c["A1"] == [11] and c["A2"] == ["0"] and c["B0"] == [12]
-    assert c["CLK0"] == [2] and c[p["REG_OUTPUT_RST"]] == ["0"]
-    assert {p["REG_OUTPUT_CLK"], p["REG_INPUTA_CLK"], p["REG_INPUTB_CLK"]} == {"CLK0"}
-    assert c[p["REG_INPUTA_CE"]] == [8] and c[p["REG_OUTPUT_CE"]] == [8] and c[p["REG_INPUTB_CE"]] == [9]
+    assert set(cells) == {"dsp", "fa0", "fa1", "fb0", "lut"}   # the operands' flip-flops stay in the fabric
+    assert c["P0"] == [40] and c["P1"] == [41]                  # the product drives the register outputs
+    assert c["A0"] == [20] and c["B0"] == [22] and "REG_INPUTA_CLK" not in p
+    assert p["REG_OUTPUT_CLK"] == "CLK0" and c["CLK0"] == [2]
+    assert c[p["REG_OUTPUT_CE"]] == [8] and c[p["REG_OUTPUT_RST"]] == ["0"]
 
 
 def test_dsp_product_read_twice_keeps_its_register(tmp_path):
     from synth import absorb
     path = tmp_path / "top.json"
     path.write_text(json.dumps(_dsp_netlist(product_read_twice=True)))
-    assert absorb.absorb(path) == {"bram": 0, "dsp": 3}     # operands only
+    assert absorb.absorb(path) == {"bram": 0, "dsp": 0}
     cells = json.loads(path.read_text())["modules"]["core"]["cells"]
     assert "fp0" in cells and "fp1" in cells and "REG_OUTPUT_CLK" not in cells["dsp"]["parameters"]
 
 
-@pytest.mark.parametrize("srmode, moved", [("LSR_OVER_CE", 5), ("ASYNC", 0)])
+@pytest.mark.parametrize("srmode, moved", [("LSR_OVER_CE", 2), ("ASYNC", 0)])
 def test_dsp_registers_take_a_synchronous_reset(tmp_path, srmode, moved):
     """Flip-flops with a synchronous reset (net 7) move with it (RESETMODE SYNC); asynchronous stay."""
     from synth import absorb
@@ -367,4 +366,4 @@ def test_dsp_registers_take_a_synchronous_reset(tmp_path, srmode, moved):
     dsp = json.loads(path.read_text())["modules"]["core"]["cells"]["dsp"]
     if moved:
         p, c = dsp["parameters"], dsp["connections"]
-        assert p["RESETMODE"] == "SYNC" and c[p["REG_OUTPUT_RST"]] == [7] and c[p["REG_INPUTA_RST"]] == [7]
+        assert p["RESETMODE"] == "SYNC" and c[p["REG_OUTPUT_RST"]] == [7]
