@@ -12,7 +12,8 @@ A step, in order (one thing at a time; the schedule ``golden.mac_decode.head_ste
 models is the target, not yet reached):
 
 1. The pre-RoPE query beats go straight into the :class:`~hdl.mac.match.MatchUnit` (its ring is
-   written on every step; its result is ignored while ``L < min_context`` or ``reuse`` is off),
+   written on every step; while ``L < min_context`` or ``reuse`` is off the step goes on without
+   waiting and the result is dropped),
    the post-RoPE beats into a query buffer. Then ``F``, ``lo_tail``, ``lo_band`` and the keys read.
 2. **K pass**: one KV burst for the sinks ``[0, F)`` and one for ``[lo, L)`` (``lo = lo_band`` on a
    hit, ``F`` on a miss); the VPU's DOT gives each exact ``q·k``, three registered stages give
@@ -255,27 +256,34 @@ class MacDecodeEngine(wiring.Component):
             m.d.comb += [wr.valid.eq(1), wr.payload.addr.eq(r_dst * nb + o3_beat),
                          wr.payload.data.eq(Cat(*[o.as_unsigned() for o in o3_lane]))]
 
+        m.d.comb += match.result.ready.eq(1)
         with m.FSM():
             with m.State("LOAD"):
                 # the pre-RoPE beats straight into the MatchUnit; the post-RoPE ones buffered
                 p = self.query.payload
                 m.d.comb += [match.query.valid.eq(self.query.valid), self.query.ready.eq(match.query.ready),
                              match.query.payload.head.eq(p.head), match.query.payload.q.eq(p.q_pre)]
+                with m.If(self.query.valid & ~counting):   # a step's cycles count from its first beat offered
+                    m.d.sync += [counting.eq(1), cycles.eq(1)]
                 with m.If(self.query.valid & self.query.ready):
-                    m.d.sync += [query_buf[load_beat].eq(p.q), load_beat.eq(incr(load_beat, nb)),
-                                 counting.eq(1)]
+                    m.d.sync += [query_buf[load_beat].eq(p.q), load_beat.eq(incr(load_beat, nb))]
                     with m.If(load_beat == 0):
-                        m.d.sync += [head.eq(p.head), position.eq(p.position), cycles.eq(1)]
+                        m.d.sync += [head.eq(p.head), position.eq(p.position)]
                     with m.If(load_beat == nb - 1):
                         m.next = "MATCH"
             with m.State("MATCH"):
-                m.d.comb += match.result.ready.eq(1)
-                with m.If(match.result.valid):
+                # below min_context (or without reuse) the step does not wait for the match: the
+                # MatchUnit scans and writes its ring meanwhile, and its result is dropped (``ready``
+                # is high in every state; the next query is taken only after that result)
+                engage = int(cfg.reuse) & (position + 1 >= cfg.min_context)
+                m.d.sync += [L.eq(position + 1), F.eq(Mux(position + 1 > cfg.sinks, cfg.sinks, position + 1)),
+                             engaged.eq(engage)]
+                with m.If(~engage):
+                    m.next = "RANGES"
+                with m.Elif(match.result.valid):
                     rp = match.result.payload
                     m.d.sync += [r_hit.eq(rp.hit), r_slot.eq(rp.slot), r_pos.eq(rp.position),
-                                 r_dist.eq(rp.distance),
-                                 L.eq(position + 1), F.eq(Mux(position + 1 > cfg.sinks, cfg.sinks, position + 1)),
-                                 engaged.eq(int(cfg.reuse) & (position + 1 >= cfg.min_context))]
+                                 r_dist.eq(rp.distance)]
                     m.next = "RANGES"
             with m.State("RANGES"):
                 tail_lo = Signal(dif_t)
