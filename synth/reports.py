@@ -211,9 +211,10 @@ def diagnose(crit: dict, kinds: dict) -> str:
                      f"{split['clk-to-q']:.1f} ns, against ~0.5 ns for a fabric FF); registering the read data "
                      "once more (a second read-latency stage, or the DP16KD output register) removes it")
     if kinds.get("MULT18X18D"):
-        notes.append(f"{kinds['MULT18X18D']} MULT18X18D on the path: the multiplier is used without its input/"
-                     "output registers; a pipeline register on the product (read by the next stage) lets "
-                     "Yosys pack it into the DSP's output register")
+        notes.append(f"{kinds['MULT18X18D']} MULT18X18D on the path: routes into and out of the DSP column on "
+                     "either side of its array; registering the multiplier's operands and product twice (one "
+                     "fabric register next to the logic, one that synth/absorb.py moves into the DSP) leaves "
+                     "only routing on those paths")
     carries = kinds.get("CCU2C", 0)
     if carries >= 8:
         notes.append(f"a {carries}-cell carry chain (~{2 * carries}-bit add/compare) in series with the other "
