@@ -197,13 +197,15 @@ class StreamSink(_StreamPort):
 class StreamMemory:
     """A memory model behind a request/response stream pair: random back-pressure on
     requests, in-order responses after a random latency, random gaps on responses.
-    ``lookup(request) -> response item`` gives the data."""
+    ``lookup(request) -> response item`` gives the data; with ``burst``, ``lookup(request) ->
+    list of response items`` (possibly empty: a write), sent in order."""
 
     def __init__(self, dut, req_prefix, req_shape, resp_prefix, resp_shape, cycles: Cycles, rng, lookup,
-                 latency=(1, 8), stall: float = 0.2, gap: float = 0.2):
+                 latency=(1, 8), stall: float = 0.2, gap: float = 0.2, burst: bool = False):
         self.requests = StreamSink(dut, req_prefix, req_shape, cycles, rng, stall=stall)
         self.responses = StreamSource(dut, resp_prefix, resp_shape, cycles, rng, gap=gap)
-        self.cycles, self.rng, self.lookup, self.latency = cycles, rng, lookup, latency
+        self.cycles, self.rng, self.latency = cycles, rng, latency
+        self.lookup = lookup if burst else (lambda request: [lookup(request)])
         self._pending: deque = deque()
         cocotb.start_soon(self._run())
 
@@ -217,7 +219,7 @@ class StreamMemory:
                 self._pending.append((ready_at, request))
                 taken += 1
             while self._pending and self._pending[0][0] <= self.cycles.now:
-                self.responses.put(self.lookup(self._pending.popleft()[1]))
+                self.responses.put(*self.lookup(self._pending.popleft()[1]))
 
 
 def kv_lookup(k, v, lanes: int):
@@ -327,11 +329,13 @@ class Bench:
         self.sinks.append(sink)
         return sink
 
-    def memory(self, req_prefix, req_shape, resp_prefix, resp_shape, lookup, latency=(1, 8)) -> StreamMemory:
+    def memory(self, req_prefix, req_shape, resp_prefix, resp_shape, lookup, latency=(1, 8),
+               burst: bool = False) -> StreamMemory:
         """A request/response memory; ``params["latency"]`` overrides ``latency``, the run's
-        stall and gap apply to its request and response streams."""
+        stall and gap apply to its request and response streams (``burst``: see StreamMemory)."""
         return StreamMemory(self.dut, req_prefix, req_shape, resp_prefix, resp_shape, self.cycles, self.rng, lookup,
-                            latency=tuple(self.params.get("latency", latency)), stall=self.stall, gap=self.gap)
+                            latency=tuple(self.params.get("latency", latency)), stall=self.stall, gap=self.gap,
+                            burst=burst)
 
     # -- waiting and checking
     async def until(self, condition, timeout_cycles: int, what: str = "condition") -> None:

@@ -11,41 +11,13 @@ newest key so removals cancel), ``trace`` (real SmolLM2 layer-12 head-0 steps in
 ``gap`` / ``stall`` / ``latency`` (0 / 0 / [1, 1] for the cycle measurement)."""
 from __future__ import annotations
 
-from collections import deque
-
 import cocotb
 import torch
-from cocotb.triggers import RisingEdge
 
 from golden.mac_decode import MacDecodeConfig, MacDecodeHead, head_step_cycles, step_ranges
 from hdl.mac.decode import (entry_request_layout, entry_response_layout, kv_request_layout, kv_response_layout,
                             out_layout, query_layout)
-from testbenches.streams import Bench, StreamSink, StreamSource, split_beats
-
-
-class BurstMemory:
-    """Request stream (random back-pressure) -> ``lookup(request)``: a list of response items
-    (possibly empty), sent in order after a random latency with random gaps."""
-
-    def __init__(self, bench: Bench, req_prefix, req_shape, resp_prefix, resp_shape, lookup, latency):
-        self.requests = StreamSink(bench.dut, req_prefix, req_shape, bench.cycles, bench.rng, stall=bench.stall)
-        self.responses = StreamSource(bench.dut, resp_prefix, resp_shape, bench.cycles, bench.rng, gap=bench.gap)
-        self.cycles, self.rng, self.lookup = bench.cycles, bench.rng, lookup
-        self.latency = tuple(bench.params.get("latency", latency))
-        self._pending: deque = deque()
-        cocotb.start_soon(self._run())
-
-    async def _run(self):
-        taken, ready_at = 0, 0
-        while True:
-            await RisingEdge(self.cycles.clk)
-            while taken < len(self.requests.received):
-                cycle, request = self.requests.received[taken]
-                ready_at = max(ready_at, cycle + self.rng.randint(*self.latency))
-                self._pending.append((ready_at, request))
-                taken += 1
-            while self._pending and self._pending[0][0] <= self.cycles.now:
-                self.responses.put(*self.lookup(self._pending.popleft()[1]))
+from testbenches.streams import Bench, split_beats
 
 
 def sequence(bench: Bench):
@@ -81,9 +53,10 @@ async def mac_decode_matches_golden(dut):
         return [store.get(key, {"m": 0, "s": 0, "o": [0] * lanes})]
 
     src, sink = bench.source("query", query_layout(cfg)), bench.sink("out", out_layout(cfg))
-    kv = BurstMemory(bench, "kv_req", kv_request_layout(cfg), "kv_resp", kv_response_layout(cfg), kv_lookup, (1, 6))
-    es = BurstMemory(bench, "es_req", entry_request_layout(cfg), "es_resp", entry_response_layout(cfg),
-                     entry_lookup, (1, 6))
+    kv = bench.memory("kv_req", kv_request_layout(cfg), "kv_resp", kv_response_layout(cfg), kv_lookup, (1, 6),
+                      burst=True)
+    es = bench.memory("es_req", entry_request_layout(cfg), "es_resp", entry_response_layout(cfg), entry_lookup,
+                      (1, 6), burst=True)
 
     heads = [MacDecodeHead(cfg) for _ in range(H)]
     count = dict(hits=0, misses=0, fallbacks=0, idle=0, steps=0)
