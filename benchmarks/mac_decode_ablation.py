@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from golden.llm.plots import pyplot, save
+
 
 def variants(bands: list[int], windows: list[int]) -> list[dict]:
     """The band sweep at the default window, then the window sweep at the default band (the shared
@@ -28,9 +30,7 @@ def variants(bands: list[int], windows: list[int]) -> list[dict]:
 
 
 def plot(results: dict, folder: Path) -> list[Path]:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     rows = results["variants"]
     paths = []
     for key, fixed, label in (("band", ("window", 512), "rectification distance S (band)"),
@@ -54,11 +54,7 @@ def plot(results: dict, folder: Path) -> list[Path]:
                 a.set_xscale("symlog", linthresh=16)
         fig.suptitle(f"MAC in SmolLM2-135M, {results['tokens']} tokens after {results['context']} context "
                      f"({'bit-accurate' if results['hardware'] else 'float'})")
-        fig.tight_layout()
-        path = folder / f"decode_mac_ablation_{key}_{results['context'] + 1}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(save(fig, folder / f"decode_mac_ablation_{key}_{results['context'] + 1}.png"))
     return paths
 
 

@@ -11,6 +11,8 @@ import argparse
 import json
 from pathlib import Path
 
+from golden.llm.plots import pyplot, save
+
 
 def points(paths: list[Path]) -> list[dict]:
     out = []
@@ -40,9 +42,7 @@ def main(argv=None) -> int:
               f"{q['perplexity_full']:.3f} | {q['delta_pct']:+.2f}% | {100 * q['hit_rate']:.1f}% | "
               f"{100 * q['skip_ratio']:.1f}% |")
     if args.plot:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
         fig, ax = plt.subplots(1, 2, figsize=(11, 3.8))
         for q in pts:
             if q["steps"]:
@@ -64,11 +64,7 @@ def main(argv=None) -> int:
         ax[1].set_xlabel("context (keys)")
         ax[1].set_ylabel("per decode step")
         ax[1].legend(fontsize=6)
-        fig.tight_layout()
-        args.plot.mkdir(parents=True, exist_ok=True)
-        path = args.plot / "decode_mac_context.png"
-        fig.savefig(path, dpi=110)
-        print(f"wrote {path}")
+        print(f"wrote {save(fig, args.plot / 'decode_mac_context.png')}")
     return 0
 
 

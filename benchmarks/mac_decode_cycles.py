@@ -19,6 +19,7 @@ import argparse
 import json
 from pathlib import Path
 
+from golden.llm.plots import pyplot, save
 from golden.mac_decode import (MATCH_OVERHEAD, MERGE_CYCLES, NORM_CYCLES, PASS_LATENCY, MacDecodeConfig,
                                dense_head_cycles)
 
@@ -82,9 +83,7 @@ def main(argv=None) -> int:
                       f"= {s['cycles_vs_dense']:.3f}x; KV bytes {s['kv_bytes_vs_dense']:.3f}x, "
                       f"KV + entry store {s['bytes_vs_dense']:.3f}x of dense")
     if args.plot and out:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
         fig, ax = plt.subplots(figsize=(7, 3.6))
         for name, v in out.items():
             ax.plot([r["context"] for r in v["rows"]], [r["cycles"] / r["dense"] for r in v["rows"]], lw=0.8,
@@ -93,11 +92,7 @@ def main(argv=None) -> int:
         ax.set_xlabel("context (keys)")
         ax.set_ylabel("cycles / dense cycles per step")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        args.plot.mkdir(parents=True, exist_ok=True)
-        path = args.plot / "decode_mac_cycles.png"
-        fig.savefig(path, dpi=110)
-        print(f"wrote {path}")
+        print(f"wrote {save(fig, args.plot / 'decode_mac_cycles.png')}")
     return 0
 
 

@@ -637,8 +637,8 @@ def mmlu_questions(tok, shots: int, subjects: list[str], limit: int | None, seed
 
 def mmlu_plots(result: dict, folder) -> list[str]:
     """Time breakdown (ms per question, baseline vs AttnCache) and per-subject speedups."""
-    from .plots import _pyplot
-    plt = _pyplot()
+    from .plots import pyplot
+    plt = pyplot()
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     stem = f"attncache_{result['model']}_mmlu{result['shots']}shot"

@@ -6,15 +6,25 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend (imported on first use)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
 
+
+def save(fig, path: Path, dpi: int = 110) -> Path:
+    """Lay out, write (creating the folder) and close ``fig``; returns ``path``."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+    return path
+
 def decode_plots(method: str, r: dict, folder: Path) -> list[Path]:
     """PNG plots: perplexity per variant; for MAC also hit rate / skip ratio vs context."""
-    plt = _pyplot()
+    plt = pyplot()
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     fig, ax = plt.subplots(figsize=(5, 3.2))
@@ -66,7 +76,7 @@ def decode_plots(method: str, r: dict, folder: Path) -> list[Path]:
 
 
 def attncache_plots(result: dict, folder) -> list[str]:
-    plt = _pyplot()
+    plt = pyplot()
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     rows = [r for r in result["sweep"] if r["theta"] > 0]
