@@ -27,15 +27,12 @@ from golden.sfm import SfmOp
 from golden.sram import SramConfig
 from golden.vpu import VpuOp
 
-from ..lib.arith import incr, saturate, stall_all_enable
+from ..lib.arith import incr, index_width, saturate, stall_all_enable
 from ..lib.pipe import csa_sum, partial_products, register_partials
 from ..lib.sfm import Sfm
 from ..lib.sram import SramBank
 from ..lib.vpu import Vpu
 
-
-def _bits(n: int) -> int:
-    return max(1, (n - 1).bit_length())
 
 
 def dense_query_layout(cfg: DenseConfig) -> data.StructLayout:
@@ -45,7 +42,7 @@ def dense_query_layout(cfg: DenseConfig) -> data.StructLayout:
 
 def kv_request_layout(cfg: DenseConfig) -> data.StructLayout:
     return data.StructLayout({"value": unsigned(1), "position": unsigned(cfg.position_width),
-                              "beat": unsigned(_bits(cfg.beats))})
+                              "beat": unsigned(index_width(cfg.beats))})
 
 
 def kv_response_layout(cfg: DenseConfig) -> data.ArrayLayout:

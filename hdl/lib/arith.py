@@ -45,6 +45,11 @@ def stall_all_enable(output_stream) -> Value:
     return ~output_stream.valid | output_stream.ready
 
 
+def index_width(n: int) -> int:
+    """Bits of an index into ``n`` things (0..n-1), at least 1."""
+    return max(1, (n - 1).bit_length())
+
+
 def incr(value: Value, modulo: int) -> Value:
     """``value + 1``, wrapping to 0 after ``modulo - 1`` (a beat, slot or bank counter; as
     ``amaranth.lib.fifo``'s ``_incr``)."""

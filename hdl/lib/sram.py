@@ -27,7 +27,7 @@ from amaranth.lib.wiring import In, Out
 
 from golden.sram import SramConfig
 
-from .arith import stall_all_enable
+from .arith import index_width, stall_all_enable
 
 # Attribute of the banks' memories (it reaches the Verilog: ``(* ladmac_undefined_init = 1 *)``).
 UNDEFINED_INIT = "ladmac_undefined_init"
@@ -116,7 +116,7 @@ class SramBank(wiring.Component):
             for t, tile in enumerate(row):
                 m.submodules[f"mem_{b}_{t}"] = tile
         banked = len(tiles) > 1
-        low = max(1, (tile_depth - 1).bit_length()) if banked else cfg.addr_width
+        low = index_width(tile_depth) if banked else cfg.addr_width
 
         # The write. Tiled: it reaches the RAMs a cycle later (registered), and a read in that
         # cycle of the same word takes the registered data instead of the RAM's: reads still

@@ -51,7 +51,7 @@ from golden.sfm import SfmOp
 from golden.sram import SramConfig
 from golden.vpu import VpuConfig, VpuOp
 
-from ..lib.arith import incr, round_shift, saturate
+from ..lib.arith import incr, index_width, round_shift, saturate
 from ..lib.pipe import csa_sum, partial_products, register_partials
 from ..lib.sfm import Sfm
 from ..lib.sram import SramBank
@@ -59,9 +59,6 @@ from ..lib.vpu import Vpu
 from .match import MatchUnit
 from .merge import MergeUnit
 
-
-def _bits(n: int) -> int:
-    return max(1, (n - 1).bit_length())
 
 
 # physical state slots in the state SRAM (and the m / s register arrays)
@@ -82,14 +79,14 @@ def attend_vpu(cfg: MacDecodeConfig) -> VpuConfig:
 
 def query_layout(cfg: MacDecodeConfig) -> data.StructLayout:
     return data.StructLayout({
-        "head": unsigned(_bits(cfg.heads)), "position": unsigned(cfg.position_width),
+        "head": unsigned(index_width(cfg.heads)), "position": unsigned(cfg.position_width),
         "q_pre": data.ArrayLayout(signed(cfg.q_width), cfg.lanes),
         "q": data.ArrayLayout(signed(cfg.kv_width), cfg.lanes),
     })
 
 
 def kv_request_layout(cfg: MacDecodeConfig) -> data.StructLayout:
-    return data.StructLayout({"head": unsigned(_bits(cfg.heads)), "value": unsigned(1),
+    return data.StructLayout({"head": unsigned(index_width(cfg.heads)), "value": unsigned(1),
                               "first": unsigned(cfg.position_width), "count": unsigned(cfg.position_width)})
 
 
@@ -99,8 +96,8 @@ def kv_response_layout(cfg: MacDecodeConfig) -> data.ArrayLayout:
 
 def entry_request_layout(cfg: MacDecodeConfig) -> data.StructLayout:
     return data.StructLayout({
-        "write": unsigned(1), "head": unsigned(_bits(cfg.heads)), "slot": unsigned(_bits(cfg.window)),
-        "beat": unsigned(_bits(cfg.beats)),
+        "write": unsigned(1), "head": unsigned(index_width(cfg.heads)), "slot": unsigned(index_width(cfg.window)),
+        "beat": unsigned(index_width(cfg.beats)),
         "m": signed(cfg.score_width), "s": unsigned(cfg.sum_width),
         "o": data.ArrayLayout(signed(cfg.out_width), cfg.lanes),
     })
@@ -161,12 +158,12 @@ class MacDecodeEngine(wiring.Component):
         pos_t, dif_t = unsigned(W), signed(W + 2)
 
         query_buf = Array(Signal(lanes * cfg.kv_width, name=f"q_beat{b}") for b in range(nb))
-        head = Signal(_bits(cfg.heads))
+        head = Signal(index_width(cfg.heads))
         position = Signal(pos_t)
         write_slots = Array(Signal(range(cfg.window), name=f"entry_slot{h}") for h in range(cfg.heads))
         load_beat = Signal(range(nb))
         # match result
-        r_hit, r_slot = Signal(), Signal(_bits(cfg.window))
+        r_hit, r_slot = Signal(), Signal(index_width(cfg.window))
         r_pos, r_dist = Signal(cfg.position_width), Signal(cfg.vpu.acc_width)
         # step ranges
         L, F, lo_tail, lo_band, lo_mid, keys = (Signal(pos_t, name=n) for n in

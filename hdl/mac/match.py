@@ -27,20 +27,17 @@ from amaranth.lib.wiring import In, Out
 from golden.mac_unit import MacUnitConfig
 from golden.vpu import VpuOp
 
-from ..lib.arith import incr
+from ..lib.arith import incr, index_width
 from ..lib.sram import COLLISION_X
 from ..lib.vpu import Vpu
 
 RING_BANK_DEPTH = 2048   # words per ring bank: one DP16KD deep (2K x 9)
 
 
-def _bits(n: int) -> int:
-    return max(1, (n - 1).bit_length())
-
 
 def match_query_layout(cfg: MacUnitConfig) -> data.StructLayout:
     return data.StructLayout({
-        "head": unsigned(_bits(cfg.heads)),
+        "head": unsigned(index_width(cfg.heads)),
         "q": data.ArrayLayout(signed(cfg.q_width), cfg.lanes),
     })
 
@@ -48,7 +45,7 @@ def match_query_layout(cfg: MacUnitConfig) -> data.StructLayout:
 def match_result_layout(cfg: MacUnitConfig) -> data.StructLayout:
     return data.StructLayout({
         "hit": unsigned(1),
-        "slot": unsigned(_bits(cfg.window)),
+        "slot": unsigned(index_width(cfg.window)),
         "position": unsigned(cfg.position_width),
         "distance": unsigned(cfg.vpu.acc_width),
     })
@@ -74,7 +71,7 @@ class MatchUnit(wiring.Component):
         # at the low address bits); each bank's word registered; the addressed bank's word
         bank_depth = min(cfg.ring_words, RING_BANK_DEPTH)
         n_banks = -(-cfg.ring_words // bank_depth)
-        low = max(1, (bank_depth - 1).bit_length())
+        low = index_width(bank_depth)
         # a read that meets a write in a bank takes the write's data (below), so the banks may
         # leave it undefined (no read-before-write emulation around the block RAMs: synth/flow.py)
         banks = [memory.Memory(shape=unsigned(word), depth=min(bank_depth, cfg.ring_words - b * bank_depth), init=[],
@@ -86,18 +83,18 @@ class MatchUnit(wiring.Component):
         rports = [bank.read_port(domain="sync") for bank in banks]
         query_buf = Array(Signal(word, name=f"query_beat{b}") for b in range(nb))
         req_beat = Signal(range(nb))   # the beat of the word requested (selects the query beat at r2)
-        req = stream.Signature(data.StructLayout({"addr": unsigned(low + _bits(n_banks))})).create()
-        write = stream.Signature(data.StructLayout({"addr": unsigned(low + _bits(n_banks)),
+        req = stream.Signature(data.StructLayout({"addr": unsigned(low + index_width(n_banks))})).create()
+        write = stream.Signature(data.StructLayout({"addr": unsigned(low + index_width(n_banks)),
                                                     "data": unsigned(word)})).create()
         resp = stream.Signature(unsigned(word)).create()
         ce = Signal()
         m.d.comb += [ce.eq(~resp.valid | resp.ready), req.ready.eq(ce)]
         r0_valid, r1_valid = Signal(), Signal()
-        r0_bank, r1_bank = Signal(_bits(n_banks)), Signal(_bits(n_banks))
+        r0_bank, r1_bank = Signal(index_width(n_banks)), Signal(index_width(n_banks))
         r0_beat, r1_beat, r2_beat = Signal(range(nb)), Signal(range(nb)), Signal(range(nb))
         # bank select in two registered steps: a pair of banks (by the bank's low bit), then the pair
         n_pairs = -(-n_banks // 2)
-        r2_valid, r2_pair = Signal(), Signal(max(1, _bits(n_banks) - 1))
+        r2_valid, r2_pair = Signal(), Signal(max(1, index_width(n_banks) - 1))
         r2_word = Array(Signal(word, name=f"ring_pair{g}") for g in range(n_pairs))
         resp_q, resp_last = Signal(word), Signal()   # the query beat and ``last``, registered with the ring word
         r1_word = Array(Signal(word, name=f"ring_word{b}", reset_less=True) for b in range(n_banks))  # -> DP16KD OUTREG
@@ -131,7 +128,7 @@ class MatchUnit(wiring.Component):
                                            else r1_word[2 * g])) for g in range(n_pairs)]
             m.d.sync += [r1_word[b].eq(rports[b].data) for b in range(n_banks)]
 
-        head = Signal(_bits(cfg.heads))
+        head = Signal(index_width(cfg.heads))
         # Per-head ring state: next position, next slot (position mod window), filled slots.
         positions = Array(Signal(cfg.position_width, name=f"position{h}") for h in range(cfg.heads))
         write_slots = Array(Signal(range(window), name=f"write_slot{h}") for h in range(cfg.heads))
