@@ -110,21 +110,14 @@ def _plain_dsp(dsp: dict) -> bool:
     return all(conn.get(p, ["0"])[0] in ("0", "1") for p in ("SIGNEDA", "SIGNEDB", "SOURCEA", "SOURCEB"))
 
 
-def _set_register(dsp: dict, reg: str, control: tuple) -> None:
-    """Clock ``reg`` of ``dsp`` (REG_<reg>_*) on CLK0 with ``control``'s enable and reset (the
-    DSP's RESETMODE is SYNC, as the flip-flops' reset: it overrides the enable)."""
-    (clock, enable, reset), conn, params = control, dsp["connections"], dsp["parameters"]
-    if conn.setdefault("CLK0", list(clock)) != list(clock):
-        raise ValueError("one clock per DSP")
-    pins = {}
-    for kind, net in (("CE", enable), ("RST", reset)):
-        free = [k for k in range(4) if conn.get(f"{kind}{k}") == list(net)] or \
-               [k for k in range(4) if f"{kind}{k}" not in conn]
-        conn[f"{kind}{free[0]}"] = list(net)
-        pins[kind] = f"{kind}{free[0]}"
-    dsp.setdefault("port_directions", {}).update({"CLK0": "input", **{p: "input" for p in pins.values()}})
-    params.update({f"REG_{reg}_CLK": "CLK0", f"REG_{reg}_CE": pins["CE"], f"REG_{reg}_RST": pins["RST"],
-                   "RESETMODE": "SYNC"})
+def _set_output_register(dsp: dict, control: tuple) -> None:
+    """Clock the product register of ``dsp`` on CLK0 with ``control``'s enable (CE0) and reset
+    (RST0; RESETMODE SYNC, as the flip-flops' reset: it overrides the enable)."""
+    clock, enable, reset = control
+    dsp["connections"].update({"CLK0": list(clock), "CE0": list(enable), "RST0": list(reset)})
+    dsp.setdefault("port_directions", {}).update({"CLK0": "input", "CE0": "input", "RST0": "input"})
+    dsp["parameters"].update({"REG_OUTPUT_CLK": "CLK0", "REG_OUTPUT_CE": "CE0", "REG_OUTPUT_RST": "RST0",
+                              "RESETMODE": "SYNC"})
 
 
 def _dsps(module: dict) -> int:
@@ -136,7 +129,7 @@ def _dsps(module: dict) -> int:
     for dsp in dsps:
         found = _registered_outputs(dsp, "P", loads, cells)
         if found is not None:
-            _set_register(dsp, "OUTPUT", found[1])
+            _set_output_register(dsp, found[1])
             for pin, ff in found[0]:
                 dsp["connections"][pin] = cells.pop(ff)["connections"]["Q"]
             moved += len(found[0])
