@@ -14,10 +14,15 @@ flip-flops are removed.
 
 **Multipliers.** A MULT18X18D whose used product bits each drive exactly one such flip-flop
 (one clock, one enable, and no reset or a synchronous one that overrides the enable, as the
-DSP's ``RESETMODE SYNC`` reset does) gets its output register (``REG_OUTPUT_CLK`` on CLK0) and
-the flip-flops are removed. Operand registers are left in the fabric: moving them into the DSP
-puts the logic before them, and its long routes into the DSP column, in series with the DSP's
-pins at both ends (mac-merge: 65.6 MHz with both moved, against 85.8 with neither, seed 1).
+DSP's ``RESETMODE SYNC`` reset does), each read only by another flip-flop, gets its output
+register (``REG_OUTPUT_CLK`` on CLK0) and the flip-flops are removed: a product the RTL
+registers twice (``hdl/lib/pipe.py``) leaves only routing between the DSP's pins and the
+fabric register; a product registered once, with logic after it, keeps its register in the
+fabric (moved, the logic would start at the DSP's pins: mac-merge's vector products 86.3 MHz
+moved against 85.8 left; its SFM's, read by an adder, limited it at 90.7). Operand
+registers are left in the fabric: moving them into the DSP puts the logic before them, and
+its long routes into the DSP column, in series with the DSP's pins at both ends (mac-merge:
+65.6 MHz with both moved, against 85.8 with neither, seed 1).
 """
 from __future__ import annotations
 
@@ -120,6 +125,13 @@ def _set_output_register(dsp: dict, control: tuple) -> None:
                               "RESETMODE": "SYNC"})
 
 
+def _only_registers_read(ff: dict, loads: dict, cells: dict) -> bool:
+    """Every reader of ``ff``'s output is a flip-flop's data input (no logic, no port)."""
+    readers = loads[ff["connections"]["Q"][0]]
+    return bool(readers) and all(pin == "DI" and cells.get(name, {}).get("type") == "TRELLIS_FF"
+                                 for name, pin in readers)
+
+
 def _dsps(module: dict) -> int:
     cells, moved = module.get("cells", {}), 0
     dsps = [c for c in cells.values() if c["type"] == "MULT18X18D" and _plain_dsp(c)
@@ -128,7 +140,7 @@ def _dsps(module: dict) -> int:
     loads = _loads(module)
     for dsp in dsps:
         found = _registered_outputs(dsp, "P", loads, cells)
-        if found is not None:
+        if found is not None and all(_only_registers_read(cells[ff], loads, cells) for _, ff in found[0]):
             _set_output_register(dsp, found[1])
             for pin, ff in found[0]:
                 dsp["connections"][pin] = cells.pop(ff)["connections"]["Q"]

@@ -306,24 +306,28 @@ def _ff(clk, ce, di, q, lsr="0"):
             "connections": {"CLK": [clk], "CE": [ce], "DI": [di], "LSR": [lsr], "Q": [q]}}
 
 
-def _dsp_netlist(shared_a=False, product_read_twice=False):
+def _dsp_netlist(shared_a=False, product_read_twice=False, logic_after_product=False):
     """A MULT18X18D: A0/A1 from flip-flops fa0/fa1 (D nets 10/11, Q 20/21, enable 8), A2 tied 0,
     B0 from fb0 (D 12, Q 22, enable 9), products P0/P1 (nets 30/31) into flip-flops fp0/fp1
-    (Q 40/41, enable 8), P2 unused; all on clock 2."""
+    (Q 40/41, enable 8), registered again in fq0/fq1 (Q 60/61, as hdl/lib/pipe.py's products
+    are), P2 unused; all on clock 2."""
     dsp = {"type": "MULT18X18D", "parameters": {},
            "port_directions": {"A0": "input", "A1": "input", "A2": "input", "B0": "input", "SIGNEDA": "input",
                                "SIGNEDB": "input", "P0": "output", "P1": "output", "P2": "output"},
            "connections": {"A0": [20], "A1": [21], "A2": ["0"], "B0": [22], "SIGNEDA": ["0"], "SIGNEDB": ["0"],
                            "P0": [30], "P1": [31], "P2": [32]}}
     cells = {"dsp": dsp, "fa0": _ff(2, 8, 10, 20), "fa1": _ff(2, 8, 11, 21), "fb0": _ff(2, 9, 12, 22),
-             "fp0": _ff(2, 8, 30, 40), "fp1": _ff(2, 8, 31, 41)}
+             "fp0": _ff(2, 8, 30, 40), "fp1": _ff(2, 8, 31, 41), "fq0": _ff(2, 8, 40, 60), "fq1": _ff(2, 8, 41, 61)}
+    if logic_after_product:   # fp1 read by an adder's LUT, not by a second register
+        cells["fq1"] = {"type": "LUT4", "parameters": {}, "port_directions": {"A": "input", "Z": "output"},
+                        "connections": {"A": [41], "Z": [61]}}
     if shared_a:   # fa1's output is read elsewhere too
         cells["lut"] = {"type": "LUT4", "parameters": {}, "port_directions": {"A": "input", "Z": "output"},
                         "connections": {"A": [21], "Z": [50]}}
     if product_read_twice:
         cells["lut2"] = {"type": "LUT4", "parameters": {}, "port_directions": {"A": "input", "Z": "output"},
                          "connections": {"A": [31], "Z": [51]}}
-    return {"modules": {"core": {"ports": {"y": {"direction": "output", "bits": [40, 41, 50, 51]}},
+    return {"modules": {"core": {"ports": {"y": {"direction": "output", "bits": [60, 61, 50, 51]}},
                                  "cells": cells}}}
 
 
@@ -335,7 +339,7 @@ def test_dsp_product_register_absorbed_operands_left(tmp_path):
     cells = json.loads(path.read_text())["modules"]["core"]["cells"]
     dsp = cells["dsp"]
     p, c = dsp["parameters"], dsp["connections"]
-    assert set(cells) == {"dsp", "fa0", "fa1", "fb0", "lut"}   # the operands' flip-flops stay in the fabric
+    assert set(cells) == {"dsp", "fa0", "fa1", "fb0", "fq0", "fq1", "lut"}   # operands' and 2nd product registers stay
     assert c["P0"] == [40] and c["P1"] == [41]                  # the product drives the register outputs
     assert c["A0"] == [20] and c["B0"] == [22] and "REG_INPUTA_CLK" not in p
     assert p["REG_OUTPUT_CLK"] == "CLK0" and c["CLK0"] == [2]
@@ -346,6 +350,16 @@ def test_dsp_product_read_twice_keeps_its_register(tmp_path):
     from synth import absorb
     path = tmp_path / "top.json"
     path.write_text(json.dumps(_dsp_netlist(product_read_twice=True)))
+    assert absorb.absorb(path) == {"bram": 0, "dsp": 0}
+    cells = json.loads(path.read_text())["modules"]["core"]["cells"]
+    assert "fp0" in cells and "fp1" in cells and "REG_OUTPUT_CLK" not in cells["dsp"]["parameters"]
+
+
+def test_dsp_product_register_read_by_logic_stays_in_the_fabric(tmp_path):
+    """Moved, the logic after a once-registered product would start at the DSP's pins."""
+    from synth import absorb
+    path = tmp_path / "top.json"
+    path.write_text(json.dumps(_dsp_netlist(logic_after_product=True)))
     assert absorb.absorb(path) == {"bram": 0, "dsp": 0}
     cells = json.loads(path.read_text())["modules"]["core"]["cells"]
     assert "fp0" in cells and "fp1" in cells and "REG_OUTPUT_CLK" not in cells["dsp"]["parameters"]

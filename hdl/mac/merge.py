@@ -7,15 +7,17 @@ s2) are read from its first beat while it waits. Scalar phase, one SFM shared in
 EXP2 of ``-|m1 - m2|`` scales the smaller-max state's sum, giving ``a``, ``b`` and
 ``s = a ± b``; the cancellation flag is set when ``s <= 0`` or (⊖) ``s * 2^cancel_bits < a``;
 RECIP of ``s`` gives ``w1 = a/s`` and ``w2 = ±b/s``. Each scalar step is its own cycle:
-the partial products of a wide multiply are registered (one MULT18X18D each), then summed
-with the rounding constant, then shifted (docs/synthesis.md).
+the partial products of a wide multiply are registered twice (in the MULT18X18D, where
+synth/absorb.py moves the first register, then in the fabric), then summed with the
+rounding constant, then shifted (docs/synthesis.md).
 
 The transaction's beats are loaded into a buffer (``d/L`` words of both lane vectors)
 while its scalar phase runs, so the next transaction's first beat, and with it the next
 scalar phase, is visible as soon as the last beat is loaded: the scalar phase of one
 transaction overlaps the vector phase of the one before. Vector phase: one beat per cycle
-through a five-stage pipeline (buffer read; the read data registered; partial
-products; sum with the rounding half; shift and saturate):
+through a six-stage pipeline (buffer read; the read data registered; partial
+products, in the DSPs; the products again, in the fabric; sum with the rounding half;
+shift and saturate):
 ``o = sat(round_shift(w1 o1 + w2 o2, mantissa_frac))`` (zeros when flagged).
 """
 from __future__ import annotations
@@ -114,11 +116,13 @@ class MergeUnit(wiring.Component):
             m.d.sync += [t.eq(csa_sum(terms, width + 1)), zero.eq(shift > width)]
             return t, zero, shift[:width.bit_length()]
 
-        # The scalar products' pieces (registered in the state after the SFM answers).
+        # The scalar products' pieces, registered twice: when the SFM answers (the register
+        # synth/absorb.py moves into the MULT18X18D) and in the next cycle (a fabric register
+        # next to the adder), so no path runs from a DSP's pins through logic.
         sfm_ok = sfm.o.valid
-        scale_pp = register_partials(m, sfm_ok, partial_products(small, mant), "scale")
-        w1_pp = register_partials(m, sfm_ok, partial_products(a, mant), "w1")
-        w2_pp = register_partials(m, sfm_ok, partial_products(b, mant), "w2")
+        scale_pp = register_partials(m, 1, register_partials(m, sfm_ok, partial_products(small, mant), "scale"), "scale_f")
+        w1_pp = register_partials(m, 1, register_partials(m, sfm_ok, partial_products(a, mant), "w1"), "w1_f")
+        w2_pp = register_partials(m, 1, register_partials(m, sfm_ok, partial_products(b, mant), "w2"), "w2_f")
 
         # hand-off to the vector phase: weights (w2 negated for ⊖), m, s, flag
         v_w1, v_w2 = Signal(signed(ww)), Signal(signed(ww + 1))
@@ -159,7 +163,9 @@ class MergeUnit(wiring.Component):
                 m.d.comb += sfm.o.ready.eq(1)
                 with m.If(sfm.o.valid):
                     m.d.sync += set_shift(frac + sfm.o.payload.exponent)
-                    m.next = "SCALE_SUM"
+                    m.next = "SCALE_PRODUCT"
+            with m.State("SCALE_PRODUCT"):   # the products move from the DSPs to the fabric
+                m.next = "SCALE_SUM"
             with m.State("SCALE_SUM"):
                 scale_t, scale_zero, scale_sh = rounding(scale_pp, cfg.sum_width + len(mant), "scale")
                 m.next = "SCALE_SHIFT"
@@ -184,7 +190,9 @@ class MergeUnit(wiring.Component):
                 m.d.comb += sfm.o.ready.eq(1)
                 with m.If(sfm.o.valid):
                     m.d.sync += set_shift(sfm.o.payload.exponent)
-                    m.next = "WEIGHT_SUM"
+                    m.next = "WEIGHT_PRODUCT"
+            with m.State("WEIGHT_PRODUCT"):
+                m.next = "WEIGHT_SUM"
             with m.State("WEIGHT_SUM"):
                 w1_t, w1_zero, w1_sh = rounding(w1_pp, cfg.sum_width + 1 + len(mant), "w1")
                 w2_t, w2_zero, w2_sh = rounding(w2_pp, cfg.sum_width + 1 + len(mant), "w2")
@@ -227,16 +235,21 @@ class MergeUnit(wiring.Component):
         v1_m, v1_s, v1_flagged = Signal(signed(cfg.score_width)), Signal(cfg.sum_width), Signal()
         v1_pp = [register_partials(m, ce, partial_products(va_w1, o1[l]) + partial_products(va_w2, o2[l]),
                                    f"v1_{l}") for l in range(lanes)]
+        # the products again, in the fabric (the first register goes into the DSP)
+        vb_valid = Signal()
+        vb_m, vb_s, vb_flagged = Signal(signed(cfg.score_width)), Signal(cfg.sum_width), Signal()
+        vb_pp = [register_partials(m, ce, v1_pp[l], f"vb_{l}") for l in range(lanes)]
         v2_valid = Signal()
         v2_m, v2_s, v2_flagged = Signal(signed(cfg.score_width)), Signal(cfg.sum_width), Signal()
         v2_sum = [Signal(signed(ww + ow + 2), name=f"v2_sum{l}") for l in range(lanes)]   # w1 o1 + w2 o2 + half
         half_frac = (1 << (frac - 1)) if frac > 0 else 0
         with m.If(ce):
             m.d.sync += [v1_valid.eq(va_valid), v1_m.eq(va_m), v1_s.eq(va_s), v1_flagged.eq(va_flagged)]
-            m.d.sync += [v2_valid.eq(v1_valid), v2_m.eq(v1_m), v2_s.eq(v1_s), v2_flagged.eq(v1_flagged)]
+            m.d.sync += [vb_valid.eq(v1_valid), vb_m.eq(v1_m), vb_s.eq(v1_s), vb_flagged.eq(v1_flagged)]
+            m.d.sync += [v2_valid.eq(vb_valid), v2_m.eq(vb_m), v2_s.eq(vb_s), v2_flagged.eq(vb_flagged)]
             # the rounding half of round_shift(., frac) is one more carry-save term, so the
             # last stage is a shift and a saturate (no second carry chain)
-            m.d.sync += [v2_sum[l].eq(csa_sum([(r << s) if s else r for r, s in v1_pp[l]] + [Const(half_frac, len(v2_sum[l]))],
+            m.d.sync += [v2_sum[l].eq(csa_sum([(r << s) if s else r for r, s in vb_pp[l]] + [Const(half_frac, len(v2_sum[l]))],
                                               len(v2_sum[l])).as_signed())
                          for l in range(lanes)]
             m.d.sync += [self.o.valid.eq(v2_valid), self.o.payload.m.eq(v2_m), self.o.payload.s.eq(v2_s),
