@@ -4,9 +4,11 @@ the per-step stats of an ``ladmac eval mac`` run (``--out`` JSON), with the sche
 
 - A ``--hardware`` run's ``steps_hardware`` carry the model's cycles per head (each head's own KV
   reads): reported as they are.
-- A float run's ``steps`` carry KV reads per KV group only (the GQA rule: a group reads the union of
-  its heads' ranges unless all hit): every query head is charged its group's reads, an upper bound on
-  the engine's cycles; a fallback is charged the whole prefix.
+- A float run's ``steps`` carry each query head's own KV reads (``head_kv_read``: the keys the engine,
+  which runs one head at a time, reads for it), and the reads per KV group (the GQA rule: a group
+  reads the union of its heads' ranges unless all hit). Cycles charge each head its own reads; runs
+  from before ``head_kv_read`` was recorded charge every head its group's reads, an upper bound. A
+  fallback is charged the whole prefix. KV bytes stay per group (a group's heads share one fetch).
 
 Bytes: KV memory = keys + values read (16-bit elements), entry store = entry read on a hit, entry
 write, ring scan when engaged and ring write, per query head.
@@ -27,7 +29,8 @@ LAYERS, HQ, HKV = 30, 9, 3   # SmolLM2-135M
 
 
 def float_step(cfg: MacDecodeConfig, st: dict) -> dict:
-    """Upper bound on the engine's cycles of one token step (all layers) from group-level reads."""
+    """The engine's cycles of one token step (all layers): each head its own reads where the run
+    recorded them, else its group's (an upper bound)."""
     B, g = cfg.beats, HQ // HKV
     L = st["context"]
     layers = st["layer_steps"]
@@ -35,7 +38,8 @@ def float_step(cfg: MacDecodeConfig, st: dict) -> dict:
     filled = min(L - 1, cfg.window)
     per_head = ((filled * B + 2 * B + MATCH_OVERHEAD if engaged else B) + 2 * PASS_LATENCY + B
                 + 2 * MERGE_CYCLES + 2 * (NORM_CYCLES + B))
-    cycles = (g * 2 * B * st["kv_read"] + st["heads"] * per_head + st["hits"] * B
+    reads = st["head_kv_read"] if "head_kv_read" in st else g * st["kv_read"]
+    cycles = (2 * B * reads + st["heads"] * per_head + st["hits"] * B
               + st["fallbacks"] * max(0, L - cfg.band) * B)
     dense = st["heads"] * dense_head_cycles(cfg, L)
     vec = cfg.head_dim * cfg.kv_width / 8
@@ -75,7 +79,8 @@ def main(argv=None) -> int:
         for key, conv in (("steps", lambda s: float_step(cfg, s)), ("steps_hardware", hardware_step)):
             if r.get(key) and (key == "steps" or "engine_cycles" in r[key][0]):
                 rows = [conv(s) for s in r[key]][-args.last:]
-                name = f"{path.stem}:{'bit-accurate' if key == 'steps_hardware' else 'float (upper bound)'}"
+                per_head = "head_kv_read" in r[key][0]
+                name = f"{path.stem}:{'bit-accurate' if key == 'steps_hardware' else 'float' if per_head else 'float (upper bound)'}"
                 out[name] = {"summary": summarize(rows), "rows": rows}
                 s = out[name]["summary"]
                 print(f"{name}: {s['steps']} steps, contexts {s['contexts'][0]}..{s['contexts'][1]}: "

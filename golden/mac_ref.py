@@ -219,6 +219,7 @@ class MacLayerState:
                                  torch.full((self.hkv,), L, dtype=torch.long))
         stats = {"engaged": bool(engaged), "hits": int(hit.sum()), "misses": int(H - hit.sum()) if engaged else 0,
                  "heads": H, "fallbacks": int(fb.sum()), "kv_read": int(group_read.sum()),
+                 "head_kv_read": int(read.sum()), "head_kv_total": int(H * L),  # each query head's own keys
                  "kv_total": int(self.hkv * L),
                  "skip_ratio": 1.0 - float(group_read.sum()) / float(self.hkv * L)}
         return out, stats

@@ -92,6 +92,7 @@ def summarize(ctl) -> dict:
             "skip_ratio": 1.0 - t["kv_read"] / t["kv_total"],
             "skip_ratio_engaged": (1.0 - sum(s["kv_read"] for s in engaged) / sum(s["kv_total"] for s in engaged))
             if engaged else 0.0,
+            **({"head_skip_ratio": 1.0 - t["head_kv_read"] / t["head_kv_total"]} if "head_kv_read" in t else {}),
             "fallbacks": t["fallbacks"], "engaged_steps": len(engaged), "steps": len(ctl.steps),
             "layer_steps": t["layer_steps"],
             **({"saturated_elements": t["saturated"], "kv_bytes": t["kv_bytes"], "entry_bytes": t["entry_bytes"],
