@@ -146,7 +146,7 @@ def render(results: list[dict], command: str | None = None) -> str:
         split = ", ".join(f"{k} {v:.2f} ns" for k, v in cp["split_ns"].items())
         w(f"### {r['block']}: {e['fmax_mhz']:.1f} MHz")
         w("")
-        routed = f", routed by nextpnr's {e['router']}" if e.get("router", "router1") != "router1" else ""
+        routed = f", nextpnr's {e.get('router', 'router1')}"
         w(f"- {cp['delay_ns']:.2f} ns, {cp['logic_levels']} logic levels ({split}){routed}.")
         w(f"- from `{_path_cell(cp['from'])}` ({cp['from_owner']}) to `{_path_cell(cp['to'])}` ({cp['to_owner']}).")
         kinds = cp.get("cell_types") or {}

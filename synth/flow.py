@@ -44,10 +44,11 @@ DEFAULT_FREQ_MHZ = 100.0
 CACHE_DIR = BUILD_ROOT / "synth"
 FLOW_VERSION = 1  # bump when the report format changes
 NEXTPNR_OPTS = ["--report", "report.json", "--timing-allow-fail", "--seed", "1"]
-# nextpnr's router: router1 (its default) for the blocks it routes; on lad-md, dense and mac-unit
-# it does not converge (lad-md: ~18k arcs left, flat, after 39k iterations and 1000 s), while
-# router2 routes lad-md in 124 s (78 iterations, no overuse). The report names the router.
-ROUTER2_BLOCKS = frozenset({"lad-md", "dense", "mac-unit", "lad-tile"})
+# nextpnr's router: router2. Its default, router1, did not converge on lad-md, dense and mac-unit
+# (lad-md: ~18k arcs left, flat, after 39k iterations and 1000 s) nor on mac-merge's second seed
+# (~3k arcs left after 93k iterations); router2 routes lad-md in 124 s (78 iterations, no
+# overuse). Results before session 22 were routed by router1; the report names the router.
+ROUTER = "router2"
 DEFAULT_SEEDS = 1      # placement seeds per ad-hoc run (`ladmac synth BLOCK`)
 DOC_SEEDS = 3          # `ladmac synth --all` / `make synth`: Fmax is the mean over seeds 1..3
 
@@ -257,13 +258,9 @@ def _yosys_two_phase(block: str, work: Path, yosys: str) -> dict:
     return cells
 
 
-def router(block: str) -> str:
-    return "router2" if block in ROUTER2_BLOCKS else "router1"
-
-
-def _nextpnr_seed(env: dict, dev: dict, work: Path, seed: int, block: str) -> float:
+def _nextpnr_seed(env: dict, dev: dict, work: Path, seed: int) -> float:
     """Post-route Fmax of one more placement (seed ``seed``) of the synthesised netlist."""
-    opts = [*NEXTPNR_OPTS, "--router", router(block)]
+    opts = [*NEXTPNR_OPTS, "--router", ROUTER]
     opts[opts.index("--seed") + 1] = str(seed)
     opts[opts.index("--report") + 1] = f"report_seed{seed}.json"
     done = _run([env["NEXTPNR_ECP5"], "--quiet", "--log", f"top_seed{seed}.tim",
@@ -293,7 +290,7 @@ def run_ecp5(block: str, component, work: Path, freq_mhz: float, bitstream: bool
     done = _run([env["NEXTPNR_ECP5"], "--quiet", "--log", "top.tim",
                  type(platform())._nextpnr_device_options[dev["device"]], "--package", dev["package"],
                  "--speed", str(dev["speed"]), "--json", "top.json", "--lpf", "top.lpf",
-                 *NEXTPNR_OPTS, "--router", router(block), "--threads", "2",
+                 *NEXTPNR_OPTS, "--router", ROUTER, "--threads", "2",
                  *(["--textcfg", "top.config"] if bitstream else [])],
                 work, "nextpnr.log", env=env)
     log = _read(work / "top.tim") + done.stdout + done.stderr
@@ -306,7 +303,7 @@ def run_ecp5(block: str, component, work: Path, freq_mhz: float, bitstream: bool
     reports.annotate_path(pnr["critical_path"], reports.cell_types(work / "top.json"))
     # further placements of the same netlist (seeds 2..N): Fmax is their mean; the
     # critical path and utilisation are seed 1's
-    per_seed = [pnr["fmax_mhz"]] + [_nextpnr_seed(env, dev, work, seed, block) for seed in range(2, seeds + 1)]
+    per_seed = [pnr["fmax_mhz"]] + [_nextpnr_seed(env, dev, work, seed) for seed in range(2, seeds + 1)]
     t_seeds = time.time() - t0 - elapsed
     out = {
         "device": dev,
@@ -322,7 +319,7 @@ def run_ecp5(block: str, component, work: Path, freq_mhz: float, bitstream: bool
         "clocks": pnr["clocks"],
         "critical_path": pnr["critical_path"],
         "lut_mapper": cells.get("lut_mapper", "abc9"),
-        "router": router(block),
+        "router": ROUTER,
         "absorbed_ffs": cells["absorbed"],
         "seconds": {"yosys": round(t_yosys, 1), "nextpnr": round(elapsed - t_yosys + t_seeds, 1)},
     }

@@ -63,25 +63,29 @@ class Apid(wiring.Component):
         length = Signal(cfg.position_width)
         # The two read ports (in lockstep: same addresses, same cycles) through three register
         # slices, so the decisions neither follow the RAMs' read data nor drive their clock
-        # enables: after the first, s^_i against every interval's two thresholds (bound + m, in
-        # parallel); after the second, the verdict for the position's mode and its bumped
-        # counters; the third holds them for the state machine below.
+        # enables: into the first, the thresholds (bound + m) of the position's mode; after it,
+        # s^_i against those two; after the second, the verdict and the bumped counters; the
+        # third holds them for the state machine below.
         mw = len(meta_raw.payload)
         R = cfg.n_intervals
         cw = cfg.counter_bits * R
-        m.submodules.resp_slice = resp_slice = RegisterSlice(mw + xw)
-        m.submodules.cmp_slice = cmp_slice = RegisterSlice(mw + 2 * R)
+        select, test = mode_thresholds(m, self.scan.payload.m, self.scan.valid & self.scan.ready, cfg)
+        selected = select(data.View(ml, meta_raw.payload).mode)
+        sw = len(selected)
+        m.submodules.resp_slice = resp_slice = RegisterSlice(mw + xw + sw)
+        m.submodules.cmp_slice = cmp_slice = RegisterSlice(mw + 1)
         m.submodules.test_slice = test_slice = RegisterSlice(mw + 1 + cw)
-        compare, pick = mode_thresholds(m, self.scan.payload.m, self.scan.valid & self.scan.ready, cfg)
-        m.d.comb += [resp_slice.i.valid.eq(meta_raw.valid), resp_slice.i.payload.eq(Cat(meta_raw.payload, a_raw.payload)),
+        m.d.comb += [resp_slice.i.valid.eq(meta_raw.valid),
+                     resp_slice.i.payload.eq(Cat(meta_raw.payload, a_raw.payload, selected)),
                      meta_raw.ready.eq(resp_slice.i.ready), a_raw.ready.eq(resp_slice.i.ready),
                      cmp_slice.i.valid.eq(resp_slice.o.valid), resp_slice.o.ready.eq(cmp_slice.i.ready),
-                     cmp_slice.i.payload.eq(Cat(resp_slice.o.payload[:mw], compare(resp_slice.o.payload[mw:].as_signed())))]
+                     cmp_slice.i.payload.eq(Cat(resp_slice.o.payload[:mw],
+                                                test(resp_slice.o.payload[mw:mw + xw].as_signed(),
+                                                     resp_slice.o.payload[mw + xw:])))]
         cmp_word = data.View(ml, cmp_slice.o.payload[:mw])
         bumped_raw = bump_counters(m, cmp_word.counters, cmp_word.mode, cfg, "quiet_counters")
         m.d.comb += [test_slice.i.valid.eq(cmp_slice.o.valid), cmp_slice.o.ready.eq(test_slice.i.ready),
-                     test_slice.i.payload.eq(Cat(cmp_slice.o.payload[:mw], pick(cmp_slice.o.payload[mw:], cmp_word.mode),
-                                                 bumped_raw))]
+                     test_slice.i.payload.eq(Cat(cmp_slice.o.payload[:mw + 1], bumped_raw))]
         meta_resp = test_slice.o
         meta_data = test_slice.o.payload[:mw]
         is_cand = test_slice.o.payload[mw]

@@ -13,7 +13,10 @@ reads go out back to back; an active's value read goes out as soon as its verdic
 (before any key read not yet issued), so the KV port streams: a candidate costs its key's
 ``beats`` requests, an active its value's as well. A tag FIFO routes the in-order responses
 (key beats to the VPU, value beats with the kept key beats to AC). Verdicts leave in
-candidate order; nothing assumes the VPU's latency.
+candidate order; nothing assumes the VPU's latency. For the clock (docs/synthesis.md), the
+exact score goes through a three-stage pipeline after the VPU (scaled score; ``x``; ``r``),
+and ``alpha x`` is registered twice (DSP, fabric) before the one carry chain of ``w``: a
+decision takes 6 cycles, under the ``beats`` of its key read.
 """
 from __future__ import annotations
 
@@ -25,7 +28,8 @@ from amaranth.lib.wiring import In, Out
 from golden.lad_tile import LadTileConfig
 from golden.vpu import VpuOp
 
-from ..lib.arith import incr, round_shift, saturate
+from ..lib.arith import incr, saturate
+from ..lib.pipe import csa_sum, partial_products, register_partials
 from ..lib.vpu import Vpu
 from .dense import kv_request_layout
 from .common import (AcOp, ac_command_layout, beat_layout, bump_counters, candidate_layout, interval_of,
@@ -127,6 +131,9 @@ class Md(wiring.Component):
         value_done = Signal()
         m.d.comb += [vpu.i.payload.op.eq(VpuOp.DOT), vpu.i.payload.last.eq(rb == nb - 1),
                      vpu.i.payload.a.eq(self.kv_resp.payload), vpu.i.payload.b.eq(q_beats[rb])]
+        k_write, k_write_data = Signal(), Signal(L * kw)
+        k_write_index = Signal(range(S * nb))
+        m.d.sync += k_write.eq(0)
         cmd = self.corr.payload
         m.d.comb += [cmd.op.eq(AcOp.BEATS), cmd.w.eq(slot_w[t_slot]), cmd.alpha.eq(slot_alpha[t_slot]),
                      cmd.beta.eq(slot_beta[t_slot]), cmd.accumulate.eq(1), cmd.update.eq(slot_change[t_slot]),
@@ -138,11 +145,30 @@ class Md(wiring.Component):
             with m.Else():
                 m.d.comb += [vpu.i.valid.eq(self.kv_resp.valid), self.kv_resp.ready.eq(vpu.i.ready)]
                 with m.If(resp_fire):
-                    m.d.sync += k_mem[k_index(t_slot, rb)].eq(self.kv_resp.payload)
+                    m.d.sync += [k_write.eq(1), k_write_index.eq(k_index(t_slot, rb)),
+                                 k_write_data.eq(self.kv_resp.payload)]
+        # a key beat is kept one cycle after it arrives (registered index and data: the kept
+        # words' enables do not follow the response's ready); its value read comes after its verdict
+        with m.If(k_write):
+            m.d.sync += k_mem[k_write_index].eq(k_write_data)
         with m.If(resp_fire):
             m.d.sync += rb.eq(incr(rb, nb))
             with m.If(rb == nb - 1):
                 m.d.comb += tags.r_en.eq(1)
+
+        # the score pipeline (stops as a whole when its output waits): the VPU's dot -> the
+        # scaled score -> x = sat(score - m) -> its interval r, one carry chain per stage
+        take_score = Signal()           # the decision FSM takes (x, r)
+        sp_valid = [Signal(name=f"score{i}_valid") for i in range(3)]
+        sp_score, sp_x1, sp_x = Signal(signed(xw)), Signal(signed(xw)), Signal(signed(xw))
+        sp_r = Signal(sfm.interval_width)
+        sp_ce = ~sp_valid[2] | take_score
+        m.d.comb += vpu.o.ready.eq(sp_ce)
+        with m.If(sp_ce):
+            m.d.sync += [sp_valid[0].eq(vpu.o.valid), sp_valid[1].eq(sp_valid[0]), sp_valid[2].eq(sp_valid[1]),
+                         sp_score.eq(score_of(vpu.o.payload.dot, cfg)),
+                         sp_x1.eq(saturate(sp_score - self.m, signed(xw))),
+                         sp_x.eq(sp_x1), sp_r.eq(interval_of(sp_x1, cfg))]
 
         # decisions, one candidate at a time in slot order
         mode = Signal(sfm.interval_width)
@@ -154,20 +180,27 @@ class Md(wiring.Component):
         w = Signal(signed(w_width(cfg)))
         bumped = bump_counters(m, counters, r, cfg, "md_counters")
         false_alarm = Signal()
+        # alpha x registered twice: in the MULT18X18D (synth/absorb.py), then in the fabric
+        ax_pp = register_partials(m, 1, register_partials(m, 1, partial_products(alpha, x), "ax"), "ax_f")
+        ww_full = cw + xw + 2      # alpha x + (beta << x_frac) + half, exact
         with m.FSM():
             with m.State("SCORE"):
-                m.d.comb += vpu.o.ready.eq(1)
-                with m.If(vpu.o.valid):
-                    xv = saturate(score_of(vpu.o.payload.dot, cfg) - self.m, signed(xw))
-                    m.d.sync += [x.eq(xv), r.eq(interval_of(xv, cfg)), mode.eq(slot_mode[dptr]),
-                                 counters.eq(slot_cnt[dptr])]
+                m.d.comb += take_score.eq(1)
+                with m.If(sp_valid[2]):
+                    m.d.sync += [x.eq(sp_x), r.eq(sp_r), mode.eq(slot_mode[dptr]), counters.eq(slot_cnt[dptr])]
                     m.next = "DECIDE"
             with m.State("DECIDE"):
                 m.d.sync += [alpha.eq(slopes[r] - slopes[mode]), beta.eq(intercepts[r] - intercepts[mode]),
                              change.eq((r != mode) & (bumped[r] > bumped[mode]))]
+                m.next = "PRODUCT"
+            with m.State("PRODUCT"):    # alpha x in the DSP's register
+                m.next = "PRODUCT_FABRIC"
+            with m.State("PRODUCT_FABRIC"):
                 m.next = "WEIGHT"
-            with m.State("WEIGHT"):
-                m.d.sync += w.eq(round_shift(alpha * x + (beta << sfm.x_frac), sfm.exp_shift))
+            with m.State("WEIGHT"):     # round_shift(alpha x + (beta << x_frac), exp_shift), one carry chain
+                half = (1 << (sfm.exp_shift - 1)) if sfm.exp_shift > 0 else 0
+                wsum = csa_sum([(p << sh) if sh else p for p, sh in ax_pp] + [beta << sfm.x_frac, Const(half)], ww_full)
+                m.d.sync += w.eq(wsum.as_signed() >> sfm.exp_shift if sfm.exp_shift > 0 else wsum.as_signed() << -sfm.exp_shift)
                 m.next = "VERDICT"
             with m.State("VERDICT"):
                 m.d.comb += [self.verdict.valid.eq(1), self.verdict.payload.position.eq(slot_pos[dptr]),
