@@ -20,15 +20,15 @@ decision takes 6 cycles, under the ``beats`` of its key read.
 """
 from __future__ import annotations
 
-from amaranth import Array, Cat, Const, Module, Mux, Signal, signed
-from amaranth.lib import stream, wiring
+from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import memory, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
 from golden.lad_tile import LadTileConfig
 from golden.vpu import VpuOp
 
-from ..lib.arith import incr, saturate
+from ..lib.arith import incr, saturate, stall_all_enable
 from ..lib.pipe import csa_sum, partial_products, register_partials
 from ..lib.vpu import Vpu
 from .dense import kv_request_layout
@@ -71,7 +71,9 @@ class Md(wiring.Component):
         slot_alpha = Array(Signal(signed(cw), name=f"slot{s}_alpha") for s in range(S))
         slot_beta = Array(Signal(signed(cw), name=f"slot{s}_beta") for s in range(S))
         slot_change = Array(Signal(name=f"slot{s}_change") for s in range(S))
-        k_mem = Array(Signal(L * kw, name=f"slot{s}_k{b}") for s in range(S) for b in range(nb))
+        # the slots' key beats, kept for their corrections (read one cycle ahead of the beat out)
+        m.submodules.k_mem = k_mem = memory.Memory(shape=unsigned(L * kw), depth=S * nb, init=[])
+        k_wp, k_rp = k_mem.write_port(), k_mem.read_port(domain="sync")
         done = [Signal(name=f"slot{s}_done") for s in range(S)]
         done_arr = Array(done)
         tail, head = Signal(range(S)), Signal(range(S))        # next slot to fill, oldest slot
@@ -134,13 +136,20 @@ class Md(wiring.Component):
         k_write, k_write_data = Signal(), Signal(L * kw)
         k_write_index = Signal(range(S * nb))
         m.d.sync += k_write.eq(0)
+        # corrections: a value beat and its slot's terms are registered as the kept key beat is
+        # read (the memory's read register), and leave together one cycle later
         cmd = self.corr.payload
-        m.d.comb += [cmd.op.eq(AcOp.BEATS), cmd.w.eq(slot_w[t_slot]), cmd.alpha.eq(slot_alpha[t_slot]),
-                     cmd.beta.eq(slot_beta[t_slot]), cmd.accumulate.eq(1), cmd.update.eq(slot_change[t_slot]),
-                     cmd.k.eq(k_mem[k_index(t_slot, rb)]), cmd.v.eq(self.kv_resp.payload)]
+        corr_ce = stall_all_enable(self.corr)
+        corr_take = Signal()
+        m.d.comb += [k_rp.addr.eq(k_index(t_slot, rb)), k_rp.en.eq(corr_ce), cmd.k.eq(k_rp.data),
+                     cmd.op.eq(AcOp.BEATS), cmd.accumulate.eq(1)]
+        with m.If(corr_ce):
+            m.d.sync += [self.corr.valid.eq(corr_take), cmd.w.eq(slot_w[t_slot]), cmd.alpha.eq(slot_alpha[t_slot]),
+                         cmd.beta.eq(slot_beta[t_slot]), cmd.update.eq(slot_change[t_slot]),
+                         cmd.v.eq(self.kv_resp.payload)]
         with m.If(tags.r_rdy):
             with m.If(t_value):
-                m.d.comb += [self.corr.valid.eq(self.kv_resp.valid), self.kv_resp.ready.eq(self.corr.ready)]
+                m.d.comb += [corr_take.eq(self.kv_resp.valid), self.kv_resp.ready.eq(corr_ce)]
                 m.d.comb += value_done.eq(resp_fire & (rb == nb - 1))
             with m.Else():
                 m.d.comb += [vpu.i.valid.eq(self.kv_resp.valid), self.kv_resp.ready.eq(vpu.i.ready)]
@@ -149,8 +158,7 @@ class Md(wiring.Component):
                                  k_write_data.eq(self.kv_resp.payload)]
         # a key beat is kept one cycle after it arrives (registered index and data: the kept
         # words' enables do not follow the response's ready); its value read comes after its verdict
-        with m.If(k_write):
-            m.d.sync += k_mem[k_write_index].eq(k_write_data)
+        m.d.comb += [k_wp.en.eq(k_write), k_wp.addr.eq(k_write_index), k_wp.data.eq(k_write_data)]
         with m.If(resp_fire):
             m.d.sync += rb.eq(incr(rb, nb))
             with m.If(rb == nb - 1):
