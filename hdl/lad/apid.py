@@ -22,7 +22,7 @@ from golden.lad_tile import LadTileConfig
 
 from ..lib.slice import RegisterSlice
 from ..lib.sram import SramBank
-from .common import bump_counters, candidate_layout, meta_layout, mode_thresholds, sram_banks
+from .common import bump_terms, bumped_counters, candidate_layout, meta_layout, mode_thresholds, sram_banks
 from .eas import lookup_layout
 
 
@@ -70,22 +70,24 @@ class Apid(wiring.Component):
         R = cfg.n_intervals
         cw = cfg.counter_bits * R
         select, test = mode_thresholds(m, self.scan.payload.m, self.scan.valid & self.scan.ready, cfg)
-        selected = select(data.View(ml, meta_raw.payload).mode)
-        sw = len(selected)
-        m.submodules.resp_slice = resp_slice = RegisterSlice(mw + xw + sw)
-        m.submodules.cmp_slice = cmp_slice = RegisterSlice(mw + 1)
+        raw_word = data.View(ml, meta_raw.payload)
+        selected = select(raw_word.mode)
+        terms = bump_terms(raw_word.counters, raw_word.mode, cfg)   # the mode's counter bumped (a quiet step)
+        sw, bw = len(selected), len(terms)
+        m.submodules.resp_slice = resp_slice = RegisterSlice(mw + bw + xw + sw)
+        m.submodules.cmp_slice = cmp_slice = RegisterSlice(mw + bw + 1)
         m.submodules.test_slice = test_slice = RegisterSlice(mw + 1 + cw)
+        resp = resp_slice.o.payload
         m.d.comb += [resp_slice.i.valid.eq(meta_raw.valid),
-                     resp_slice.i.payload.eq(Cat(meta_raw.payload, a_raw.payload, selected)),
+                     resp_slice.i.payload.eq(Cat(meta_raw.payload, terms, a_raw.payload, selected)),
                      meta_raw.ready.eq(resp_slice.i.ready), a_raw.ready.eq(resp_slice.i.ready),
                      cmp_slice.i.valid.eq(resp_slice.o.valid), resp_slice.o.ready.eq(cmp_slice.i.ready),
-                     cmp_slice.i.payload.eq(Cat(resp_slice.o.payload[:mw],
-                                                test(resp_slice.o.payload[mw:mw + xw].as_signed(),
-                                                     resp_slice.o.payload[mw + xw:])))]
-        cmp_word = data.View(ml, cmp_slice.o.payload[:mw])
-        bumped_raw = bump_counters(m, cmp_word.counters, cmp_word.mode, cfg, "quiet_counters")
+                     cmp_slice.i.payload.eq(Cat(resp[:mw + bw],
+                                                test(resp[mw + bw:mw + bw + xw].as_signed(), resp[mw + bw + xw:])))]
+        cmp = cmp_slice.o.payload
+        bumped_raw = bumped_counters(m, cmp[mw:mw + bw], cfg, "quiet_counters")
         m.d.comb += [test_slice.i.valid.eq(cmp_slice.o.valid), cmp_slice.o.ready.eq(test_slice.i.ready),
-                     test_slice.i.payload.eq(Cat(cmp_slice.o.payload[:mw + 1], bumped_raw))]
+                     test_slice.i.payload.eq(Cat(cmp[:mw], cmp[mw + bw], bumped_raw))]
         meta_resp = test_slice.o
         meta_data = test_slice.o.payload[:mw]
         is_cand = test_slice.o.payload[mw]

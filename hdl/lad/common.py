@@ -1,12 +1,12 @@
 """Layouts and small datapath pieces shared by the LAD tile's modules (golden/lad_tile.py).
 
-``interval_of`` is the SFM's interval compare (docs/algorithms.md §1.1), ``bump_counters`` the
+``interval_of`` is the SFM's interval compare (docs/algorithms.md §1.1), ``bump_terms`` / ``bumped_counters`` the
 saturating mode counters of §1.4 (``golden.lad_tile.bump_counters``), ``score_of`` the
 scaled score of a dot product (``LadTileModel.score``).
 """
 from __future__ import annotations
 
-from amaranth import Array, Cat, Const, Mux, Signal, signed, unsigned
+from amaranth import Array, Cat, Const, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import data, enum
 
 from golden.lad_tile import LadTileConfig, mode_bounds
@@ -154,18 +154,24 @@ def mode_thresholds(m, m_load, load, cfg: LadTileConfig):
     return select, test
 
 
-def bump_counters(m, counters, r, cfg: LadTileConfig, name: str):
-    """Counters (an ArrayLayout view) with counter ``r`` plus one, all halved if it overflows.
-    Returns a new Signal of the same layout, driven combinationally in module ``m``."""
+def bump_terms(counters, r, cfg: LadTileConfig) -> Value:
+    """The two parts of bumping counter ``r``: every counter plus (its index == r), and whether
+    counter ``r`` overflows (it is at counter_max now: no add in series). A register may sit
+    between this and ``bumped_counters``, so neither the counters' look-up by ``r`` nor the adds
+    meet the halving mux and what reads the result in one cycle."""
+    plus = [counters[i] + (r == i) for i in range(cfg.n_intervals)]
+    over = Array(counters[i] for i in range(cfg.n_intervals))[r] == cfg.counter_max
+    return Cat(*(p[:cfg.counter_bits + 1] for p in plus), over)
+
+
+def bumped_counters(m, terms, cfg: LadTileConfig, name: str):
+    """Counters (an ArrayLayout view) with counter ``r`` plus one, all halved if it overflowed,
+    from ``bump_terms``; a new Signal driven combinationally in module ``m``."""
     layout = data.ArrayLayout(unsigned(cfg.counter_bits), cfg.n_intervals)
     out = Signal(layout, name=name)
-    cb = cfg.counter_bits
-    plus = [Signal(cb + 1, name=f"{name}_plus{i}") for i in range(cfg.n_intervals)]
-    over = Signal(name=f"{name}_over")
+    w = cfg.counter_bits + 1
+    over = terms[w * cfg.n_intervals]
     for i in range(cfg.n_intervals):
-        m.d.comb += plus[i].eq(counters[i] + (r == i))
-    # counter r passes counter_max exactly when it is at counter_max now (no add in series)
-    m.d.comb += over.eq(Array(counters[i] for i in range(cfg.n_intervals))[r] == cfg.counter_max)
-    for i in range(cfg.n_intervals):
-        m.d.comb += out[i].eq(Mux(over, plus[i] >> 1, plus[i]))
+        plus = terms[w * i:w * (i + 1)]
+        m.d.comb += out[i].eq(Mux(over, plus >> 1, plus))
     return out

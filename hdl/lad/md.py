@@ -21,7 +21,7 @@ decision takes 6 cycles, under the ``beats`` of its key read.
 from __future__ import annotations
 
 from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
-from amaranth.lib import memory, stream, wiring
+from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
@@ -32,7 +32,7 @@ from ..lib.arith import incr, saturate, stall_all_enable
 from ..lib.pipe import csa_sum, partial_products, register_partials
 from ..lib.vpu import Vpu
 from .dense import kv_request_layout
-from .common import (AcOp, ac_command_layout, beat_layout, bump_counters, candidate_layout, interval_of,
+from .common import (AcOp, ac_command_layout, beat_layout, bump_terms, bumped_counters, candidate_layout, interval_of,
                      score_of, vector_layout, w_width)
 
 
@@ -180,13 +180,13 @@ class Md(wiring.Component):
 
         # decisions, one candidate at a time in slot order
         mode = Signal(sfm.interval_width)
-        counters = Signal(cl.members["counters"])
         x = Signal(signed(xw))
         r = Signal(sfm.interval_width)
         change = Signal()
         alpha, beta = Signal(signed(cw)), Signal(signed(cw))
         w = Signal(signed(w_width(cfg)))
-        bumped = bump_counters(m, counters, r, cfg, "md_counters")
+        terms = Signal(cfg.n_intervals * (cfg.counter_bits + 1) + 1)   # bump_terms, registered with r (SCORE)
+        bumped = bumped_counters(m, terms, cfg, "md_counters")
         false_alarm = Signal()
         # alpha x registered twice: in the MULT18X18D (synth/absorb.py), then in the fabric
         ax_pp = register_partials(m, 1, register_partials(m, 1, partial_products(alpha, x), "ax"), "ax_f")
@@ -195,7 +195,8 @@ class Md(wiring.Component):
             with m.State("SCORE"):
                 m.d.comb += take_score.eq(1)
                 with m.If(sp_valid[2]):
-                    m.d.sync += [x.eq(sp_x), r.eq(sp_r), mode.eq(slot_mode[dptr]), counters.eq(slot_cnt[dptr])]
+                    m.d.sync += [x.eq(sp_x), r.eq(sp_r), mode.eq(slot_mode[dptr]),
+                                 terms.eq(bump_terms(data.View(cl.members["counters"], slot_cnt[dptr]), sp_r, cfg))]
                     m.next = "DECIDE"
             with m.State("DECIDE"):
                 m.d.sync += [alpha.eq(slopes[r] - slopes[mode]), beta.eq(intercepts[r] - intercepts[mode]),
