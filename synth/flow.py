@@ -44,11 +44,18 @@ DEFAULT_FREQ_MHZ = 100.0
 CACHE_DIR = BUILD_ROOT / "synth"
 FLOW_VERSION = 1  # bump when the report format changes
 NEXTPNR_OPTS = ["--report", "report.json", "--timing-allow-fail", "--seed", "1"]
-# nextpnr's router: router2. Its default, router1, did not converge on lad-md, dense and mac-unit
-# (lad-md: ~18k arcs left, flat, after 39k iterations and 1000 s) nor on mac-merge's second seed
-# (~3k arcs left after 93k iterations); router2 routes lad-md in 124 s (78 iterations, no
-# overuse). Results before session 22 were routed by router1; the report names the router.
-ROUTER = "router2"
+# nextpnr's router, per block: router1 (its default) where it converges; on lad-md, dense and
+# mac-unit it does not (lad-md: ~18k arcs left, flat, after 39k iterations and 1000 s) and
+# router2 does (lad-md in 124 s, 78 iterations). router2 is not the default because it times
+# high-fan-out nets worse: mac-merge's pipeline enable (1 LUT, ~1,800 flip-flop enables) took
+# 13.5 ns of routing under router2 (70.3 MHz) against 108.5 MHz under router1 (seed 1). The
+# report names the router.
+ROUTER2_BLOCKS = frozenset({"lad-md", "dense", "mac-unit", "lad-tile"})
+
+
+def router(block: str) -> str:
+    return "router2" if block in ROUTER2_BLOCKS else "router1"
+
 DEFAULT_SEEDS = 1      # placement seeds per ad-hoc run (`ladmac synth BLOCK`)
 DOC_SEEDS = 3          # `ladmac synth --all` / `make synth`: Fmax is the mean over seeds 1..3
 
@@ -258,9 +265,9 @@ def _yosys_two_phase(block: str, work: Path, yosys: str) -> dict:
     return cells
 
 
-def _nextpnr_seed(env: dict, dev: dict, work: Path, seed: int) -> float:
+def _nextpnr_seed(env: dict, dev: dict, work: Path, seed: int, block: str) -> float:
     """Post-route Fmax of one more placement (seed ``seed``) of the synthesised netlist."""
-    opts = [*NEXTPNR_OPTS, "--router", ROUTER]
+    opts = [*NEXTPNR_OPTS, "--router", router(block)]
     opts[opts.index("--seed") + 1] = str(seed)
     opts[opts.index("--report") + 1] = f"report_seed{seed}.json"
     done = _run([env["NEXTPNR_ECP5"], "--quiet", "--log", f"top_seed{seed}.tim",
@@ -290,7 +297,7 @@ def run_ecp5(block: str, component, work: Path, freq_mhz: float, bitstream: bool
     done = _run([env["NEXTPNR_ECP5"], "--quiet", "--log", "top.tim",
                  type(platform())._nextpnr_device_options[dev["device"]], "--package", dev["package"],
                  "--speed", str(dev["speed"]), "--json", "top.json", "--lpf", "top.lpf",
-                 *NEXTPNR_OPTS, "--router", ROUTER, "--threads", "2",
+                 *NEXTPNR_OPTS, "--router", router(block), "--threads", "2",
                  *(["--textcfg", "top.config"] if bitstream else [])],
                 work, "nextpnr.log", env=env)
     log = _read(work / "top.tim") + done.stdout + done.stderr
@@ -303,7 +310,7 @@ def run_ecp5(block: str, component, work: Path, freq_mhz: float, bitstream: bool
     reports.annotate_path(pnr["critical_path"], reports.cell_types(work / "top.json"))
     # further placements of the same netlist (seeds 2..N): Fmax is their mean; the
     # critical path and utilisation are seed 1's
-    per_seed = [pnr["fmax_mhz"]] + [_nextpnr_seed(env, dev, work, seed) for seed in range(2, seeds + 1)]
+    per_seed = [pnr["fmax_mhz"]] + [_nextpnr_seed(env, dev, work, seed, block) for seed in range(2, seeds + 1)]
     t_seeds = time.time() - t0 - elapsed
     out = {
         "device": dev,
@@ -319,7 +326,7 @@ def run_ecp5(block: str, component, work: Path, freq_mhz: float, bitstream: bool
         "clocks": pnr["clocks"],
         "critical_path": pnr["critical_path"],
         "lut_mapper": cells.get("lut_mapper", "abc9"),
-        "router": ROUTER,
+        "router": router(block),
         "absorbed_ffs": cells["absorbed"],
         "seconds": {"yosys": round(t_yosys, 1), "nextpnr": round(elapsed - t_yosys + t_seeds, 1)},
     }
