@@ -59,7 +59,7 @@ class Md(wiring.Component):
         cl = candidate_layout(cfg)
         cnt_width = cl.members["counters"].size
         m.submodules.vpu = vpu = Vpu(cfg.score_vpu)
-        q_beats = Array(Cat(self.q[b * L + i] for i in range(L)) for b in range(nb))
+        q_words = [Cat(self.q[b * L + i] for i in range(L)) for b in range(nb)]
         slopes = Array(Const(v, signed(cw)) for v in sfm.exp_slopes_raw)
         intercepts = Array(Const(v, signed(cw)) for v in sfm.exp_intercepts_raw)
 
@@ -128,11 +128,18 @@ class Md(wiring.Component):
         t_slot, t_value = Signal(range(S)), Signal()
         m.d.comb += [t_slot.eq(tags.r_data[:sbits]), t_value.eq(tags.r_data[sbits])]
         rb = Signal(range(nb))
+        q_beat = [Signal(len(q_words[0]), name=f"q_beat{b}") for b in range(nb)]
         resp_fire = Signal()
         m.d.comb += resp_fire.eq(self.kv_resp.valid & self.kv_resp.ready)
         value_done = Signal()
         m.d.comb += [vpu.i.payload.op.eq(VpuOp.DOT), vpu.i.payload.last.eq(rb == nb - 1),
-                     vpu.i.payload.a.eq(self.kv_resp.payload), vpu.i.payload.b.eq(q_beats[rb])]
+                     vpu.i.payload.a.eq(self.kv_resp.payload), vpu.i.payload.b.eq(q_beat[0])]
+        # q's beats in a ring that turns with every response beat, so beat rb of q is always in
+        # q_beat[0] (no 128-bit mux on rb); loaded while MD is idle (rb is 0 then)
+        with m.If(~self.busy):
+            m.d.sync += [q_beat[b].eq(q_words[b]) for b in range(nb)]
+        with m.Elif(resp_fire):
+            m.d.sync += [q_beat[b].eq(q_beat[(b + 1) % nb]) for b in range(nb)]
         k_write, k_write_data = Signal(), Signal(L * kw)
         k_write_index = Signal(range(S * nb))
         m.d.sync += k_write.eq(0)
