@@ -80,7 +80,7 @@ class Md(wiring.Component):
         count = Signal(range(S + 1))                           # slots in use
         kptr, kpend = Signal(range(S)), Signal(range(S + 1))   # next slot to read the key of; how many wait
         dptr = Signal(range(S))                                # next slot to decide (key dots come in order)
-        m.d.comb += self.busy.eq(count != 0)
+        m.d.comb += self.busy.eq((count != 0) | self.corr.valid)   # a last correction may still wait
 
         def k_index(slot, b):
             return slot * nb + b if nb > 1 else slot
@@ -135,9 +135,9 @@ class Md(wiring.Component):
         m.d.comb += [vpu.i.payload.op.eq(VpuOp.DOT), vpu.i.payload.last.eq(rb == nb - 1),
                      vpu.i.payload.a.eq(self.kv_resp.payload), vpu.i.payload.b.eq(q_beat[0])]
         # q's beats in a ring that turns with every response beat, so beat rb of q is always in
-        # q_beat[0] (no 128-bit mux on rb); loaded while MD is idle (rb is 0 then)
-        with m.If(~self.busy):
-            m.d.sync += [q_beat[b].eq(q_words[b]) for b in range(nb)]
+        # q_beat[0] (no 128-bit mux on rb); taken from q afresh at every rb = 0 (a new read)
+        with m.If(rb == 0):
+            m.d.sync += [q_beat[b].eq(Mux(resp_fire, q_words[(b + 1) % nb], q_words[b])) for b in range(nb)]
         with m.Elif(resp_fire):
             m.d.sync += [q_beat[b].eq(q_beat[(b + 1) % nb]) for b in range(nb)]
         k_write, k_write_data = Signal(), Signal(L * kw)
