@@ -1,6 +1,6 @@
 """Layouts and small datapath pieces shared by the LAD tile's modules (golden/lad_tile.py).
 
-``interval_of`` is the SFM's interval compare (docs/algorithms.md §1.1), ``bump_terms`` / ``bumped_counters`` the
+``boundary_tests`` / ``interval_count`` the SFM's interval compare (docs/algorithms.md §1.1), ``bump_terms`` / ``bumped_counters`` the
 saturating mode counters of §1.4 (``golden.lad_tile.bump_counters``), ``score_of`` the
 scaled score of a dot product (``LadTileModel.score``).
 """
@@ -113,9 +113,14 @@ class AcOp(enum.IntEnum, shape=2):
     QA = 3
 
 
-def interval_of(x, cfg: LadTileConfig):
-    """Interval index of raw x: the number of boundaries ``e_k`` with ``x < e_k``."""
-    return sum((x < e).as_unsigned() for e in cfg.sfm.exp_boundaries_raw)
+def boundary_tests(x, cfg: LadTileConfig):
+    """``x < e_k`` for every boundary ``e_k`` of the SFM's intervals (a register may follow)."""
+    return Cat(*(x < e for e in cfg.sfm.exp_boundaries_raw))
+
+
+def interval_count(tests):
+    """The interval index from ``boundary_tests``: how many boundaries lie above x."""
+    return sum(tests[k] for k in range(len(tests)))
 
 
 def score_of(dot, cfg: LadTileConfig):

@@ -14,7 +14,8 @@ reads go out back to back; an active's value read goes out as soon as its verdic
 ``beats`` requests, an active its value's as well. A tag FIFO routes the in-order responses
 (key beats to the VPU, value beats with the kept key beats to AC). Verdicts leave in
 candidate order; nothing assumes the VPU's latency. For the clock (docs/synthesis.md), the
-exact score goes through a three-stage pipeline after the VPU (scaled score; ``x``; ``r``),
+exact score goes through a four-stage pipeline after the VPU (scaled score; ``x``; the
+boundary compares; ``r``, their count),
 and ``alpha x`` is registered twice (DSP, fabric) before the one carry chain of ``w``: a
 decision takes 6 cycles, under the ``beats`` of its key read.
 """
@@ -32,7 +33,7 @@ from ..lib.arith import incr, saturate, stall_all_enable
 from ..lib.pipe import csa_sum, partial_products, register_partials
 from ..lib.vpu import Vpu
 from .dense import kv_request_layout
-from .common import (AcOp, ac_command_layout, beat_layout, bump_terms, bumped_counters, candidate_layout, interval_of,
+from .common import (AcOp, ac_command_layout, beat_layout, boundary_tests, bump_terms, bumped_counters, candidate_layout, interval_count,
                      score_of, vector_layout, w_width)
 
 
@@ -174,16 +175,18 @@ class Md(wiring.Component):
         # the score pipeline (stops as a whole when its output waits): the VPU's dot -> the
         # scaled score -> x = sat(score - m) -> its interval r, one carry chain per stage
         take_score = Signal()           # the decision FSM takes (x, r)
-        sp_valid = [Signal(name=f"score{i}_valid") for i in range(3)]
-        sp_score, sp_x1, sp_x = Signal(signed(xw)), Signal(signed(xw)), Signal(signed(xw))
+        sp_valid = [Signal(name=f"score{i}_valid") for i in range(4)]
+        sp_score, sp_x1, sp_x2, sp_x = (Signal(signed(xw), name=n) for n in ("sp_score", "sp_x1", "sp_x2", "sp_x"))
+        sp_below = Signal(len(cfg.sfm.exp_boundaries_raw))   # boundary_tests of x
         sp_r = Signal(sfm.interval_width)
-        sp_ce = ~sp_valid[2] | take_score
+        sp_ce = ~sp_valid[3] | take_score
         m.d.comb += vpu.o.ready.eq(sp_ce)
         with m.If(sp_ce):
-            m.d.sync += [sp_valid[0].eq(vpu.o.valid), sp_valid[1].eq(sp_valid[0]), sp_valid[2].eq(sp_valid[1]),
+            m.d.sync += [sp_valid[0].eq(vpu.o.valid), *(sp_valid[i + 1].eq(sp_valid[i]) for i in range(3)),
                          sp_score.eq(score_of(vpu.o.payload.dot, cfg)),
                          sp_x1.eq(saturate(sp_score - self.m, signed(xw))),
-                         sp_x.eq(sp_x1), sp_r.eq(interval_of(sp_x1, cfg))]
+                         sp_x2.eq(sp_x1), sp_below.eq(boundary_tests(sp_x1, cfg)),
+                         sp_x.eq(sp_x2), sp_r.eq(interval_count(sp_below))]
 
         # decisions, one candidate at a time in slot order
         mode = Signal(sfm.interval_width)
@@ -201,7 +204,7 @@ class Md(wiring.Component):
         with m.FSM():
             with m.State("SCORE"):
                 m.d.comb += take_score.eq(1)
-                with m.If(sp_valid[2]):
+                with m.If(sp_valid[3]):
                     m.d.sync += [x.eq(sp_x), r.eq(sp_r), mode.eq(slot_mode[dptr]),
                                  terms.eq(bump_terms(data.View(cl.members["counters"], slot_cnt[dptr]), sp_r, cfg))]
                     m.next = "DECIDE"
