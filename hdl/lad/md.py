@@ -129,18 +129,16 @@ class Md(wiring.Component):
         t_slot, t_value = Signal(range(S)), Signal()
         m.d.comb += [t_slot.eq(tags.r_data[:sbits]), t_value.eq(tags.r_data[sbits])]
         rb = Signal(range(nb))
-        q_beat = [Signal(len(q_words[0]), name=f"q_beat{b}") for b in range(nb)]
+        q_beat = Signal(len(q_words[0]))
         resp_fire = Signal()
         m.d.comb += resp_fire.eq(self.kv_resp.valid & self.kv_resp.ready)
         value_done = Signal()
         m.d.comb += [vpu.i.payload.op.eq(VpuOp.DOT), vpu.i.payload.last.eq(rb == nb - 1),
-                     vpu.i.payload.a.eq(self.kv_resp.payload), vpu.i.payload.b.eq(q_beat[0])]
-        # q's beats in a ring that turns with every response beat, so beat rb of q is always in
-        # q_beat[0] (no 128-bit mux on rb); taken from q afresh at every rb = 0 (a new read)
-        with m.If(rb == 0):
-            m.d.sync += [q_beat[b].eq(Mux(resp_fire, q_words[(b + 1) % nb], q_words[b])) for b in range(nb)]
-        with m.Elif(resp_fire):
-            m.d.sync += [q_beat[b].eq(q_beat[(b + 1) % nb]) for b in range(nb)]
+                     vpu.i.payload.a.eq(self.kv_resp.payload), vpu.i.payload.b.eq(q_beat)]
+        # beat rb of q, registered: both candidates (beat rb and beat rb + 1, looked up from the
+        # registered rb) are ready, a response picks one (no 8:1 mux after the response's ready)
+        q_arr = Array(q_words)
+        m.d.sync += q_beat.eq(Mux(resp_fire, q_arr[incr(rb, nb)], q_arr[rb]))
         k_write, k_write_data = Signal(), Signal(L * kw)
         k_write_index = Signal(range(S * nb))
         m.d.sync += k_write.eq(0)
