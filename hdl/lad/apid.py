@@ -63,31 +63,30 @@ class Apid(wiring.Component):
         length = Signal(cfg.position_width)
         # The two read ports (in lockstep: same addresses, same cycles) through three register
         # slices, so the decisions neither follow the RAMs' read data nor drive their clock
-        # enables: into the first, the thresholds (bound + m) of the position's mode; after it,
-        # s^_i against those two; after the second, the verdict and the bumped counters; the
-        # third holds them for the state machine below.
+        # enables: after the first, s^_i against every interval's two thresholds (bound + m, in
+        # parallel) and the mode counter's bump terms; after the second, the verdict for the
+        # position's mode and the bumped counters; the third holds them for the state machine.
         mw = len(meta_raw.payload)
         R = cfg.n_intervals
         cw = cfg.counter_bits * R
-        select, test = mode_thresholds(m, self.scan.payload.m, self.scan.valid & self.scan.ready, cfg)
-        raw_word = data.View(ml, meta_raw.payload)
-        selected = select(raw_word.mode)
-        terms = bump_terms(raw_word.counters, raw_word.mode, cfg)   # the mode's counter bumped (a quiet step)
-        sw, bw = len(selected), len(terms)
-        m.submodules.resp_slice = resp_slice = RegisterSlice(mw + bw + xw + sw)
-        m.submodules.cmp_slice = cmp_slice = RegisterSlice(mw + bw + 1)
-        m.submodules.test_slice = test_slice = RegisterSlice(mw + 1 + cw)
+        compare, pick = mode_thresholds(m, self.scan.payload.m, self.scan.valid & self.scan.ready, cfg)
+        m.submodules.resp_slice = resp_slice = RegisterSlice(mw + xw)
         resp = resp_slice.o.payload
+        resp_word = data.View(ml, resp[:mw])
+        terms = bump_terms(resp_word.counters, resp_word.mode, cfg)   # the mode's counter bumped (a quiet step)
+        bw = len(terms)
+        m.submodules.cmp_slice = cmp_slice = RegisterSlice(mw + bw + 2 * R)
+        m.submodules.test_slice = test_slice = RegisterSlice(mw + 1 + cw)
         m.d.comb += [resp_slice.i.valid.eq(meta_raw.valid),
-                     resp_slice.i.payload.eq(Cat(meta_raw.payload, terms, a_raw.payload, selected)),
+                     resp_slice.i.payload.eq(Cat(meta_raw.payload, a_raw.payload)),
                      meta_raw.ready.eq(resp_slice.i.ready), a_raw.ready.eq(resp_slice.i.ready),
                      cmp_slice.i.valid.eq(resp_slice.o.valid), resp_slice.o.ready.eq(cmp_slice.i.ready),
-                     cmp_slice.i.payload.eq(Cat(resp[:mw + bw],
-                                                test(resp[mw + bw:mw + bw + xw].as_signed(), resp[mw + bw + xw:])))]
+                     cmp_slice.i.payload.eq(Cat(resp[:mw], terms, compare(resp[mw:].as_signed())))]
         cmp = cmp_slice.o.payload
+        cmp_word = data.View(ml, cmp[:mw])
         bumped_raw = bumped_counters(m, cmp[mw:mw + bw], cfg, "quiet_counters")
         m.d.comb += [test_slice.i.valid.eq(cmp_slice.o.valid), cmp_slice.o.ready.eq(test_slice.i.ready),
-                     test_slice.i.payload.eq(Cat(cmp[:mw], cmp[mw + bw], bumped_raw))]
+                     test_slice.i.payload.eq(Cat(cmp[:mw], pick(cmp[mw + bw:], cmp_word.mode), bumped_raw))]
         meta_resp = test_slice.o
         meta_data = test_slice.o.payload[:mw]
         is_cand = test_slice.o.payload[mw]

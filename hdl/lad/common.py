@@ -133,11 +133,9 @@ def mode_thresholds(m, m_load, load, cfg: LadTileConfig):
     ``lo``, ``hi`` of interval ``mode`` iff ``s^ < lo + m`` or ``s^ >= hi + m``, because ``sat`` is
     monotone and exact inside the x format (a bound at or past the format's end can never be
     crossed by a saturated ``x^``: that side is dropped). The per-interval thresholds are
-    registers, loaded from ``m_load`` when ``load``. Returns ``(select, test)``:
-    ``select(mode)`` is the mode's two thresholds and whether each side can be crossed
-    (``2 (x_width + 2) + 2`` bits), ``test(s_hat, selected)`` the verdict from them: two
-    compares, so a register may sit between the look-up and the compare and ``s^`` fans out
-    to two comparators, not to every interval's."""
+    registers, loaded from ``m_load`` when ``load``. Returns ``(compare, pick)``:
+    ``compare(s_hat)`` is every interval's two tests (2 x n_intervals bits, in parallel) and
+    ``pick(tests, mode)`` the verdict for ``mode`` from them (a register may sit between)."""
     lo, hi = mode_bounds(cfg)
     fmt = cfg.sfm.x_format
     tw = cfg.sfm.x_width + 2
@@ -150,13 +148,13 @@ def mode_thresholds(m, m_load, load, cfg: LadTileConfig):
         sides.append((regs, Array(Const(b is not None and crossable(b), 1) for b in bounds)))
     (t_lo, has_lo), (t_hi, has_hi) = sides
 
-    def select(mode):
-        return Cat(Array(t_lo)[mode], Array(t_hi)[mode], has_lo[mode], has_hi[mode])
+    def compare(s_hat):
+        return Cat(*(s_hat < t for t in t_lo), *(s_hat >= t for t in t_hi))
 
-    def test(s_hat, selected):
-        lo_t, hi_t = selected[:tw].as_signed(), selected[tw:2 * tw].as_signed()
-        return (selected[2 * tw] & (s_hat < lo_t)) | (selected[2 * tw + 1] & (s_hat >= hi_t))
-    return select, test
+    def pick(tests, mode):
+        below, above = Array(tests[r] for r in range(R)), Array(tests[R + r] for r in range(R))
+        return (has_lo[mode] & below[mode]) | (has_hi[mode] & above[mode])
+    return compare, pick
 
 
 def bump_terms(counters, r, cfg: LadTileConfig) -> Value:
