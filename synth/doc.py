@@ -94,9 +94,14 @@ def render(results: list[dict], command: str | None = None) -> str:
       + ", ".join(f"{k} {v}" for k, v in tools.items()) + ".")
     w("- Hard-block registers (`synth/absorb.py`, on Yosys's JSON before nextpnr): a block RAM read port whose "
       "bits each feed one plain flip-flop gets the DP16KD's output register (`REGMODE OUTREG`; SRAM banks with "
-      "`read_latency >= 2` are built for it, `hdl/lib/sram.py`), and a multiplier's product and operands held "
-      "in plain flip-flops get the MULT18X18D's output and input registers; Yosys maps neither. FF counts "
-      "below are Yosys's, before those flip-flops moved into the hard blocks.")
+      "`read_latency >= 2` are built for it, `hdl/lib/sram.py`), and a multiplier whose product bits each feed "
+      "one plain flip-flop read only by another flip-flop (a product the RTL registers twice, `hdl/lib/pipe.py`) "
+      "gets the MULT18X18D's output register; Yosys maps neither. FF counts below are Yosys's, before those "
+      "flip-flops moved into the hard blocks.")
+    w("- Router: nextpnr's router1 (its default), router2 for lad-md, dense, mac-unit and lad-tile, on which "
+      "router1 does not converge (`synth/flow.py`, `ROUTER2_BLOCKS`); router2 times high-fan-out nets worse "
+      "(mac-merge: 70.3 MHz under router2, its pipeline enable's ~1,800 flip-flop enables taking 13.5 ns of "
+      "routing, against 108.5 under router1).")
     w("- Technology-independent count: the core alone through generic `synth` (memories kept as `$mem` "
       "cells), `abc`, `stat -json`.")
     w("- LUT4 counts LUT sites: a CCU2C carry cell counts as 2 LUT4. \"core\" is the block; \"+harness\" "
