@@ -157,6 +157,11 @@ def mode_thresholds(m, m_load, load, cfg: LadTileConfig):
     return compare, pick
 
 
+def bump_terms_width(cfg: LadTileConfig) -> int:
+    """Bits of ``bump_terms``: every counter plus one bit, and the overflow flag."""
+    return cfg.n_intervals * (cfg.counter_bits + 1) + 1
+
+
 def bump_terms(counters, r, cfg: LadTileConfig) -> Value:
     """The two parts of bumping counter ``r``: every counter plus (its index == r), and whether
     counter ``r`` overflows (it is at counter_max now: no add in series). A register may sit

@@ -28,7 +28,7 @@ from golden.sram import SramConfig
 from golden.vpu import VpuOp
 
 from ..lib.arith import incr, index_width, saturate, stall_all_enable
-from ..lib.pipe import csa_sum, partial_products, register_partials
+from ..lib.pipe import csa_sum, partial_products, placed, register_partials
 from ..lib.sfm import Sfm
 from ..lib.sram import SramBank
 from ..lib.vpu import Vpu
@@ -106,7 +106,7 @@ class DenseAttention(wiring.Component):
         k3_score = Signal(signed(xw))
         score_half = (1 << (cfg.score_shift - 1)) if cfg.score_shift > 0 else 0
         m.d.sync += [k1_valid.eq(k_in), k2_valid.eq(k1_valid), k3_valid.eq(k2_valid),
-                     k2_t.eq(csa_sum([(r << sh) if sh else r for r, sh in k1_pp] + [Const(score_half, kw)], kw).as_signed()),
+                     k2_t.eq(csa_sum(placed(k1_pp) + [Const(score_half, kw)], kw).as_signed()),
                      k3_score.eq(saturate(k2_t >> cfg.score_shift if cfg.score_shift >= 0 else k2_t << -cfg.score_shift,
                                           signed(xw)))]
         # pass 2: x = s - m registered before the SFM
@@ -254,7 +254,7 @@ class DenseAttention(wiring.Component):
             m.d.sync += [o0_valid.eq(o_issue), o0_last.eq(out_beat == nb - 1)]
             m.d.sync += [o0_lane[l].eq(word[l * aw:(l + 1) * aw]) for l in range(cfg.lanes)]
             m.d.sync += [o1_valid.eq(o0_valid), o1_last.eq(o0_last), o2_valid.eq(o1_valid), o2_last.eq(o1_last)]
-            m.d.sync += [o2_t[l].eq(csa_sum([(r << sh) if sh else r for r, sh in o1_pp[l]] + [o_half], pw + 1).as_signed())
+            m.d.sync += [o2_t[l].eq(csa_sum(placed(o1_pp[l]) + [o_half], pw + 1).as_signed())
                          for l in range(cfg.lanes)]
             m.d.sync += [self.out.valid.eq(o2_valid), o3_last.eq(o2_last)]
             m.d.sync += [self.out.payload.o[l].eq(Mux(o_zero, 0, saturate(o2_t[l] >> o_shift, signed(cfg.kv_width))))

@@ -30,10 +30,10 @@ from golden.lad_tile import LadTileConfig
 from golden.vpu import VpuOp
 
 from ..lib.arith import incr, saturate, stall_all_enable
-from ..lib.pipe import csa_sum, partial_products, register_partials
+from ..lib.pipe import csa_sum, partial_products, placed, register_partials
 from ..lib.vpu import Vpu
 from .dense import kv_request_layout
-from .common import (AcOp, ac_command_layout, beat_layout, boundary_tests, bump_terms, bumped_counters, candidate_layout, interval_count,
+from .common import (AcOp, ac_command_layout, beat_layout, boundary_tests, bump_terms, bump_terms_width, bumped_counters, candidate_layout, interval_count,
                      score_of, vector_layout, w_width)
 
 
@@ -193,7 +193,7 @@ class Md(wiring.Component):
         change = Signal()
         alpha, beta = Signal(signed(cw)), Signal(signed(cw))
         w = Signal(signed(w_width(cfg)))
-        terms = Signal(cfg.n_intervals * (cfg.counter_bits + 1) + 1)   # bump_terms, registered with r (SCORE)
+        terms = Signal(bump_terms_width(cfg))   # bump_terms, registered with r (SCORE)
         bumped = bumped_counters(m, terms, cfg, "md_counters")
         false_alarm = Signal()
         # alpha x registered twice: in the MULT18X18D (synth/absorb.py), then in the fabric
@@ -216,7 +216,7 @@ class Md(wiring.Component):
                 m.next = "WEIGHT"
             with m.State("WEIGHT"):     # round_shift(alpha x + (beta << x_frac), exp_shift), one carry chain
                 half = (1 << (sfm.exp_shift - 1)) if sfm.exp_shift > 0 else 0
-                wsum = csa_sum([(p << sh) if sh else p for p, sh in ax_pp] + [beta << sfm.x_frac, Const(half)], ww_full)
+                wsum = csa_sum(placed(ax_pp) + [beta << sfm.x_frac, Const(half)], ww_full)
                 m.d.sync += w.eq(wsum.as_signed() >> sfm.exp_shift if sfm.exp_shift > 0 else wsum.as_signed() << -sfm.exp_shift)
                 m.next = "VERDICT"
             with m.State("VERDICT"):

@@ -58,9 +58,14 @@ def register_partials(m, ce, pieces, name: str) -> list[tuple[Signal, int]]:
     return regs
 
 
+def placed(pieces) -> list[Value]:
+    """The pieces ``[(p, shift)]`` shifted into place (``p << shift``): the terms whose sum is the product."""
+    return [(p << sh) if sh else p for p, sh in pieces]
+
+
 def sum_partials(regs, extra=None) -> Value:
     """``sum(p << shift) (+ extra)``: the registered pieces added back together."""
-    terms = [(r << s) if s else r for r, s in regs]
+    terms = placed(regs)
     if extra is not None:
         terms.append(extra)
     total = terms[0]

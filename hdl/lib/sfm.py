@@ -19,7 +19,7 @@ from amaranth.lib.wiring import In, Out
 from golden.sfm import EXPONENT_WIDTH, LOG2E_FRAC, SfmConfig, SfmOp
 
 from .arith import round_shift, saturate, stall_all_enable
-from .pipe import csa_sum, leading_one, partial_products, register_partials, sum_partials
+from .pipe import csa_sum, leading_one, partial_products, placed, register_partials, sum_partials
 
 
 def sfm_in_layout(cfg: SfmConfig) -> data.StructLayout:
@@ -173,7 +173,7 @@ class Sfm(wiring.Component):
 
         # Stage 6: add, round, saturate.
         exp_width = max(cfg.coef_frac + 2 + cfg.x_width, bias_shape.width + 1) + 2
-        exp_sum = csa_sum([(r << sh) if sh else r for r, sh in exp_pieces] + [s5["intercept"]], exp_width).as_signed()
+        exp_sum = csa_sum(placed(exp_pieces) + [s5["intercept"]], exp_width).as_signed()
         exp_value = saturate(exp_sum >> cfg.exp_shift if cfg.exp_shift > 0 else exp_sum << -cfg.exp_shift,
                              unsigned(cfg.out_width))
         mantissa = ((s5["c0"] - s5["line_product"]) >> k if k > 0

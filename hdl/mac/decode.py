@@ -52,7 +52,7 @@ from golden.sram import SramConfig
 from golden.vpu import VpuConfig, VpuOp
 
 from ..lib.arith import incr, index_width, round_shift, saturate
-from ..lib.pipe import csa_sum, partial_products, register_partials
+from ..lib.pipe import csa_sum, partial_products, placed, register_partials
 from ..lib.sfm import Sfm
 from ..lib.sram import SramBank
 from ..lib.vpu import Vpu
@@ -195,7 +195,7 @@ class MacDecodeEngine(wiring.Component):
         k3_score = Signal(signed(sw))
         score_half = (1 << (cfg.score_shift - 1)) if cfg.score_shift > 0 else 0
         m.d.sync += [k1_valid.eq(k_in), k2_valid.eq(k1_valid), k3_valid.eq(k2_valid),
-                     k2_t.eq(csa_sum([(r << sh) if sh else r for r, sh in k1_pp] + [Const(score_half, kw)],
+                     k2_t.eq(csa_sum(placed(k1_pp) + [Const(score_half, kw)],
                                      kw).as_signed()),
                      k3_score.eq(saturate(k2_t >> cfg.score_shift if cfg.score_shift >= 0
                                           else k2_t << -cfg.score_shift, signed(sw)))]
@@ -233,7 +233,7 @@ class MacDecodeEngine(wiring.Component):
             n_l = word[l * aw:(l + 1) * aw].as_signed()
             o1_pp = register_partials(m, 1, partial_products(o0_lane[l], recip_m), f"ro1_{l}")
             m.d.sync += [o0_lane[l].eq(round_shift(n_l, pre)),
-                         o2_t[l].eq(csa_sum([(r << sh) if sh else r for r, sh in o1_pp] + [Const(out_half, pw + 1)],
+                         o2_t[l].eq(csa_sum(placed(o1_pp) + [Const(out_half, pw + 1)],
                                             pw + 1).as_signed()),
                          o3_lane[l].eq(saturate(o2_t[l] >> cfg.out_shift, signed(ow)))]
 

@@ -30,7 +30,7 @@ from golden.mac_unit import MacUnitConfig, MergeOp
 from golden.sfm import SfmOp
 
 from ..lib.arith import saturate, stall_all_enable
-from ..lib.pipe import csa_sum, partial_products, register_partials
+from ..lib.pipe import csa_sum, partial_products, placed, register_partials
 from ..lib.sfm import Sfm
 
 
@@ -112,7 +112,7 @@ class MergeUnit(wiring.Component):
             ``t >> sh``, or 0 where ``zero`` (shift > width: product < 2^width)."""
             t = Signal(width + 1, name=f"{name}_t")
             zero = Signal(name=f"{name}_zero")
-            terms = [(r << sh) if sh else r for r, sh in pieces] + [half[:width]]
+            terms = placed(pieces) + [half[:width]]
             m.d.sync += [t.eq(csa_sum(terms, width + 1)), zero.eq(shift > width)]
             return t, zero, shift[:width.bit_length()]
 
@@ -249,7 +249,7 @@ class MergeUnit(wiring.Component):
             m.d.sync += [v2_valid.eq(vb_valid), v2_m.eq(vb_m), v2_s.eq(vb_s), v2_flagged.eq(vb_flagged)]
             # the rounding half of round_shift(., frac) is one more carry-save term, so the
             # last stage is a shift and a saturate (no second carry chain)
-            m.d.sync += [v2_sum[l].eq(csa_sum([(r << s) if s else r for r, s in vb_pp[l]] + [Const(half_frac, len(v2_sum[l]))],
+            m.d.sync += [v2_sum[l].eq(csa_sum(placed(vb_pp[l]) + [Const(half_frac, len(v2_sum[l]))],
                                               len(v2_sum[l])).as_signed())
                          for l in range(lanes)]
             m.d.sync += [self.o.valid.eq(v2_valid), self.o.payload.m.eq(v2_m), self.o.payload.s.eq(v2_s),
