@@ -392,6 +392,11 @@ def test_label_and_config_rules():
         with pytest.raises(ConfigError):
             AttnCacheConfig(**bad)
     assert json.loads(AttnCacheConfig().to_json())["alpha"] == 0.2
+    # the calibrated theta: the smallest passing theta with every larger theta passing too
+    sweep = {"metric": "spearman", "sweep": [{"theta": t, "delta": d} for t, d in
+                                             ((1, 0), (0.95, -0.2), (0.9, -0.9), (0.85, -3), (0.8, 0.1), (0, -5))]}
+    assert ev._calibrated_theta(sweep, [1, 0.95, 0.9, 0.85, 0.8, 0], 1, 10, "pairs") == 0.9
+    assert ev._calibrated_theta(sweep, [1, 0.95, 0.9, 0.85, 0.8, 0], 0.1, 10, "pairs") == 1
 
 
 @pytest.fixture(scope="module")

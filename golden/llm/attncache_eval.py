@@ -278,8 +278,8 @@ def evaluate(enc: Encoder, cache, store, test_pairs, theta: float, thetas, progr
 
 
 class _FixedStore:
-    """Duck-typed MapStore for the diagnosis: row 0's candidate is ``choice[current sentence]``, read
-    from a recording, similarity 1 (no projector, no file)."""
+    """Duck-typed MapStore for the diagnosis: row b's candidate is ``choice[current[b]]`` (the batch's
+    sentences), read from a recording, similarity 1 (no projector, no file)."""
 
     def __init__(self, rec, choice: dict, layers: list[int], cfg):
         self.rec, self.choice, self.layers, self.cfg, self.current = rec, choice, layers, cfg, None
@@ -291,8 +291,8 @@ class _FixedStore:
 
     def search_batch(self, features, lengths):
         import numpy as np
-        entry = self.choice.get(self.current, -1)
-        return np.array([entry]), np.array([1.0 if entry >= 0 else -np.inf])
+        entries = np.array([self.choice.get(s, -1) for s in self.current])
+        return entries, np.where(entries >= 0, 1.0, -np.inf)
 
     def fetch(self, entry):
         n = self.rec.lengths[entry]
@@ -306,13 +306,15 @@ def layer_distances(maps_a, maps_b):
             for a, b in zip(maps_a, maps_b)]
 
 
-def diagnose(enc: Encoder, cache, db_sentences, test_pairs, layer_sets, cfg, progress: bool = True) -> dict:
+def diagnose(enc: Encoder, cache, db_sentences, test_pairs, layer_sets, cfg, progress: bool = True,
+             batch: int = 16, partial=None) -> dict:
     """Which reuse is harmless: per test sentence the ORACLE candidate (equal-length stored input with
     the smallest true map distance over all layers) and a RANDOM equal-length one; Spearman change and
     mean cosine (AttnCache vs full embedding) when every test sentence reuses the candidate's maps in
     the layers of each set; mean per-layer map distance oracle / random / median candidate; and how
     well each layer's map distance predicts the embedding change (Spearman rank correlation over the
-    test sentences, reusing that layer only from the random candidate)."""
+    test sentences, reusing that layer only from the random candidate). Sentences run in batches of
+    ``batch`` (sorted by length); ``partial(result)`` is called after each layer set."""
     import numpy as np
     import torch
     from scipy.stats import spearmanr
@@ -335,7 +337,10 @@ def diagnose(enc: Encoder, cache, db_sentences, test_pairs, layer_sets, cfg, pro
         oracle[s], rand[s] = cands[best], cands[pick]
         d_or[s], d_rand[s] = dist[best], dist[pick]
         d_med.append(np.median(dist, 0))
-    full = {s: enc.embed(s) for s in sentences}
+    by_length = sorted(sentences, key=lambda s: len(enc.tok(enc.text(s))["input_ids"]))
+    chunks = [by_length[i:i + batch] for i in range(0, len(by_length), batch)]
+
+    full = {s: e for chunk in chunks for s, e in zip(chunk, enc.embed_batch(chunk))}
     full_sp = spearman_x100(full, test_pairs)
 
     def run(choice, layers):
@@ -343,15 +348,21 @@ def diagnose(enc: Encoder, cache, db_sentences, test_pairs, layer_sets, cfg, pro
         cache.store, cache.theta, cache.mode = store, 0.0, "force"
         emb = {}
         try:
-            for s in sentences:
-                store.current = s
-                emb[s] = enc.embed(s)
+            for chunk in chunks:
+                store.current = chunk
+                emb.update(zip(chunk, enc.embed_batch(chunk)))
         finally:
             cache.mode, cache.store = "off", None
         cos = {s: float(torch.cosine_similarity(emb[s], full[s], dim=0)) for s in choice}
         return spearman_x100(emb, test_pairs) - full_sp, cos
 
     rows = []
+    summary = {"full_spearman": full_sp, "test_sentences": len(sentences), "with_candidate": len(oracle),
+               "db_sentences": len(db_sentences),
+               "layer_distance": {"oracle": np.mean(list(d_or.values()), 0).tolist(),
+                                  "random": np.mean(list(d_rand.values()), 0).tolist(),
+                                  "median": np.median(d_med, 0).tolist()},
+               "reuse": rows}
     for layers in tqdm(layer_sets, desc="reuse sets", disable=not progress, leave=False):
         row = {"layers": layers}
         for name, choice in (("oracle", oracle), ("random", rand)):
@@ -367,12 +378,9 @@ def diagnose(enc: Encoder, cache, db_sentences, test_pairs, layer_sets, cfg, pro
               f", random {row['random_delta']:+.2f} (cos {row['random_cos']:.4f})"
               + (f", rank corr(d, 1-cos) {row['rank_corr_dist_vs_change']:.2f}"
                  if "rank_corr_dist_vs_change" in row else ""), flush=True)
-    return {"full_spearman": full_sp, "test_sentences": len(sentences), "with_candidate": len(oracle),
-            "db_sentences": len(db_sentences),
-            "layer_distance": {"oracle": np.mean(list(d_or.values()), 0).tolist(),
-                               "random": np.mean(list(d_rand.values()), 0).tolist(),
-                               "median": np.median(d_med, 0).tolist()},
-            "reuse": rows}
+        if partial is not None:
+            partial(summary)
+    return summary
 
 
 def print_table(result: dict) -> None:
@@ -493,11 +501,13 @@ def main(argv: list[str]) -> int:
     db_sentences = list(dict.fromkeys(s for _, a, b in train for s in (a, b)))
     if args.diagnose is not None:
         try:
-            res = diagnose(enc, cache, db_sentences, test, sets, cfg, progress=args.progress)
+            head = {"model": args.model, "command": "ladmac eval attncache " + " ".join(argv),
+                    "config": cfg.to_dict(), "train_pairs": len(train), "test_pairs": len(test)}
+            res = diagnose(enc, cache, db_sentences, test, sets, cfg, progress=args.progress,
+                           partial=(lambda r: write_json(args.out, {**head, **r, "partial": True})) if args.out else None)
         finally:
             cache.detach()
-        result = {"model": args.model, "command": "ladmac eval attncache " + " ".join(argv), "config": cfg.to_dict(),
-                  "train_pairs": len(train), "test_pairs": len(test), **res}
+        result = {**head, **res}
         print(f"full Spearman {res['full_spearman']:.2f}; per-layer map distance oracle / random / median: " +
               "; ".join(f"{a:.3f}/{b:.3f}/{c:.3f}" for a, b, c in zip(*res["layer_distance"].values())))
         if args.out:
@@ -542,10 +552,16 @@ def _build_text_store(cache, enc: Encoder, texts: list[str], root: Path, progres
 
 
 def _calibrated_theta(calibration: dict, thetas, max_drop: float, n: int, what: str) -> float:
-    """The smallest theta of the sweep whose calibration score drop is at most ``max_drop`` (else the largest)."""
-    ok = [r["theta"] for r in calibration["sweep"] if r["delta"] >= -max_drop]
-    theta = min(ok) if ok else max(thetas)
-    print(f"calibration ({n} {what}): theta {theta:g} = the smallest with a {calibration['metric']} drop <= {max_drop:g}")
+    """The smallest theta of the sweep whose calibration score drop, and that of every larger theta of
+    the sweep, is at most ``max_drop`` (else the largest theta): one noisy passing point below a
+    failing one is not taken."""
+    theta = max(thetas)
+    for r in sorted(calibration["sweep"], key=lambda r: -r["theta"]):
+        if r["delta"] < -max_drop:
+            break
+        theta = r["theta"]
+    print(f"calibration ({n} {what}): theta {theta:g} = the smallest with a {calibration['metric']} drop <= "
+          f"{max_drop:g} there and at every larger theta")
     return theta
 
 
@@ -563,8 +579,7 @@ def main_sst2(args, argv, cfg, thetas) -> int:
     """SST-2 dev: database = probe training set = the first ``--train`` sentences of a seeded shuffle
     (``--db-extra stsb``: plus the STS-B dev sentences, in the database only); the probe is fitted on the
     full model's embeddings; test accuracy (%) full vs AttnCache. ``--calib N``: the first N held-out
-    sentences choose theta (the smallest of ``--thetas`` whose calibration accuracy drop is at most
-    ``--calib-drop``), the others are the test set, run at that theta."""
+    sentences choose theta (``_calibrated_theta``), the others are the test set, run at that theta."""
     import numpy as np
     import torch
     from ..attncache import AttnCache
