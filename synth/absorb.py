@@ -19,10 +19,13 @@ register (``REG_OUTPUT_CLK`` on CLK0) and the flip-flops are removed: a product 
 registers twice (``hdl/lib/pipe.py``) leaves only routing between the DSP's pins and the
 fabric register; a product registered once, with logic after it, keeps its register in the
 fabric (moved, the logic would start at the DSP's pins: mac-merge's vector products 86.3 MHz
-moved against 85.8 left; its SFM's, read by an adder, limited it at 90.7). Operand
-registers are left in the fabric: moving them into the DSP puts the logic before them, and
-its long routes into the DSP column, in series with the DSP's pins at both ends (mac-merge:
-65.6 MHz with both moved, against 85.8 with neither, seed 1).
+moved against 85.8 left; its SFM's, read by an adder, limited it at 90.7). The same rule for
+the operands: an operand register moves into the DSP (``REG_INPUTA/B_CLK``) only when it is
+loaded straight from another flip-flop (an operand the RTL registers twice) and drives nothing
+but that operand's pins, with the product register's clock, enable and reset; an operand
+register with logic in front stays in the fabric (moving it put that logic and its long routes
+into the DSP column in series with the DSP's pins: mac-merge 65.6 MHz with both moved, against
+85.8 with neither, seed 1).
 """
 from __future__ import annotations
 
@@ -125,6 +128,15 @@ def _set_output_register(dsp: dict, control: tuple) -> None:
                               "RESETMODE": "SYNC"})
 
 
+def _set_input_register(dsp: dict, port: str, control: tuple) -> None:
+    """Clock operand ``port``'s input register of ``dsp`` on CLK0 / CE0 / RST0 (as the product's)."""
+    clock, enable, reset = control
+    dsp["connections"].update({"CLK0": list(clock), "CE0": list(enable), "RST0": list(reset)})
+    dsp.setdefault("port_directions", {}).update({"CLK0": "input", "CE0": "input", "RST0": "input"})
+    dsp["parameters"].update({f"REG_INPUT{port}_CLK": "CLK0", f"REG_INPUT{port}_CE": "CE0",
+                              f"REG_INPUT{port}_RST": "RST0", "RESETMODE": "SYNC"})
+
+
 def _only_registers_read(ff: dict, loads: dict, cells: dict) -> bool:
     """Every reader of ``ff``'s output is a flip-flop's data input (no logic, no port)."""
     readers = loads[ff["connections"]["Q"][0]]
@@ -132,19 +144,62 @@ def _only_registers_read(ff: dict, loads: dict, cells: dict) -> bool:
                                  for name, pin in readers)
 
 
+def _drivers(module: dict) -> dict:
+    """bit -> (cell, pin) driving it."""
+    return {bit: (name, pin) for name, cell in module.get("cells", {}).items()
+            for pin, bits in cell["connections"].items()
+            if cell.get("port_directions", {}).get(pin) == "output" for bit in bits if isinstance(bit, int)}
+
+
+def _registered_inputs(name: str, dsp: dict, port: str, loads: dict, drivers: dict, cells: dict):
+    """The flip-flops and the one (clock, enable, reset) behind operand ``port`` (A or B) of ``dsp``
+    when every non-constant pin ``port<n>`` is the output of a plain flip-flop that drives only
+    pins of that port (a sign bit may drive several) and is itself loaded from another flip-flop
+    (an operand the RTL registers twice); else None."""
+    ffs, controls = set(), set()
+    for pin, bits in dsp["connections"].items():
+        if not (pin.startswith(port) and pin[1:].isdigit()) or not isinstance(bits[0], int):
+            continue
+        source = drivers.get(bits[0])
+        ctl = _plain_ff(cells.get(source[0])) if source and source[1] == "Q" else None
+        if ctl is None or any(reader != name or not (p.startswith(port) and p[1:].isdigit())
+                              for reader, p in loads[bits[0]]):
+            return None
+        before = drivers.get(cells[source[0]]["connections"]["DI"][0])
+        if before is None or cells[before[0]]["type"] != "TRELLIS_FF" or before[1] != "Q":
+            return None
+        ffs.add(source[0])
+        controls.add(ctl)
+    return (ffs, controls.pop()) if ffs and len(controls) == 1 else None
+
+
 def _dsps(module: dict) -> int:
     cells, moved = module.get("cells", {}), 0
-    dsps = [c for c in cells.values() if c["type"] == "MULT18X18D" and _plain_dsp(c)
+    dsps = [(n, c) for n, c in cells.items() if c["type"] == "MULT18X18D" and _plain_dsp(c)
             and all(_param(c, f"REG_{r}_CLK", "NONE") == "NONE" for r in ("INPUTA", "INPUTB", "INPUTC",
                                                                              "PIPELINE", "OUTPUT"))]
-    loads = _loads(module)
-    for dsp in dsps:
+    loads, drivers = _loads(module), _drivers(module)
+    for name, dsp in dsps:
+        control = None
         found = _registered_outputs(dsp, "P", loads, cells)
         if found is not None and all(_only_registers_read(cells[ff], loads, cells) for _, ff in found[0]):
-            _set_output_register(dsp, found[1])
+            control = found[1]
+            _set_output_register(dsp, control)
             for pin, ff in found[0]:
                 dsp["connections"][pin] = cells.pop(ff)["connections"]["Q"]
             moved += len(found[0])
+        for port in "AB":
+            got = _registered_inputs(name, dsp, port, loads, drivers, cells)
+            if got is None or (control is not None and got[1] != control):
+                continue
+            control = got[1]
+            _set_input_register(dsp, port, control)
+            for pin, bits in dsp["connections"].items():
+                if pin.startswith(port) and pin[1:].isdigit() and isinstance(bits[0], int):
+                    dsp["connections"][pin] = cells[drivers[bits[0]][0]]["connections"]["DI"]
+            for ff in got[0]:
+                cells.pop(ff)
+            moved += len(got[0])
     return moved
 
 

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from . import reports
+from .flow import ROUTER2_BLOCKS
 from .reports import GE_FF, GE_PER_SRAM_BIT
 
 # LAD (HPCA 2025) Table III, one tile: mm^2
@@ -96,9 +97,10 @@ def render(results: list[dict], command: str | None = None) -> str:
       "bits each feed one plain flip-flop gets the DP16KD's output register (`REGMODE OUTREG`; SRAM banks with "
       "`read_latency >= 2` are built for it, `hdl/lib/sram.py`), and a multiplier whose product bits each feed "
       "one plain flip-flop read only by another flip-flop (a product the RTL registers twice, `hdl/lib/pipe.py`) "
-      "gets the MULT18X18D's output register; Yosys maps neither. FF counts below are Yosys's, before those "
-      "flip-flops moved into the hard blocks.")
-    w("- Router: nextpnr's router1 (its default), router2 for lad-md, dense, mac-unit and lad-tile, on which "
+      "gets the MULT18X18D's output register, and an operand register loaded straight from another flip-flop "
+      "(an operand registered twice, as the VPU's) and read only by the multiplier gets its input register; "
+      "Yosys maps none of them. FF counts below are Yosys's, before those flip-flops moved into the hard blocks.")
+    w(f"- Router: nextpnr's router1 (its default), router2 for {', '.join(sorted(ROUTER2_BLOCKS))}, on which "
       "router1 does not converge (`synth/flow.py`, `ROUTER2_BLOCKS`); router2 times high-fan-out nets worse "
       "(mac-merge: 70.3 MHz under router2, its pipeline enable's ~1,800 flip-flop enables taking 13.5 ns of "
       "routing, against 108.5 under router1).")

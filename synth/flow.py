@@ -44,13 +44,14 @@ DEFAULT_FREQ_MHZ = 100.0
 CACHE_DIR = BUILD_ROOT / "synth"
 FLOW_VERSION = 1  # bump when the report format changes
 NEXTPNR_OPTS = ["--report", "report.json", "--timing-allow-fail", "--seed", "1"]
-# nextpnr's router, per block: router1 (its default) where it converges; on lad-md, dense and
-# mac-unit it does not (lad-md: ~18k arcs left, flat, after 39k iterations and 1000 s) and
-# router2 does (lad-md in 124 s, 78 iterations). router2 is not the default because it times
+# nextpnr's router, per block: router1 (its default) where it converges; on dense and mac-unit
+# it does not, and router2 does (so did lad-md: ~18k arcs left, flat, after 39k iterations and
+# 1000 s, until its VPU's operands and products moved into the DSPs; now router1 routes it in
+# 39 s at 126.4 MHz, against 72.0 under router2, seed 1). router2 is not the default because it times
 # high-fan-out nets worse: mac-merge's pipeline enable (1 LUT, ~1,800 flip-flop enables) took
 # 13.5 ns of routing under router2 (70.3 MHz) against 108.5 MHz under router1 (seed 1). The
 # report names the router.
-ROUTER2_BLOCKS = frozenset({"lad-md", "dense", "mac-unit", "lad-tile"})
+ROUTER2_BLOCKS = frozenset({"dense", "mac-unit", "lad-tile"})
 
 
 def router(block: str) -> str:

@@ -48,7 +48,7 @@ def test_sram_end_to_end_report_and_cache(cache_dir, tmp_path, capsys):
     g = r["generic"]
     assert g["memory_bits"] == 256 * 32 and g["num_cells"] > 0 and 0.5 < g["ge"]["memory_share"] <= 1.0
     assert "Fmax" in table and "DP16KD" in table
-    assert e["router"] == "router1" and flow.router("lad-md") == "router2"   # the report names nextpnr's router
+    assert e["router"] == "router1" and flow.router("dense") == "router2"   # the report names nextpnr's router
     # the bitstream comes from the same netlist and placement (nextpnr's --textcfg, ecppack)
     bit = e["bitstream"]
     assert bit["bytes"] > 100_000 and open(bit["bit"], "rb").read(4) != b"\0\0\0\0"
@@ -364,6 +364,34 @@ def test_dsp_product_register_read_by_logic_stays_in_the_fabric(tmp_path):
     assert absorb.absorb(path) == {"bram": 0, "dsp": 0}
     cells = json.loads(path.read_text())["modules"]["core"]["cells"]
     assert "fp0" in cells and "fp1" in cells and "REG_OUTPUT_CLK" not in cells["dsp"]["parameters"]
+
+
+@pytest.mark.parametrize("b_enable, moved", [(8, 5), (9, 4)])
+def test_dsp_operand_registered_twice_moves_in(tmp_path, b_enable, moved):
+    """Operands loaded from another flip-flop (fa0/fa1 from fz0/fz1; A1 and A2 both the sign bit
+    fa1) move into the DSP with the product's enable; B (fb0, from free logic) stays; with B's
+    register also twice-registered but on another enable, B stays too."""
+    from synth import absorb
+    netlist = _dsp_netlist()
+    cells = netlist["modules"]["core"]["cells"]
+    cells["fz0"], cells["fz1"] = _ff(2, 8, 70, 10), _ff(2, 8, 71, 11)
+    cells["dsp"]["connections"]["A2"] = [21]
+    if b_enable == 8:   # B's register loaded from another flip-flop too: it moves
+        cells["fz2"] = _ff(2, 8, 72, 12)
+        cells["fb0"]["connections"]["CE"] = [8]
+    else:
+        cells["fz2"] = _ff(2, 9, 72, 12)
+    path = tmp_path / "top.json"
+    path.write_text(json.dumps(netlist))
+    assert absorb.absorb(path) == {"bram": 0, "dsp": moved}
+    cells = json.loads(path.read_text())["modules"]["core"]["cells"]
+    p, c = cells["dsp"]["parameters"], cells["dsp"]["connections"]
+    assert "fa0" not in cells and "fa1" not in cells and c["A0"] == [10] and c["A1"] == c["A2"] == [11]
+    assert p["REG_INPUTA_CLK"] == "CLK0" and p["REG_INPUTA_CE"] == "CE0" and c["CE0"] == [8]
+    if b_enable == 8:
+        assert "fb0" not in cells and c["B0"] == [12] and p["REG_INPUTB_CLK"] == "CLK0"
+    else:
+        assert "fb0" in cells and c["B0"] == [22] and "REG_INPUTB_CLK" not in p
 
 
 @pytest.mark.parametrize("srmode, moved", [("LSR_OVER_CE", 2), ("ASYNC", 0)])

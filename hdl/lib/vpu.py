@@ -1,13 +1,14 @@
 """VPU: ``lanes`` multipliers running DOT, SQDIST (accumulated over beats) and AXPY.
 
 Implements golden/vpu.py bit for bit (see its docstring for the three operations).
-Five pipeline stages that stall together when the output is not taken (latency 5):
+Seven pipeline stages that stall together when the output is not taken (latency 7):
 stage 1 registers the multiplier operands per lane (the multiplier is shared: ``a*b`` for
-DOT, ``(a-b)**2`` for SQDIST, ``scalar*a`` for AXPY); stage 2 registers one product per
-lane (a MULT18X18D with registers on both sides); stages 3 and 4 register the beat's
-balanced adder tree (pair sums, then the rest) and the rounded AXPY products, then those
-plus ``acc``; stage 5 adds the beat into the saturating accumulator (DOT/SQDIST, emitted
-on the ``last`` beat) or forms the saturated AXPY lanes (every beat).
+DOT, ``(a-b)**2`` for SQDIST, ``scalar*a`` for AXPY); stages 2-4 register them once more,
+the product, and the product once more (a MULT18X18D per lane with its own input and output
+registers, synth/absorb.py); stages 5 and 6 register the beat's balanced adder tree (pair
+sums, then the rest) and the rounded AXPY products, then those plus ``acc``; stage 7 adds
+the beat into the saturating accumulator (DOT/SQDIST, emitted on the ``last`` beat) or forms
+the saturated AXPY lanes (every beat).
 """
 from __future__ import annotations
 
@@ -37,6 +38,20 @@ def vpu_out_layout(cfg: VpuConfig) -> data.StructLayout:
         "dot": signed(cfg.acc_width),
         "vec": data.ArrayLayout(signed(cfg.acc_width), cfg.lanes),
     })
+
+
+def _delayed(m, ce, name: str, *values):
+    """Each value (a Signal or a list of them) one register later (loaded when ``ce``)."""
+    out = []
+    for n, v in enumerate(values):
+        if isinstance(v, list):
+            out.append(_delayed(m, ce, f"{name}{n}_", *v))
+            continue
+        reg = Signal.like(v, name=f"{name}_{n}")
+        with m.If(ce):
+            m.d.sync += reg.eq(v)
+        out.append(reg)
+    return out
 
 
 class Vpu(wiring.Component):
@@ -77,7 +92,12 @@ class Vpu(wiring.Component):
                         m.d.sync += [s0_x[l].eq(p.scalar), s0_y[l].eq(p.a[l])]
                 m.d.sync += s0_acc[l].eq(p.acc[l])
 
-        # Stage 2: one multiplier per lane (one MULT18X18D at in_width <= 17).
+        # Stages 2-4: the operands registered once more, the product, and the product registered once
+        # more: one MULT18X18D per lane (in_width <= 17) whose input and output registers
+        # synth/absorb.py moves into the DSP, so only routing is left on either side of it.
+        s0_valid, s0_op, s0_last, s0_acc = _delayed(m, ce, "s0b", s0_valid, s0_op, s0_last, s0_acc)
+        s0_x = _delayed(m, ce, "s0b_x", *s0_x)
+        s0_y = _delayed(m, ce, "s0b_y", *s0_y)
         s1_valid, s1_op, s1_last = Signal(), Signal(2), Signal()
         s1_prod = [Signal(signed(2 * w + 2), name=f"s1_prod{l}") for l in range(cfg.lanes)]
         s1_acc = [Signal(signed(cfg.acc_width), name=f"s1_acc{l}") for l in range(cfg.lanes)]
@@ -85,8 +105,10 @@ class Vpu(wiring.Component):
             m.d.sync += [s1_valid.eq(s0_valid), s1_op.eq(s0_op), s1_last.eq(s0_last)]
             for l in range(cfg.lanes):
                 m.d.sync += [s1_prod[l].eq(s0_x[l] * s0_y[l]), s1_acc[l].eq(s0_acc[l])]
+        s1_valid, s1_op, s1_last, s1_acc = _delayed(m, ce, "s1b", s1_valid, s1_op, s1_last, s1_acc)
+        s1_prod = _delayed(m, ce, "s1b_prod", *s1_prod)
 
-        # Stage 3: the first level of the beat's adder tree (pair sums); the AXPY products rounded.
+        # Stage 5: the first level of the beat's adder tree (pair sums); the AXPY products rounded.
         npairs = (cfg.lanes + 1) // 2
         pw = 2 * w + 2
         s2_valid, s2_op, s2_last = Signal(), Signal(2), Signal()
@@ -99,7 +121,7 @@ class Vpu(wiring.Component):
             for l in range(cfg.lanes):
                 m.d.sync += [s2_round[l].eq(round_shift(s1_prod[l], cfg.axpy_shift)), s2_acc[l].eq(s1_acc[l])]
 
-        # Stage 4: the rest of the adder tree; the rounded AXPY products added to acc.
+        # Stage 6: the rest of the adder tree; the rounded AXPY products added to acc.
         s3_valid, s3_op, s3_last = Signal(), Signal(2), Signal()
         s3_beat_sum = Signal(signed(pw + cfg.lanes.bit_length()))
         s3_lanes = [Signal(signed(cfg.acc_width + 1), name=f"s3_lane{l}") for l in range(cfg.lanes)]
@@ -109,7 +131,7 @@ class Vpu(wiring.Component):
             m.d.sync += [s3_lanes[l].eq(s2_round[l] + s2_acc[l]) for l in range(cfg.lanes)]
         s2_valid, s2_op, s2_last, s2_beat_sum, s2_lanes = s3_valid, s3_op, s3_last, s3_beat_sum, s3_lanes
 
-        # Stage 5: accumulate with saturation, or saturate the AXPY lanes.
+        # Stage 7: accumulate with saturation, or saturate the AXPY lanes.
         acc = Signal(signed(cfg.acc_width))
         acc_next = Signal(signed(cfg.acc_width))
         m.d.comb += acc_next.eq(saturate(acc + s2_beat_sum, signed(cfg.acc_width)))
