@@ -35,8 +35,8 @@ STSB = "stsb/sts-dev.csv"
 # (docs/results_attncache.md: the diagnosis that chose them; ``--set layers=all --set label=paper
 # --set similarity=sqdist --set theta=0.99`` is the papers' AttnCache).
 MODEL_CONFIGS = {"minilm": AttnCacheConfig(layers="0-4", label="map", similarity="dist", theta=0.89),
-                 "smollm2": AttnCacheConfig(max_len=96, pool_rows=48, layers="14,15,17-20,23,24,28", label="map",
-                                            similarity="dist", theta=0.95)}
+                 "smollm2": AttnCacheConfig(max_len=96, pool_rows=48, layers="14-16,18-20,25,27,29", label="map",
+                                            similarity="dist", theta=0.85)}
 MODELS = tuple(MODEL_CONFIGS)
 # MMLU: the store's entries are the shared prompt prefixes; their rows are exact in every layer
 MMLU_CONFIG = AttnCacheConfig(layers="all", label="map", similarity="dist", theta=1.0)
