@@ -22,7 +22,9 @@ fabric (moved, the logic would start at the DSP's pins: mac-merge's vector produ
 moved against 85.8 left; its SFM's, read by an adder, limited it at 90.7). The same rule for
 the operands: an operand register moves into the DSP (``REG_INPUTA/B_CLK``) only when it is
 loaded straight from another flip-flop (an operand the RTL registers twice) and drives nothing
-but that operand's pins, with the product register's clock, enable and reset; an operand
+but that operand's pins, with the product register's clock, enable and reset, and only when
+the other operand's register moves too (nextpnr times a multiplier with one operand registered
+as if neither were); an operand
 register with logic in front stays in the fabric (moving it put that logic and its long routes
 into the DSP column in series with the DSP's pins: mac-merge 65.6 MHz with both moved, against
 85.8 with neither, seed 1).
@@ -166,7 +168,7 @@ def _registered_inputs(name: str, dsp: dict, port: str, loads: dict, drivers: di
                               for reader, p in loads[bits[0]]):
             return None
         before = drivers.get(cells[source[0]]["connections"]["DI"][0])
-        if before is None or cells[before[0]]["type"] != "TRELLIS_FF" or before[1] != "Q":
+        if before is None or cells.get(before[0], {}).get("type") != "TRELLIS_FF" or before[1] != "Q":
             return None
         ffs.add(source[0])
         controls.add(ctl)
@@ -188,18 +190,22 @@ def _dsps(module: dict) -> int:
             for pin, ff in found[0]:
                 dsp["connections"][pin] = cells.pop(ff)["connections"]["Q"]
             moved += len(found[0])
-        for port in "AB":
-            got = _registered_inputs(name, dsp, port, loads, drivers, cells)
-            if got is None or (control is not None and got[1] != control):
-                continue
-            control = got[1]
-            _set_input_register(dsp, port, control)
+        # both operands or neither: nextpnr times a DSP with one input registered and the other
+        # not as if neither were ("unsupported mixed input register modes")
+        ports = [port for port in "AB" if any(pin.startswith(port) and pin[1:].isdigit() and isinstance(bits[0], int)
+                                              for pin, bits in dsp["connections"].items())]
+        got = {port: _registered_inputs(name, dsp, port, loads, drivers, cells) for port in ports}
+        controls = {g[1] for g in got.values() if g is not None} | ({control} if control is not None else set())
+        if not ports or None in got.values() or len(controls) != 1:
+            continue
+        for port in ports:
+            _set_input_register(dsp, port, got[port][1])
             for pin, bits in dsp["connections"].items():
                 if pin.startswith(port) and pin[1:].isdigit() and isinstance(bits[0], int):
                     dsp["connections"][pin] = cells[drivers[bits[0]][0]]["connections"]["DI"]
-            for ff in got[0]:
+            for ff in got[port][0]:
                 cells.pop(ff)
-            moved += len(got[0])
+            moved += len(got[port][0])
     return moved
 
 
