@@ -24,10 +24,9 @@ the operands: an operand register moves into the DSP (``REG_INPUTA/B_CLK``) only
 loaded straight from another flip-flop (an operand the RTL registers twice) and drives nothing
 but that operand's pins, with the product register's clock, enable and reset, and only when
 the other operand's register moves too (nextpnr times a multiplier with one operand registered
-as if neither were); an operand
-register with logic in front stays in the fabric (moving it put that logic and its long routes
-into the DSP column in series with the DSP's pins: mac-merge 65.6 MHz with both moved, against
-85.8 with neither, seed 1).
+as if neither were); an operand register with logic in front stays in the fabric (moving it
+put that logic and its long routes into the DSP column in series with the DSP's pins:
+mac-merge 65.6 MHz with both moved, against 85.8 with neither, seed 1).
 """
 from __future__ import annotations
 
@@ -77,13 +76,23 @@ def _plain_ff(ff: dict | None) -> tuple | None:
     return tuple(c["CLK"]), (tuple(c["CE"]) if _param(ff, "CEMUX", "CE") == "CE" else ("1",)), reset
 
 
+def _is_pin(pin: str, prefix: str) -> bool:
+    """``pin`` is ``prefix<digits>`` (one bit of a cell's bus port)."""
+    return pin.startswith(prefix) and pin[len(prefix):].isdigit()
+
+
+def _signal_pins(cell: dict, prefix: str) -> list[str]:
+    """The pins ``prefix<digits>`` of ``cell`` wired to a net (not tied to a constant)."""
+    return [pin for pin, bits in cell["connections"].items() if _is_pin(pin, prefix) and isinstance(bits[0], int)]
+
+
 def _registered_outputs(cell: dict, prefix: str, loads: dict, cells: dict):
     """The (pin, flip-flop) pairs and the one (clock, enable) of every used output pin
     ``prefix<digits>`` of ``cell``, when each drives exactly one plain flip-flop's DI; else None."""
     pairs, controls = [], set()
-    for pin, bits in cell["connections"].items():
-        if not (pin.startswith(prefix) and pin[len(prefix):].isdigit()) or not isinstance(bits[0], int) \
-                or not loads[bits[0]]:
+    for pin in _signal_pins(cell, prefix):
+        bits = cell["connections"][pin]
+        if not loads[bits[0]]:
             continue
         if len(loads[bits[0]]) != 1 or loads[bits[0]][0][1] != "DI":
             return None
@@ -120,23 +129,15 @@ def _plain_dsp(dsp: dict) -> bool:
     return all(conn.get(p, ["0"])[0] in ("0", "1") for p in ("SIGNEDA", "SIGNEDB", "SOURCEA", "SOURCEB"))
 
 
-def _set_output_register(dsp: dict, control: tuple) -> None:
-    """Clock the product register of ``dsp`` on CLK0 with ``control``'s enable (CE0) and reset
-    (RST0; RESETMODE SYNC, as the flip-flops' reset: it overrides the enable)."""
+def _clock_register(dsp: dict, register: str, control: tuple) -> None:
+    """Clock ``dsp``'s ``register`` (OUTPUT, INPUTA, INPUTB) on CLK0 with ``control``'s enable (CE0)
+    and reset (RST0; RESETMODE SYNC, as the flip-flops' reset: it overrides the enable); every
+    register moved into one DSP shares that control."""
     clock, enable, reset = control
     dsp["connections"].update({"CLK0": list(clock), "CE0": list(enable), "RST0": list(reset)})
     dsp.setdefault("port_directions", {}).update({"CLK0": "input", "CE0": "input", "RST0": "input"})
-    dsp["parameters"].update({"REG_OUTPUT_CLK": "CLK0", "REG_OUTPUT_CE": "CE0", "REG_OUTPUT_RST": "RST0",
-                              "RESETMODE": "SYNC"})
-
-
-def _set_input_register(dsp: dict, port: str, control: tuple) -> None:
-    """Clock operand ``port``'s input register of ``dsp`` on CLK0 / CE0 / RST0 (as the product's)."""
-    clock, enable, reset = control
-    dsp["connections"].update({"CLK0": list(clock), "CE0": list(enable), "RST0": list(reset)})
-    dsp.setdefault("port_directions", {}).update({"CLK0": "input", "CE0": "input", "RST0": "input"})
-    dsp["parameters"].update({f"REG_INPUT{port}_CLK": "CLK0", f"REG_INPUT{port}_CE": "CE0",
-                              f"REG_INPUT{port}_RST": "RST0", "RESETMODE": "SYNC"})
+    dsp["parameters"].update({f"REG_{register}_CLK": "CLK0", f"REG_{register}_CE": "CE0",
+                              f"REG_{register}_RST": "RST0", "RESETMODE": "SYNC"})
 
 
 def _only_registers_read(ff: dict, loads: dict, cells: dict) -> bool:
@@ -159,13 +160,11 @@ def _registered_inputs(name: str, dsp: dict, port: str, loads: dict, drivers: di
     pins of that port (a sign bit may drive several) and is itself loaded from another flip-flop
     (an operand the RTL registers twice); else None."""
     ffs, controls = set(), set()
-    for pin, bits in dsp["connections"].items():
-        if not (pin.startswith(port) and pin[1:].isdigit()) or not isinstance(bits[0], int):
-            continue
+    for pin in _signal_pins(dsp, port):
+        bits = dsp["connections"][pin]
         source = drivers.get(bits[0])
         ctl = _plain_ff(cells.get(source[0])) if source and source[1] == "Q" else None
-        if ctl is None or any(reader != name or not (p.startswith(port) and p[1:].isdigit())
-                              for reader, p in loads[bits[0]]):
+        if ctl is None or any(reader != name or not _is_pin(p, port) for reader, p in loads[bits[0]]):
             return None
         before = drivers.get(cells[source[0]]["connections"]["DI"][0])
         if before is None or cells.get(before[0], {}).get("type") != "TRELLIS_FF" or before[1] != "Q":
@@ -186,23 +185,21 @@ def _dsps(module: dict) -> int:
         found = _registered_outputs(dsp, "P", loads, cells)
         if found is not None and all(_only_registers_read(cells[ff], loads, cells) for _, ff in found[0]):
             control = found[1]
-            _set_output_register(dsp, control)
+            _clock_register(dsp, "OUTPUT", control)
             for pin, ff in found[0]:
                 dsp["connections"][pin] = cells.pop(ff)["connections"]["Q"]
             moved += len(found[0])
         # both operands or neither: nextpnr times a DSP with one input registered and the other
         # not as if neither were ("unsupported mixed input register modes")
-        ports = [port for port in "AB" if any(pin.startswith(port) and pin[1:].isdigit() and isinstance(bits[0], int)
-                                              for pin, bits in dsp["connections"].items())]
+        ports = [port for port in "AB" if _signal_pins(dsp, port)]
         got = {port: _registered_inputs(name, dsp, port, loads, drivers, cells) for port in ports}
         controls = {g[1] for g in got.values() if g is not None} | ({control} if control is not None else set())
         if not ports or None in got.values() or len(controls) != 1:
             continue
         for port in ports:
-            _set_input_register(dsp, port, got[port][1])
-            for pin, bits in dsp["connections"].items():
-                if pin.startswith(port) and pin[1:].isdigit() and isinstance(bits[0], int):
-                    dsp["connections"][pin] = cells[drivers[bits[0]][0]]["connections"]["DI"]
+            _clock_register(dsp, f"INPUT{port}", got[port][1])
+            for pin in _signal_pins(dsp, port):
+                dsp["connections"][pin] = cells[drivers[dsp["connections"][pin][0]][0]]["connections"]["DI"]
             for ff in got[port][0]:
                 cells.pop(ff)
             moved += len(got[port][0])
