@@ -256,16 +256,17 @@ class DenseAttention(wiring.Component):
             m.d.sync += [o1_valid.eq(o0_valid), o1_last.eq(o0_last), o2_valid.eq(o1_valid), o2_last.eq(o1_last)]
             m.d.sync += [o2_t[l].eq(csa_sum(placed(o1_pp[l]) + [o_half], pw + 1).as_signed())
                          for l in range(cfg.lanes)]
-        # the shift in two registered steps (by o_shift's high bits, then its low three bits and
+        # the shift in two registered steps (by o_shift's high bits, then its low fine_bits bits and
         # the saturation): an arithmetic shift by a + b is the shift by a, then by b
+        fine_bits = 3
         o2b_valid, o2b_last = Signal(), Signal()
         o2b_t = [Signal(signed(pw + 1), name=f"o2b_t{l}") for l in range(cfg.lanes)]
-        coarse = Cat(Const(0, 3), o_shift[3:])
+        coarse = Cat(Const(0, fine_bits), o_shift[fine_bits:])
         with m.If(o_ce):
             m.d.sync += [o2b_valid.eq(o2_valid), o2b_last.eq(o2_last)]
             m.d.sync += [o2b_t[l].eq(o2_t[l] >> coarse) for l in range(cfg.lanes)]
             m.d.sync += [self.out.valid.eq(o2b_valid), o3_last.eq(o2b_last)]
-            m.d.sync += [self.out.payload.o[l].eq(Mux(o_zero, 0, saturate(o2b_t[l] >> o_shift[:3],
+            m.d.sync += [self.out.payload.o[l].eq(Mux(o_zero, 0, saturate(o2b_t[l] >> o_shift[:fine_bits],
                                                                             signed(cfg.kv_width))))
                          for l in range(cfg.lanes)]
         m.d.comb += [self.out.payload.m.eq(running_max), self.out.payload.z.eq(z_sum),
