@@ -340,17 +340,22 @@ def diagnose(enc: Encoder, cache, db_sentences, test_pairs, layer_sets, cfg, pro
     by_length = sorted(sentences, key=lambda s: len(enc.tok(enc.text(s))["input_ids"]))
     chunks = [by_length[i:i + batch] for i in range(0, len(by_length), batch)]
 
-    full = {s: e for chunk in chunks for s, e in zip(chunk, enc.embed_batch(chunk))}
+    def embed_all(store=None):
+        emb = {}
+        for chunk in chunks:
+            if store is not None:
+                store.current = chunk
+            emb.update(zip(chunk, enc.embed_batch(chunk)))
+        return emb
+
+    full = embed_all()
     full_sp = spearman_x100(full, test_pairs)
 
     def run(choice, layers):
         store = _FixedStore(rdb, choice, layers, cfg)
         cache.store, cache.theta, cache.mode = store, 0.0, "force"
-        emb = {}
         try:
-            for chunk in chunks:
-                store.current = chunk
-                emb.update(zip(chunk, enc.embed_batch(chunk)))
+            emb = embed_all(store)
         finally:
             cache.mode, cache.store = "off", None
         cos = {s: float(torch.cosine_similarity(emb[s], full[s], dim=0)) for s in choice}
