@@ -119,6 +119,9 @@ class DenseAttention(wiring.Component):
         o_ce, o_issue, out_issued, o3_last = Signal(), Signal(), Signal(), Signal()
         m.d.comb += o_ce.eq(stall_all_enable(self.out))
 
+        # the VPU's results are always taken (each phase drains it before the next): its stall-all
+        # enable is then constant, not a function of the FSM state fanned out to its every flip-flop
+        m.d.comb += vpu.o.ready.eq(1)
         with m.If(self.kv_req.valid & self.kv_req.ready):
             m.d.sync += kv_beats.eq(kv_beats + 1)
 
@@ -155,7 +158,7 @@ class DenseAttention(wiring.Component):
                 with m.If(vpu.i.valid & vpu.i.ready):
                     m.d.sync += resp_beat.eq(incr(resp_beat, nb))
                 # scores (three stages after the VPU) -> score SRAM, running max
-                m.d.comb += [vpu.o.ready.eq(1), k_in.eq(vpu.o.valid)]
+                m.d.comb += k_in.eq(vpu.o.valid)
                 with m.If(k3_valid):
                     m.d.comb += [scores.write.valid.eq(1), scores.write.payload.addr.eq(done_pos),
                                  scores.write.payload.data.eq(k3_score)]
@@ -206,7 +209,6 @@ class DenseAttention(wiring.Component):
                 with m.If(vpu.i.valid & vpu.i.ready):
                     m.d.sync += resp_beat.eq(incr(resp_beat, nb))
                 m.d.sync += inflight.eq(inflight + (vpu.i.valid & vpu.i.ready) - vpu.o.valid)
-                m.d.comb += vpu.o.ready.eq(1)
                 with m.If(vpu.o.valid):
                     m.d.sync += [numer[done_beat].eq(vpu.o.payload.vec),
                                  done_beat.eq(incr(done_beat, nb))]
@@ -233,6 +235,9 @@ class DenseAttention(wiring.Component):
             with m.State("OUTPUT"):  # issue the beats into the output pipeline; wait for the last to leave
                 m.d.comb += o_issue.eq(o_ce & ~out_issued)
                 with m.If(o_issue):
+                    # N's beats rotate past beat 0, the output pipeline's fixed input: no word
+                    # mux on out_beat (whose fan-out to every bit of N was the block's limit)
+                    m.d.sync += [numer[b].eq(numer[(b + 1) % nb]) for b in range(nb)]
                     m.d.sync += out_beat.eq(incr(out_beat, nb))
                     with m.If(out_beat == nb - 1):
                         m.d.sync += out_issued.eq(1)
@@ -242,7 +247,7 @@ class DenseAttention(wiring.Component):
         # -- output pipeline: N's beat; partial products of N * r; sum with the rounding
         # half; shift (two steps) and saturate (stalls as a whole when ``out`` is stalled)
         aw = vpu_cfg.acc_width
-        word = numer[out_beat]
+        word = numer[0]   # beat out_beat: N rotates by one beat per issue
         o0_valid, o0_last = Signal(), Signal()
         o0_lane = [Signal(signed(aw), name=f"o0_lane{l}") for l in range(cfg.lanes)]
         o1_valid, o1_last = Signal(), Signal()
