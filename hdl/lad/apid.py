@@ -79,9 +79,15 @@ class Apid(wiring.Component):
         m.submodules.test_slice = test_slice = RegisterSlice(mw + 1 + cw)
         m.d.comb += [resp_slice.i.valid.eq(meta_raw.valid),
                      resp_slice.i.payload.eq(Cat(meta_raw.payload, a_raw.payload)),
-                     meta_raw.ready.eq(resp_slice.i.ready), a_raw.ready.eq(resp_slice.i.ready),
-                     cmp_slice.i.valid.eq(resp_slice.o.valid), resp_slice.o.ready.eq(cmp_slice.i.ready),
-                     cmp_slice.i.payload.eq(Cat(resp[:mw], terms, compare(resp[mw:].as_signed())))]
+                     meta_raw.ready.eq(resp_slice.i.ready), a_raw.ready.eq(resp_slice.i.ready)]
+        # the tests and terms in a plain register stage before cmp_slice, so the compares' carry
+        # chains end at a flip-flop and not in the slice's skid mux
+        cmp_valid, cmp_in = Signal(), Signal(mw + bw + 2 * R)
+        cmp_ce = ~cmp_valid | cmp_slice.i.ready
+        m.d.comb += [resp_slice.o.ready.eq(cmp_ce), cmp_slice.i.valid.eq(cmp_valid), cmp_slice.i.payload.eq(cmp_in)]
+        with m.If(cmp_ce):
+            m.d.sync += [cmp_valid.eq(resp_slice.o.valid),
+                         cmp_in.eq(Cat(resp[:mw], terms, compare(resp[mw:].as_signed())))]
         cmp = cmp_slice.o.payload
         cmp_word = data.View(ml, cmp[:mw])
         bumped_raw = bumped_counters(m, cmp[mw:mw + bw], cfg, "quiet_counters")
