@@ -24,7 +24,9 @@ the operands: an operand register moves into the DSP (``REG_INPUTA/B_CLK``) only
 loaded straight from another flip-flop (an operand the RTL registers twice) and drives nothing
 but that operand's pins, with the product register's clock, enable and reset, and only when
 the other operand's register moves too (nextpnr times a multiplier with one operand registered
-as if neither were); an operand register with logic in front stays in the fabric (moving it
+as if neither were). An operand register read by several multipliers (one operand shared by
+every lane) goes into each of them as a copy, and leaves the fabric once no reader is left;
+an operand register with logic in front stays in the fabric (moving it
 put that logic and its long routes into the DSP column in series with the DSP's pins:
 mac-merge 65.6 MHz with both moved, against 85.8 with neither, seed 1).
 """
@@ -157,14 +159,16 @@ def _drivers(module: dict) -> dict:
 def _registered_inputs(name: str, dsp: dict, port: str, loads: dict, drivers: dict, cells: dict):
     """The flip-flops and the one (clock, enable, reset) behind operand ``port`` (A or B) of ``dsp``
     when every non-constant pin ``port<n>`` is the output of a plain flip-flop that drives only
-    pins of that port (a sign bit may drive several) and is itself loaded from another flip-flop
-    (an operand the RTL registers twice); else None."""
+    multiplier operand pins (a sign bit may drive several; an operand shared by several
+    multipliers drives theirs) and is itself loaded from another flip-flop (an operand the RTL
+    registers twice); else None."""
     ffs, controls = set(), set()
     for pin in _signal_pins(dsp, port):
         bits = dsp["connections"][pin]
         source = drivers.get(bits[0])
         ctl = _plain_ff(cells.get(source[0])) if source and source[1] == "Q" else None
-        if ctl is None or any(reader != name or not _is_pin(p, port) for reader, p in loads[bits[0]]):
+        if ctl is None or not all(cells.get(reader, {}).get("type") == "MULT18X18D"
+                                  and (_is_pin(p, "A") or _is_pin(p, "B")) for reader, p in loads[bits[0]]):
             return None
         before = drivers.get(cells[source[0]]["connections"]["DI"][0])
         if before is None or cells.get(before[0], {}).get("type") != "TRELLIS_FF" or before[1] != "Q":
@@ -175,7 +179,7 @@ def _registered_inputs(name: str, dsp: dict, port: str, loads: dict, drivers: di
 
 
 def _dsps(module: dict) -> int:
-    cells, moved = module.get("cells", {}), 0
+    cells, moved, operand_ffs = module.get("cells", {}), 0, set()
     dsps = [(n, c) for n, c in cells.items() if c["type"] == "MULT18X18D" and _plain_dsp(c)
             and all(_param(c, f"REG_{r}_CLK", "NONE") == "NONE" for r in ("INPUTA", "INPUTB", "INPUTC",
                                                                              "PIPELINE", "OUTPUT"))]
@@ -200,9 +204,15 @@ def _dsps(module: dict) -> int:
             _clock_register(dsp, f"INPUT{port}", got[port][1])
             for pin in _signal_pins(dsp, port):
                 dsp["connections"][pin] = cells[drivers[dsp["connections"][pin][0]][0]]["connections"]["DI"]
-            for ff in got[port][0]:
-                cells.pop(ff)
-            moved += len(got[port][0])
+            operand_ffs |= got[port][0]
+    # an operand register leaves the fabric once every multiplier reading it holds its copy
+    still_read = {bit for cell in cells.values() for pin, bits in cell["connections"].items()
+                  if cell.get("port_directions", {}).get(pin) != "output" for bit in bits}
+    still_read |= {bit for port in module.get("ports", {}).values() for bit in port["bits"]}
+    for ff in operand_ffs:
+        if cells[ff]["connections"]["Q"][0] not in still_read:
+            cells.pop(ff)
+            moved += 1
     return moved
 
 

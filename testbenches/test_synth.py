@@ -396,6 +396,39 @@ def test_dsp_operand_registered_twice_moves_in(tmp_path, b_enable, moved):
         assert "REG_INPUTA_CLK" not in p and "REG_INPUTB_CLK" not in p
 
 
+@pytest.mark.parametrize("second_absorbs", [True, False])
+def test_dsp_shared_operand_register_copied_into_each_multiplier(tmp_path, second_absorbs):
+    """B's register fb0 (loaded from fz2) read by two multipliers goes into each as a copy and
+    leaves the fabric; when the second cannot take it (its A comes from logic), fb0 stays for it."""
+    from synth import absorb
+    netlist = _dsp_netlist()
+    cells = netlist["modules"]["core"]["cells"]
+    cells["fz0"], cells["fz1"], cells["fz2"] = _ff(2, 8, 70, 10), _ff(2, 8, 71, 11), _ff(2, 8, 72, 12)
+    cells["fb0"]["connections"]["CE"] = [8]
+    dsp2 = json.loads(json.dumps(cells["dsp"]))
+    dsp2["connections"].update({"A0": [23], "A1": ["0"], "B0": [22], "P0": [33], "P1": [34], "P2": [35]})
+    cells["dsp2"] = dsp2
+    cells["fa2"] = _ff(2, 8, 13, 23)
+    cells["fz3"] = _ff(2, 8, 73, 13) if second_absorbs else {
+        "type": "LUT4", "parameters": {}, "port_directions": {"A": "input", "Z": "output"},
+        "connections": {"A": [74], "Z": [13]}}
+    cells["fp2"], cells["fq2"] = _ff(2, 8, 33, 43), _ff(2, 8, 43, 63)
+    netlist["modules"]["core"]["ports"]["y"]["bits"].append(63)
+    path = tmp_path / "top.json"
+    path.write_text(json.dumps(netlist))
+    moved = absorb.absorb(path)["dsp"]
+    cells = json.loads(path.read_text())["modules"]["core"]["cells"]
+    one, two = cells["dsp"], cells["dsp2"]
+    assert one["connections"]["B0"] == [12] and one["parameters"]["REG_INPUTB_CLK"] == "CLK0"
+    if second_absorbs:
+        assert "fb0" not in cells and "fa2" not in cells and two["connections"]["B0"] == [12]
+        assert two["parameters"]["REG_INPUTB_CLK"] == "CLK0" and two["connections"]["A0"] == [13]
+        assert moved == 3 + 4   # products fp0 fp1 fp2; operands fa0 fa1 fa2 and the shared fb0 once
+    else:
+        assert "fb0" in cells and "fa2" in cells and two["connections"]["B0"] == [22]
+        assert "REG_INPUTB_CLK" not in two["parameters"]
+
+
 @pytest.mark.parametrize("srmode, moved", [("LSR_OVER_CE", 2), ("ASYNC", 0)])
 def test_dsp_registers_take_a_synchronous_reset(tmp_path, srmode, moved):
     """Flip-flops with a synchronous reset (net 7) move with it (RESETMODE SYNC); asynchronous stay."""

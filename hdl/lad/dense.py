@@ -13,8 +13,9 @@ Timing (docs/synthesis.md): the score conversion ``sat(round(dot * scale))`` is 
 registered stages (partial products; sum with the rounding half; shift and saturate)
 between the VPU and the score SRAM / running max; the score SRAM's output is registered
 (read latency 2) and ``x = s - m`` is registered before the SFM; the output
-``sat(round_shift(N * r, frac + k))`` is a four-stage pipeline (N's beat; partial
-products; sum with the rounding half; shift and saturate) that stalls as a whole.
+``sat(round_shift(N * r, frac + k))`` is a six-stage pipeline (N's beat and r; partial
+products, registered twice; sum with the rounding half; shift in two steps and saturate) that
+stalls as a whole.
 """
 from __future__ import annotations
 
@@ -244,22 +245,29 @@ class DenseAttention(wiring.Component):
                 with m.If(self.out.valid & self.out.ready & o3_last):
                     m.next = "LOAD"
 
-        # -- output pipeline: N's beat; partial products of N * r; sum with the rounding
+        # -- output pipeline: N's beat; partial products of N * r, twice; sum with the rounding
         # half; shift (two steps) and saturate (stalls as a whole when ``out`` is stalled)
         aw = vpu_cfg.acc_width
         word = numer[0]   # beat out_beat: N rotates by one beat per issue
         o0_valid, o0_last = Signal(), Signal()
         o0_lane = [Signal(signed(aw), name=f"o0_lane{l}") for l in range(cfg.lanes)]
-        o1_valid, o1_last = Signal(), Signal()
-        o1_pp = [register_partials(m, o_ce, partial_products(o0_lane[l], recip_m), f"o1_{l}") for l in range(cfg.lanes)]
+        # N's beat and r both registered from flip-flops, and the products registered twice: every
+        # multiplier's operand and product registers go into the MULT18X18D (synth/absorb.py; r's
+        # register, read by every lane, as a copy in each)
+        o0_recip = Signal(sfm_cfg.value_width)
+        o1_valid, o1_last, o1b_valid, o1b_last = Signal(), Signal(), Signal(), Signal()
+        o1_pp = [register_partials(m, o_ce, partial_products(o0_lane[l], o0_recip), f"o1_{l}")
+                 for l in range(cfg.lanes)]
+        o1b_pp = [register_partials(m, o_ce, o1_pp[l], f"o1b_{l}") for l in range(cfg.lanes)]
         pw = o_width
         o2_valid, o2_last = Signal(), Signal()
         o2_t = [Signal(signed(pw + 1), name=f"o2_t{l}") for l in range(cfg.lanes)]
         with m.If(o_ce):
-            m.d.sync += [o0_valid.eq(o_issue), o0_last.eq(out_beat == nb - 1)]
+            m.d.sync += [o0_valid.eq(o_issue), o0_last.eq(out_beat == nb - 1), o0_recip.eq(recip_m)]
             m.d.sync += [o0_lane[l].eq(word[l * aw:(l + 1) * aw]) for l in range(cfg.lanes)]
-            m.d.sync += [o1_valid.eq(o0_valid), o1_last.eq(o0_last), o2_valid.eq(o1_valid), o2_last.eq(o1_last)]
-            m.d.sync += [o2_t[l].eq(csa_sum(placed(o1_pp[l]) + [o_half], pw + 1).as_signed())
+            m.d.sync += [o1_valid.eq(o0_valid), o1_last.eq(o0_last), o1b_valid.eq(o1_valid), o1b_last.eq(o1_last),
+                         o2_valid.eq(o1b_valid), o2_last.eq(o1b_last)]
+            m.d.sync += [o2_t[l].eq(csa_sum(placed(o1b_pp[l]) + [o_half], pw + 1).as_signed())
                          for l in range(cfg.lanes)]
         # the shift in two registered steps (by o_shift's high bits, then its low fine_bits bits and
         # the saturation): an arithmetic shift by a + b is the shift by a, then by b
