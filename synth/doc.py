@@ -98,7 +98,8 @@ def render(results: list[dict], command: str | None = None) -> str:
       "`read_latency >= 2` are built for it, `hdl/lib/sram.py`), and a multiplier whose product bits each feed "
       "one plain flip-flop read only by another flip-flop (a product the RTL registers twice, `hdl/lib/pipe.py`) "
       "gets the MULT18X18D's output register, and an operand register loaded straight from another flip-flop "
-      "(an operand registered twice, as the VPU's) and read only by the multiplier gets its input register; "
+      "(an operand registered twice, as the VPU's) and read only by multipliers gets their input registers (a copy "
+      "in each, when one operand is shared by every lane, as dense's reciprocal); "
       "Yosys maps none of them. FF counts below are Yosys's, before those flip-flops moved into the hard blocks.")
     w(f"- Router: nextpnr's router1 (its default), router2 for {', '.join(sorted(ROUTER2_BLOCKS))}, on which "
       "router1 does not converge (`synth/flow.py`, `ROUTER2_BLOCKS`); router2 times high-fan-out nets worse "
