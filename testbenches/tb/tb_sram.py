@@ -1,6 +1,7 @@
 """cocotb: SRAM bank == golden.sram.SramModel: random writes and reads on every port at
 once, replayed in cycle order (reads see writes of earlier cycles), with random gaps on
-the write and request streams and random back-pressure on every response stream."""
+the write and request streams and random back-pressure on every response stream; each port's
+fewest cycles from request to response is the configured read_latency."""
 from __future__ import annotations
 
 import cocotb
@@ -36,4 +37,8 @@ async def sram_matches_model(dut):
         want = SramModel(cfg).replay(writes, [(c, item["addr"]) for c, item in req.sent])
         nonzero += sum(1 for w in want if w)
         bench.compare(f"port {k}", resp.items, want, inputs=[f"addr {item['addr']}" for item in req.items])
+        # read_latency is a contract: no response sooner after its request, and exactly that when
+        # nothing stalls it (some response of the run is unstalled)
+        latencies = [got_at - asked_at for (asked_at, _), (got_at, _) in zip(req.sent, resp.received)]
+        bench.check(f"port {k} read latency (fewest cycles)", min(latencies), cfg.read_latency)
     bench.finish(vectors=n * cfg.read_ports, writes=len(writes), nonzero_outputs=nonzero)
