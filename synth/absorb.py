@@ -22,7 +22,7 @@ fabric (moved, the logic would start at the DSP's pins: mac-merge's vector produ
 moved against 85.8 left; its SFM's, read by an adder, limited it at 90.7). The same rule for
 the operands: an operand register moves into the DSP (``REG_INPUTA/B_CLK``) only when it is
 loaded straight from another flip-flop (an operand the RTL registers twice) and drives nothing
-but that operand's pins, with the product register's clock, enable and reset, and only when
+but multiplier operand pins, with the product register's clock, enable and reset, and only when
 the other operand's register moves too (nextpnr times a multiplier with one operand registered
 as if neither were). An operand register read by several multipliers (one operand shared by
 every lane) goes into each of them as a copy, and leaves the fabric once no reader is left;
