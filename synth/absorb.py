@@ -156,7 +156,7 @@ def _drivers(module: dict) -> dict:
             if cell.get("port_directions", {}).get(pin) == "output" for bit in bits if isinstance(bit, int)}
 
 
-def _registered_inputs(name: str, dsp: dict, port: str, loads: dict, drivers: dict, cells: dict):
+def _registered_inputs(dsp: dict, port: str, loads: dict, drivers: dict, cells: dict):
     """The flip-flops and the one (clock, enable, reset) behind operand ``port`` (A or B) of ``dsp``
     when every non-constant pin ``port<n>`` is the output of a plain flip-flop that drives only
     multiplier operand pins (a sign bit may drive several; an operand shared by several
@@ -180,11 +180,11 @@ def _registered_inputs(name: str, dsp: dict, port: str, loads: dict, drivers: di
 
 def _dsps(module: dict) -> int:
     cells, moved, operand_ffs = module.get("cells", {}), 0, set()
-    dsps = [(n, c) for n, c in cells.items() if c["type"] == "MULT18X18D" and _plain_dsp(c)
+    dsps = [c for c in cells.values() if c["type"] == "MULT18X18D" and _plain_dsp(c)
             and all(_param(c, f"REG_{r}_CLK", "NONE") == "NONE" for r in ("INPUTA", "INPUTB", "INPUTC",
                                                                              "PIPELINE", "OUTPUT"))]
     loads, drivers = _loads(module), _drivers(module)
-    for name, dsp in dsps:
+    for dsp in dsps:
         control = None
         found = _registered_outputs(dsp, "P", loads, cells)
         if found is not None and all(_only_registers_read(cells[ff], loads, cells) for _, ff in found[0]):
@@ -196,7 +196,7 @@ def _dsps(module: dict) -> int:
         # both operands or neither: nextpnr times a DSP with one input registered and the other
         # not as if neither were ("unsupported mixed input register modes")
         ports = [port for port in "AB" if _signal_pins(dsp, port)]
-        got = {port: _registered_inputs(name, dsp, port, loads, drivers, cells) for port in ports}
+        got = {port: _registered_inputs(dsp, port, loads, drivers, cells) for port in ports}
         controls = {g[1] for g in got.values() if g is not None} | ({control} if control is not None else set())
         if not ports or None in got.values() or len(controls) != 1:
             continue
@@ -206,11 +206,9 @@ def _dsps(module: dict) -> int:
                 dsp["connections"][pin] = cells[drivers[dsp["connections"][pin][0]][0]]["connections"]["DI"]
             operand_ffs |= got[port][0]
     # an operand register leaves the fabric once every multiplier reading it holds its copy
-    still_read = {bit for cell in cells.values() for pin, bits in cell["connections"].items()
-                  if cell.get("port_directions", {}).get(pin) != "output" for bit in bits}
-    still_read |= {bit for port in module.get("ports", {}).values() for bit in port["bits"]}
+    loads_now = _loads(module)
     for ff in operand_ffs:
-        if cells[ff]["connections"]["Q"][0] not in still_read:
+        if not loads_now[cells[ff]["connections"]["Q"][0]]:
             cells.pop(ff)
             moved += 1
     return moved
