@@ -17,6 +17,7 @@ def test_vpu_rtl_equals_golden(preset):
     assert report["mismatches"] == 0
     assert report["vectors"] >= 1000
     assert report["nonzero_outputs"] > 500
+    assert report["interleaved"] > 50 and report["axpy_not_last"] > 50
 
 
 def test_vpu_golden_vs_float_bound():

@@ -56,7 +56,10 @@ def _delayed(m, ce, name: str, *values):
 
 class Vpu(wiring.Component):
     """Vector unit. ``i``: one beat per transfer; ``o``: a reduction result on the
-    last beat of DOT/SQDIST, one lane vector per AXPY beat."""
+    last beat of DOT/SQDIST, one lane vector per AXPY beat (whatever its ``last``; an AXPY
+    between the beats of a DOT/SQDIST leaves that reduction's accumulator alone)."""
+
+    LATENCY = 7   # cycles from a beat's transfer on ``i`` to its result on ``o`` when nothing stalls
 
     def __init__(self, cfg: VpuConfig):
         self.cfg = cfg

@@ -1,12 +1,14 @@
 """cocotb: VPU == golden.vpu on random transactions and corner cases, with random
-input gaps and output back-pressure."""
+input gaps and output back-pressure: AXPY beats with either ``last`` (each is emitted), AXPY
+beats between the beats of a DOT/SQDIST (its accumulator untouched), and the latency (the
+fewest cycles from a beat to its result must be ``Vpu.LATENCY``)."""
 from __future__ import annotations
 
 import cocotb
 import torch
 
 from golden.vpu import VpuConfig, VpuOp, axpy, reduce_beats
-from hdl.lib.vpu import vpu_in_layout, vpu_out_layout
+from hdl.lib.vpu import Vpu, vpu_in_layout, vpu_out_layout
 from testbenches.streams import Bench
 
 
@@ -24,10 +26,10 @@ def _vector(cfg, rng, style):
     return [rng.randint(lo, hi) for _ in range(cfg.lanes)]
 
 
-def _axpy_case(cfg, scalar, a, acc):
-    """One AXPY beat and its golden output lanes."""
+def _axpy_case(cfg, scalar, a, acc, last=True):
+    """One AXPY beat and its golden output lanes (emitted whatever ``last``)."""
     want = axpy(scalar, torch.tensor(a), torch.tensor(acc), cfg).tolist()
-    return [_beat(cfg, VpuOp.AXPY, True, a, acc=acc, scalar=scalar)], {"vec": want}
+    return [_beat(cfg, VpuOp.AXPY, last, a, acc=acc, scalar=scalar)], {"vec": want}
 
 
 def _reduce_case(cfg, op, a, b):
@@ -46,11 +48,20 @@ def transaction(cfg, rng, op=None, beats=None, style=None):
         acc = [rng.choice((rng.randint(lo, hi), rng.randint(-1000, 1000), lo, hi)) for _ in range(cfg.lanes)]
         scalar = rng.choice((rng.randint(cfg.in_format.min_raw, cfg.in_format.max_raw), cfg.in_format.min_raw,
                              cfg.in_format.max_raw, 0, 1, -1))
-        return _axpy_case(cfg, scalar, a, acc)
+        return _axpy_case(cfg, scalar, a, acc, last=rng.random() < 0.5)
     n = beats or rng.randint(1, 8)
     a = [_vector(cfg, rng, style) for _ in range(n)]
     b = [_vector(cfg, rng, style) for _ in range(n)]
     return _reduce_case(cfg, op, a, b)
+
+
+def interleaved(cfg, rng):
+    """A DOT / SQDIST with an AXPY beat between two of its beats: (beats, [AXPY's result, the
+    reduction's])."""
+    red_beats, red_want = transaction(cfg, rng, rng.choice((VpuOp.DOT, VpuOp.SQDIST)), beats=rng.randint(2, 8))
+    ax_beats, ax_want = transaction(cfg, rng, VpuOp.AXPY)
+    k = rng.randint(1, len(red_beats) - 1)
+    return red_beats[:k] + ax_beats + red_beats[k:], [ax_want, red_want]
 
 
 def corner_cases(cfg, rng):
@@ -71,12 +82,22 @@ async def vpu_matches_golden(dut):
     cfg, rng = bench.cfg, bench.rng
     src, sink = bench.source("i", vpu_in_layout(cfg)), bench.sink("o", vpu_out_layout(cfg))
     corners = corner_cases(cfg, rng)
-    cases = corners + [transaction(cfg, rng) for _ in range(bench.vectors(1000))]
-    for n, (beats, want) in enumerate(cases):
+    cases = corners + [interleaved(cfg, rng) if rng.random() < 0.1 else transaction(cfg, rng)
+                       for _ in range(bench.vectors(1000))]
+    cases = [(beats, want if isinstance(want, list) else [want]) for beats, want in cases]
+    for n, (beats, wants) in enumerate(cases):
         src.put(*beats)
-        sink.expect(want, inputs=f"transaction {n}, op {beats[0]['op']}, {len(beats)} beats")
+        for want in wants:
+            sink.expect(want, inputs=f"transaction {n}, op {beats[0]['op']}, {len(beats)} beats")
     # a corner case saturating a wide accumulator is thousands of beats: the bound follows the beats sent
     await bench.drain(timeout_cycles=8 * sum(len(beats) for beats, _ in cases) + 40 * len(cases) + 10000)
-    nonzero = sum(1 for _, w in cases if (any(w["vec"]) if "vec" in w else w["dot"] != 0))
-    bench.finish(vectors=len(cases), corner_cases=len(corners), beats=len(src.sent), nonzero_outputs=nonzero)
-    assert nonzero > len(cases) // 2, "outputs are mostly zero: stimulus is not exercising the VPU"
+    # latency: the beats that produce a result (AXPY, a reduction's last), paired with the results in order
+    producing = [cyc for cyc, b in src.sent if b["op"] == VpuOp.AXPY or b["last"]]
+    latencies = [out - inp for inp, (out, _) in zip(producing, sink.received)]
+    bench.check("fewest cycles from a beat to its result", min(latencies), Vpu.LATENCY)
+    wants = [w for _, ws in cases for w in ws]
+    nonzero = sum(1 for w in wants if (any(w["vec"]) if "vec" in w else w["dot"] != 0))
+    bench.finish(vectors=len(wants), corner_cases=len(corners), beats=len(src.sent), nonzero_outputs=nonzero,
+                 interleaved=sum(len(ws) > 1 for _, ws in cases),
+                 axpy_not_last=sum(1 for _, b in src.sent if b["op"] == VpuOp.AXPY and not b["last"]))
+    assert nonzero > len(wants) // 2, "outputs are mostly zero: stimulus is not exercising the VPU"
