@@ -5,7 +5,8 @@ A step: the query arrives as ``d/L`` beats (with the context length ``n`` on eac
 pass 1 reads every key over the KV port, the VPU's DOT gives each exact score (scaled
 to the SFM's x format), kept in a score SRAM, and the running max ``m``; pass 2 reads
 each score back, the SFM's EXP gives ``p_i`` (queued in a FIFO) and ``Z += p_i``, while
-every value is read and the VPU's AXPY accumulates ``N += p_i v_i`` in registers;
+every value is read and the VPU's AXPY accumulates ``N += p_i v_i`` in a LUT RAM
+(the first position's AXPY takes ``acc = 0``, so nothing zeroes ``N``);
 finally the SFM's RECIP of ``Z`` normalises ``N`` into ``o``, streamed as ``d/L`` beats
 with the step's statistics (``m``, ``Z``, KV beats read, cycles).
 
@@ -20,7 +21,7 @@ stalls as a whole.
 from __future__ import annotations
 
 from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
-from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib import data, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from golden.dense import DenseConfig
@@ -82,7 +83,14 @@ class DenseAttention(wiring.Component):
         score_req, score_resp = scores.read_port(0)
 
         query_buf = Array(Signal(cfg.lanes * cfg.kv_width, name=f"q_beat{b}") for b in range(nb))
-        numer = Array(Signal(cfg.lanes * vpu_cfg.acc_width, name=f"numer_beat{b}") for b in range(nb))
+        # N, one word of lanes acc_width-bit lanes per beat, in a memory (LUT RAM, asynchronous
+        # reads): the AXPY results write beat done_beat; AXPY reads beat resp_beat as its acc
+        # operand, the output pipeline beat out_beat
+        m.submodules.numer = numer = memory.Memory(shape=unsigned(cfg.lanes * vpu_cfg.acc_width),
+                                                   depth=nb, init=[])
+        numer_write = numer.write_port()
+        numer_acc, numer_out = numer.read_port(domain="comb"), numer.read_port(domain="comb")
+        first_pos = Signal()   # pass 2, the first position's beats: AXPY's acc is 0, not N
         length = Signal(cfg.position_width)
         running_max = Signal(signed(xw))
         z_sum = Signal(cfg.sfm_out_width_sum)
@@ -138,7 +146,6 @@ class DenseAttention(wiring.Component):
                         m.d.sync += [running_max.eq(sfm_cfg.x_format.min_raw), z_sum.eq(0), kv_beats.eq(0),
                                      cycles.eq(0), req_pos.eq(0), req_beat.eq(0), resp_beat.eq(0),
                                      done_pos.eq(0), done_beat.eq(0), score_pos.eq(0)]
-                        m.d.sync += [numer[b].eq(0) for b in range(nb)]
                         m.next = "KEYS"
 
             with m.State("KEYS"):
@@ -167,7 +174,8 @@ class DenseAttention(wiring.Component):
                     with m.If(k3_score > running_max):
                         m.d.sync += running_max.eq(k3_score)
                     with m.If(done_pos == length - 1):
-                        m.d.sync += [done_pos.eq(0), req_pos.eq(0), req_beat.eq(0), resp_beat.eq(0)]
+                        m.d.sync += [done_pos.eq(0), req_pos.eq(0), req_beat.eq(0), resp_beat.eq(0),
+                                     first_pos.eq(1)]
                         m.next = "VALUES"
 
             with m.State("VALUES"):
@@ -202,17 +210,23 @@ class DenseAttention(wiring.Component):
                              p_fifo.r_en.eq(vpu.i.ready & self.kv_resp.valid & room & (resp_beat == nb - 1)),
                              vpu.i.payload.op.eq(VpuOp.AXPY), vpu.i.payload.last.eq(1),
                              vpu.i.payload.scalar.eq(p_fifo.r_data)]
-                acc_word = numer[resp_beat]
+                # acc: beat resp_beat of N, or 0 for the first position's beats
+                m.d.comb += numer_acc.addr.eq(resp_beat)
+                acc_word = Mux(first_pos, 0, numer_acc.data)
                 aw = vpu_cfg.acc_width
                 for l in range(cfg.lanes):
                     m.d.comb += [vpu.i.payload.a[l].eq(self.kv_resp.payload[l]),
                                  vpu.i.payload.acc[l].eq(acc_word[l * aw:(l + 1) * aw].as_signed())]
                 with m.If(vpu.i.valid & vpu.i.ready):
                     m.d.sync += resp_beat.eq(incr(resp_beat, nb))
+                    with m.If(resp_beat == nb - 1):
+                        m.d.sync += first_pos.eq(0)
                 m.d.sync += inflight.eq(inflight + (vpu.i.valid & vpu.i.ready) - vpu.o.valid)
+                # the AXPY results -> beat done_beat of N
+                m.d.comb += [numer_write.addr.eq(done_beat), numer_write.data.eq(vpu.o.payload.vec),
+                             numer_write.en.eq(vpu.o.valid)]
                 with m.If(vpu.o.valid):
-                    m.d.sync += [numer[done_beat].eq(vpu.o.payload.vec),
-                                 done_beat.eq(incr(done_beat, nb))]
+                    m.d.sync += done_beat.eq(incr(done_beat, nb))
                     with m.If(done_beat == nb - 1):
                         m.d.sync += done_pos.eq(done_pos + 1)
                         with m.If(done_pos == length - 1):
@@ -236,9 +250,6 @@ class DenseAttention(wiring.Component):
             with m.State("OUTPUT"):  # issue the beats into the output pipeline; wait for the last to leave
                 m.d.comb += o_issue.eq(o_ce & ~out_issued)
                 with m.If(o_issue):
-                    # N's beats rotate past beat 0, the output pipeline's fixed input: no word
-                    # mux on out_beat (whose fan-out to every bit of N was the block's limit)
-                    m.d.sync += [numer[b].eq(numer[(b + 1) % nb]) for b in range(nb)]
                     m.d.sync += out_beat.eq(incr(out_beat, nb))
                     with m.If(out_beat == nb - 1):
                         m.d.sync += out_issued.eq(1)
@@ -248,10 +259,11 @@ class DenseAttention(wiring.Component):
         # -- output pipeline: N's beat; partial products of N * r, twice; sum with the rounding
         # half; shift (two steps) and saturate (stalls as a whole when ``out`` is stalled)
         aw = vpu_cfg.acc_width
-        word = numer[0]   # beat out_beat: N rotates by one beat per issue
+        m.d.comb += numer_out.addr.eq(out_beat)
+        word = numer_out.data   # beat out_beat of N
         o0_valid, o0_last = Signal(), Signal()
         o0_lane = [Signal(signed(aw), name=f"o0_lane{l}") for l in range(cfg.lanes)]
-        # N's beat and r both registered from flip-flops, and the products registered twice: every
+        # N's beat (read from the LUT RAM) and r registered, and the products registered twice: every
         # multiplier's operand and product registers go into the MULT18X18D (synth/absorb.py; r's
         # register, read by every lane, as a copy in each)
         o0_recip = Signal(sfm_cfg.value_width)
