@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -101,6 +102,17 @@ def _source_digest() -> str:
     return digest.hexdigest()[:12]
 
 
+_ZERO_WIDTH_WIRE = re.compile(r"^ *wire \[-1:0\] [^;\n]*;\n", re.M)
+
+
+def drop_zero_width_wires(text: str) -> str:
+    """Yosys declares a zero-width signal (a pointer of ``range(1)``, as in a one-entry FIFO) as
+    ``wire [-1:0] name;``, which Verilog reads as two bits and Verilator rejects (ASCRANGE).
+    Such a wire carries nothing, so nothing drives or reads it: its declaration is dropped (a
+    use left behind would fail the build loudly as an undeclared name)."""
+    return _ZERO_WIDTH_WIRE.sub("", text)
+
+
 def generate_verilog(name: str, cfg, cache: bool = True) -> str:
     """Verilog text of block ``name`` at ``cfg``; the top module is called ``top``.
 
@@ -111,7 +123,7 @@ def generate_verilog(name: str, cfg, cache: bool = True) -> str:
     path = BUILD_ROOT / "verilog-cache" / f"{name}-{cfg.key()}-{_source_digest()}.v"
     if cache and path.exists():
         return path.read_text()
-    text = verilog.convert(block.build(cfg), name="top", emit_src=False)
+    text = drop_zero_width_wires(verilog.convert(block.build(cfg), name="top", emit_src=False))
     if cache:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")

@@ -15,12 +15,19 @@ from golden.sram import SramConfig
 from ..lib.arith import round_shift, saturate
 
 
+def coef_width(cfg: LadTileConfig) -> int:
+    """Signed bits of MD's ``alpha = a_r - a_mode`` and ``beta = b_r - b_mode``: differences of two
+    entries of EXP's slope or intercept table, which are all >= 0 (chords of exp), so ``|alpha|``,
+    ``|beta|`` are at most the largest entry (17 bits at the defaults' largest, 61501 at frac 16)."""
+    tables = list(cfg.sfm.exp_slopes_raw) + list(cfg.sfm.exp_intercepts_raw)
+    assert min(tables) >= 0, "EXP's PWL tables are non-negative"
+    return max(tables).bit_length() + 1
+
+
 def w_width(cfg: LadTileConfig) -> int:
     """Signed bits of a correction weight ``w = round_shift(alpha x + (beta << x_frac), exp_shift)``
-    (frac 15) for any x of the score format: ``|alpha|, |beta| < 2^(coef_frac + 1)``, ``|x| <= 2^(x_width - 1)``
-    (27 bits at s18.9; a fixed 24 bits held only for |x| <= 32 and wrapped saturated x's weights)."""
-    cw = cfg.sfm.coef_frac + 2
-    return cw + cfg.sfm.x_width - cfg.sfm.exp_shift + 1
+    (frac 15) for any x of the score format: ``|alpha|, |beta| < 2^(coef_width - 1)``, ``|x| <= 2^(x_width - 1)``."""
+    return coef_width(cfg) + cfg.sfm.x_width - cfg.sfm.exp_shift + 1
 
 
 def beat_layout(cfg: LadTileConfig) -> data.ArrayLayout:
@@ -95,8 +102,8 @@ def ac_command_layout(cfg: LadTileConfig) -> data.StructLayout:
         "op": AcOp,
         "m": signed(xw),
         "w": signed(w_width(cfg)),
-        "alpha": signed(cfg.sfm.coef_frac + 2),
-        "beta": signed(cfg.sfm.coef_frac + 2),
+        "alpha": signed(coef_width(cfg)),
+        "beta": signed(coef_width(cfg)),
         "accumulate": unsigned(1),
         "update": unsigned(1),
         "k": beat_layout(cfg),

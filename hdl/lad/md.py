@@ -34,7 +34,7 @@ from ..lib.pipe import csa_sum, partial_products, placed, register_partials
 from ..lib.vpu import Vpu
 from .dense import kv_request_layout
 from .common import (AcOp, ac_command_layout, beat_layout, boundary_tests, bump_terms, bump_terms_width, bumped_counters, candidate_layout, interval_count,
-                     score_of, vector_layout, w_width)
+                     coef_width, score_of, vector_layout, w_width)
 
 
 class Md(wiring.Component):
@@ -56,7 +56,7 @@ class Md(wiring.Component):
         cfg, m = self.cfg, Module()
         L, nb, kw, S = cfg.lanes, cfg.beats, cfg.kv_width, cfg.md_inflight
         sfm = cfg.sfm
-        xw, cw = sfm.x_width, sfm.coef_frac + 2
+        xw, cw = sfm.x_width, coef_width(cfg)
         cl = candidate_layout(cfg)
         cnt_width = cl.members["counters"].size
         m.submodules.vpu = vpu = Vpu(cfg.score_vpu)

@@ -30,7 +30,7 @@ from ..lib.arith import incr, saturate
 from ..lib.sfm import Sfm
 from .ac import Ac
 from .apid import Apid
-from .common import AcOp, beat_layout
+from .common import AcOp, beat_layout, coef_width
 from .dense import DenseAttention, kv_request_layout
 from .eas import Eas
 from .md import Md
@@ -114,8 +114,8 @@ class LadTile(wiring.Component):
         counts = [md.active, md.false_alarms, md.mode_changes]
         kv_beats, cycles = Signal(32), Signal(32)
         absorb_sent = Signal()
-        slopes = Array(Const(v, signed(sfm_cfg.coef_frac + 2)) for v in sfm_cfg.exp_slopes_raw)
-        intercepts = Array(Const(v, signed(sfm_cfg.coef_frac + 2)) for v in sfm_cfg.exp_intercepts_raw)
+        slopes = Array(Const(v, signed(coef_width(cfg))) for v in sfm_cfg.exp_slopes_raw)
+        intercepts = Array(Const(v, signed(coef_width(cfg))) for v in sfm_cfg.exp_intercepts_raw)
 
         with m.If(self.kv_req.valid & self.kv_req.ready):
             m.d.sync += kv_beats.eq(kv_beats + 1)

@@ -9,12 +9,14 @@ mode, counters at or near saturation), serves ``kv_req`` from the step sequence'
 of each candidate, v_i beats of actives), every ``corr`` AC command (w, alpha, beta, update =
 mode change, k_i and v_i beats) and the active / false-alarm / mode-change counters. Extra
 corner steps use m at the x format's extremes (x saturates both ways). Random gaps on
-cand/kv_resp, back-pressure on verdict/kv_req/corr.
+cand/kv_resp, back-pressure on verdict/kv_req/corr. ``busy`` (which the tile's sequencer waits
+on) must be high in every cycle from a candidate's acceptance to its verdict.
 """
 from __future__ import annotations
 
 import cocotb
 import torch
+from cocotb.triggers import ReadOnly, RisingEdge
 
 from golden.lad_tile import LadTileConfig
 from hdl.lad.common import AcOp, ac_command_layout, beat_layout, candidate_layout, vector_layout
@@ -44,6 +46,14 @@ async def md_matches_golden(dut):
     verdict_sink = bench.sink("verdict", candidate_layout(cfg))
     memory = bench.memory("kv_req", kv_request_layout(cfg), "kv_resp", beat_layout(cfg), kv_lookup(k, v, cfg.lanes))
     corr_sink = bench.sink("corr", ac_command_layout(cfg))
+    busy_at: dict[int, int] = {}
+
+    async def watch_busy():
+        while True:
+            await RisingEdge(dut.clk)
+            await ReadOnly()
+            busy_at[bench.cycles.now] = int(dut.busy.value)
+    cocotb.start_soon(watch_busy())
 
     # the trace's steps (candidates of the tile + extras), then corner steps with extreme m
     plan = []
@@ -98,9 +108,14 @@ async def md_matches_golden(dut):
     key_starts = [cyc for cyc, r in memory.requests.received if r["value"] == 0 and r["beat"] == 0]
     verdict_at = [cyc for cyc, _ in verdict_sink.received]
     overlapped = sum(1 for i in range(1, min(len(key_starts), len(verdict_at))) if key_starts[i] < verdict_at[i - 1])
+    # busy: high from the cycle after a candidate is taken through the cycle its verdict leaves
+    spans = [(a + 1, v) for (a, _), (v, _) in zip(cand_src.sent, verdict_sink.received)]
+    bench.check("busy low while a candidate awaits its verdict",
+                [t for lo, hi in spans for t in range(lo, hi + 1) if not busy_at.get(t, 1)][:5], [])
     bench.finish(
         vectors=len(verdict_sink.expected), steps=len(plan), candidates=len(verdict_sink.expected),
         trace_candidates=sum(len(r.cand) for r in recs), **totals, halvings=halvings,
         corr=len(corr_sink.expected), kv_requests=len(want_kv), overlapped=overlapped,
         nonzero_w=sum(1 for c, _ in corr_sink.expected if c["w"] != 0),
+        busy_cycles_checked=sum(hi - lo + 1 for lo, hi in spans),
         intervals_seen=sorted(intervals_seen), x_saturated=x_saturated)
