@@ -14,13 +14,13 @@ Timing (docs/synthesis.md): the score conversion ``sat(round(dot * scale))`` is 
 registered stages (partial products; sum with the rounding half; shift and saturate)
 between the VPU and the score SRAM / running max; the score SRAM's output is registered
 (read latency 2) and ``x = s - m`` is registered before the SFM; the output
-``sat(round_shift(N * r, frac + k))`` is a six-stage pipeline (N's beat and r; partial
-products, registered twice; sum with the rounding half; shift in two steps and saturate) that
-stalls as a whole.
+``sat(round_shift(N * r, frac + k))`` is a seven-stage pipeline (N's beat and r; partial
+products, registered twice; sum with the rounding half; shift in two steps; saturate) that
+stalls as a whole; each lane reads its own registered copy of the shift amount (lane_copies).
 """
 from __future__ import annotations
 
-from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth import Array, Cat, Const, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import data, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -35,6 +35,31 @@ from ..lib.sfm import Sfm
 from ..lib.sram import SramBank
 from ..lib.vpu import Vpu
 
+
+def lane_copies(m: Module, word: Value, load: Value, n: int, name: str) -> list[Value]:
+    """``n`` registered copies of ``word`` (taken when ``load``), one per consumer, so that no
+    register drives the logic of every consumer. Yosys merges flip-flops with the same input,
+    so the copies are a binary tree of registers, each feeding one child as is and one
+    inverted (inputs that differ); each leaf is returned with its inversion undone (a
+    constant, folded into the consumers' LUTs). The first level loads with ``load``, the
+    others follow every cycle: the copies equal ``word`` ceil(log2 n) - 1 cycles after the
+    first level has loaded it."""
+    level, inverted = [word], [False]
+    for depth in range(max(1, (n - 1).bit_length())):
+        nxt, nxt_inv = [], []
+        for parent, inv in zip(level, inverted):
+            for flip in (False, True):
+                reg = Signal(len(word), name=f"{name}_t{depth}_{len(nxt)}")
+                d = ~parent if flip else parent
+                if depth == 0:
+                    with m.If(load):
+                        m.d.sync += reg.eq(d)
+                else:
+                    m.d.sync += reg.eq(d)
+                nxt.append(reg)
+                nxt_inv.append(inv ^ flip)
+        level, inverted = nxt, nxt_inv
+    return [~reg if inv else reg for reg, inv in zip(level[:n], inverted[:n])]
 
 
 def dense_query_layout(cfg: DenseConfig) -> data.StructLayout:
@@ -120,11 +145,17 @@ class DenseAttention(wiring.Component):
                                           signed(xw)))]
         # pass 2: x = s - m registered before the SFM
         x_valid, x_reg = Signal(), Signal(signed(xw))
-        # output: r, its shift frac + k and rounding half; the pipeline's enable
-        o_shift = Signal(range(sfm_cfg.mantissa_frac + (1 << sfm_cfg.exponent_width)))
+        # output: r, the rounding half of its shift frac + k; the pipeline's enable
         # |N * r| < 2^(o_width - 1): at a larger shift the rounded quotient is 0 (o_zero)
         o_width = vpu_cfg.acc_width + sfm_cfg.value_width + 1
-        o_half, o_zero = Signal(o_width + 1), Signal()
+        o_half = Signal(o_width + 1)
+        # the shift frac + k (fine_bits low bits, the others: the coarse shift) and o_zero, one
+        # copy per lane (lane_copies): read by every bit of a lane's shifters, one register for
+        # all lanes had the largest fan-out of the output pipeline (its critical path)
+        fine_bits = 3
+        shift_bits = (sfm_cfg.mantissa_frac + (1 << sfm_cfg.exponent_width) - 1).bit_length()
+        o_ctl_load, o_ctl_word = Signal(), Signal(shift_bits + 1)
+        o_ctl = lane_copies(m, o_ctl_word, o_ctl_load, cfg.lanes, "o_ctl")
         o_ce, o_issue, out_issued, o3_last = Signal(), Signal(), Signal(), Signal()
         m.d.comb += o_ce.eq(stall_all_enable(self.out))
 
@@ -242,8 +273,11 @@ class DenseAttention(wiring.Component):
                 m.d.comb += sfm.o.ready.eq(1)
                 with m.If(sfm.o.valid):
                     out_shift = sfm_cfg.mantissa_frac + sfm.o.payload.exponent
-                    m.d.sync += [recip_m.eq(sfm.o.payload.value), o_shift.eq(out_shift),
-                                 o_half.eq((Const(1, 1) << out_shift) >> 1), o_zero.eq(out_shift > o_width),
+                    # the lanes' copies of the shift: in place 2 cycles before the first beat
+                    # reaches the coarse shift (5 cycles after this one)
+                    m.d.comb += [o_ctl_load.eq(1), o_ctl_word.eq(Cat(out_shift[:shift_bits], out_shift > o_width))]
+                    m.d.sync += [recip_m.eq(sfm.o.payload.value),
+                                 o_half.eq((Const(1, 1) << out_shift) >> 1),
                                  out_beat.eq(0), out_issued.eq(0)]
                     m.next = "OUTPUT"
 
@@ -281,19 +315,19 @@ class DenseAttention(wiring.Component):
                          o2_valid.eq(o1b_valid), o2_last.eq(o1b_last)]
             m.d.sync += [o2_t[l].eq(csa_sum(placed(o1b_pp[l]) + [o_half], pw + 1).as_signed())
                          for l in range(cfg.lanes)]
-        # the shift in two registered steps (by o_shift's high bits, then its low fine_bits bits and
-        # the saturation): an arithmetic shift by a + b is the shift by a, then by b
-        fine_bits = 3
-        o2b_valid, o2b_last = Signal(), Signal()
+        # the shift in two registered steps (by the shift's high bits, 0 if o_zero; then by its low
+        # fine_bits bits), then the saturation: an arithmetic shift by a + b is the shift by a, then by b
+        o2b_valid, o2b_last, o2c_valid, o2c_last = Signal(), Signal(), Signal(), Signal()
         o2b_t = [Signal(signed(pw + 1), name=f"o2b_t{l}") for l in range(cfg.lanes)]
-        coarse = Cat(Const(0, fine_bits), o_shift[fine_bits:])
+        o2c_t = [Signal(signed(pw + 1), name=f"o2c_t{l}") for l in range(cfg.lanes)]
         with m.If(o_ce):
-            m.d.sync += [o2b_valid.eq(o2_valid), o2b_last.eq(o2_last)]
-            m.d.sync += [o2b_t[l].eq(o2_t[l] >> coarse) for l in range(cfg.lanes)]
-            m.d.sync += [self.out.valid.eq(o2b_valid), o3_last.eq(o2b_last)]
-            m.d.sync += [self.out.payload.o[l].eq(Mux(o_zero, 0, saturate(o2b_t[l] >> o_shift[:fine_bits],
-                                                                            signed(cfg.kv_width))))
-                         for l in range(cfg.lanes)]
+            m.d.sync += [o2b_valid.eq(o2_valid), o2b_last.eq(o2_last), o2c_valid.eq(o2b_valid),
+                         o2c_last.eq(o2b_last), self.out.valid.eq(o2c_valid), o3_last.eq(o2c_last)]
+            for l in range(cfg.lanes):
+                fine, coarse, zero = o_ctl[l][:fine_bits], o_ctl[l][fine_bits:shift_bits], o_ctl[l][-1]
+                m.d.sync += [o2b_t[l].eq(Mux(zero, 0, o2_t[l] >> Cat(Const(0, fine_bits), coarse))),
+                             o2c_t[l].eq(o2b_t[l] >> fine),
+                             self.out.payload.o[l].eq(saturate(o2c_t[l], signed(cfg.kv_width)))]
         m.d.comb += [self.out.payload.m.eq(running_max), self.out.payload.z.eq(z_sum),
                      self.out.payload.kv_beats.eq(kv_beats), self.out.payload.cycles.eq(cycles)]
         return m
