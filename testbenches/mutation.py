@@ -3,19 +3,23 @@ changes to its RTL sources its tests catch.
 
     .venv/bin/python -m testbenches.mutation BLOCK [--limit N] [--seed S] [--out JSON] [--timeout S]
 
-Mutants (one line of the block's Amaranth sources each, inside ``elaborate``): a comparison flipped
-(``==``/``!=``, ``<``/``>=``, ``>``/``<=``), an integer constant +-1, a ``Mux``'s arms swapped, ``&``
-and ``|`` exchanged, a register stage dropped (``m.d.sync`` -> ``m.d.comb``). Each runs in a copy
-of the repository (the working tree is never touched): the mutant's Verilog is generated at every
-preset of the block; if it equals the original's at all of them the mutant is **equivalent** by
-construction (nothing the hardware does changed); if it does not elaborate it is killed at once;
-otherwise the block's tests run against it (``pytest -x``, the block's own test selection) and a
-failure kills it. Score = killed / (killed + survived). ``--limit`` samples that many mutants with
-``--seed`` (recorded in the JSON), for a quick estimate.
+Mutants (one line each): a comparison flipped (``==``/``!=``, ``<``/``>=``, ``>``/``<=``), an integer
+constant +-1, a ``Mux``'s arms swapped, ``&`` and ``|`` exchanged, a register stage dropped
+(``m.d.sync`` -> ``m.d.comb``), on every code line of the block's own sources and of the shared
+helpers it uses (``hdl/lib/arith.py``, ``pipe.py``, ``slice.py``, ``hdl/lad/common.py``) that runs
+while the block elaborates at one of its presets (function bodies, docstrings and comments left
+out; a line that never runs makes no hardware). Each runs in a copy of the repository (the
+working tree is never touched): the mutant's Verilog is generated at every preset of the block;
+if it equals the original's at all of them the mutant is **equivalent** by construction (nothing
+the hardware does changed; for a helper line: it does not change this block); if it does not
+elaborate it is killed at once; otherwise the block's tests run against it (``pytest -x``, the
+block's own test selection) and a failure kills it. Score = killed / (killed + survived).
+``--limit`` samples that many mutants with ``--seed`` (recorded in the JSON), for a quick estimate.
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import random
 import re
@@ -28,6 +32,9 @@ from pathlib import Path
 
 from golden.paths import PROJECT_ROOT
 
+# shared helpers whose lines a block's elaboration runs (mutated as part of that block)
+LIB_HELPERS = ["hdl/lib/arith.py", "hdl/lib/pipe.py", "hdl/lib/slice.py"]
+LAD_HELPERS = LIB_HELPERS + ["hdl/lad/common.py"]
 # block -> (its RTL sources, the pytest arguments that are its tests)
 BLOCKS = {
     "vpu": (["hdl/lib/vpu.py"], ["testbenches/test_vpu.py"]),
@@ -41,6 +48,11 @@ BLOCKS = {
     "lad-md": (["hdl/lad/md.py"], ["testbenches/test_lad_modules.py", "-k", "md"]),
     "lad-ac": (["hdl/lad/ac.py"], ["testbenches/test_lad_modules.py", "-k", "ac"]),
 }
+
+
+def helpers_of(block: str) -> list[str]:
+    return LAD_HELPERS if block.startswith("lad-") or block == "dense" else LIB_HELPERS
+
 
 FLIP = {"==": "!=", "!=": "==", "<": ">=", ">=": "<", ">": "<=", "<=": ">"}
 CMP = re.compile(r"(?<=\s)(==|!=|<=|>=|<|>)(?=\s)")
@@ -84,14 +96,42 @@ def swap_mux(text: str) -> list[str]:
     return out
 
 
-def mutants_of(path: Path, rel: str) -> list[Mutant]:
-    """Every single-line mutant of the ``elaborate`` bodies of ``path`` (code lines only)."""
-    found, inside = [], False
+def code_lines(path: Path) -> set[int]:
+    """Line numbers of the code in the bodies of ``path``'s functions (docstrings left out)."""
+    tree = ast.parse(path.read_text())
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines.update(range(node.body[0].lineno, node.end_lineno + 1))
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            lines -= set(range(body[0].lineno, body[0].end_lineno + 1))
+    return lines
+
+
+def statement_spans(path: Path) -> list[range]:
+    """Each statement's own lines (a compound statement's header only), so that a line of a
+    statement spread over several lines counts as run when any of its lines ran."""
+    spans = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.stmt):
+            body = getattr(node, "body", None)
+            end = body[0].lineno - 1 if isinstance(body, list) and body and body[0].lineno > node.lineno \
+                else node.end_lineno
+            spans.append(range(node.lineno, end + 1))
+    return spans
+
+
+def mutants_of(path: Path, rel: str, run: set[int] | None = None) -> list[Mutant]:
+    """Every single-line mutant of the code lines of ``path``'s functions (of those in ``run``,
+    the lines the block's elaboration runs, when given)."""
+    found = []
+    targets = code_lines(path) if run is None else code_lines(path) & run
     for no, line in enumerate(path.read_text().splitlines(), 1):
         stripped = line.strip()
-        if stripped.startswith("def "):
-            inside = stripped.startswith("def elaborate")
-        if not inside or not stripped or stripped.startswith(("#", '"', "'")):
+        if no not in targets or not stripped or stripped.startswith(("#", '"', "'")):
             continue
         code = line.split("#", 1)[0]
 
@@ -116,6 +156,31 @@ def mutants_of(path: Path, rel: str) -> list[Mutant]:
     return found
 
 
+def lines_run(work: Path, block: str, sources: list[str]) -> dict[str, set[int]]:
+    """The lines of ``sources`` that run while ``block`` elaborates at each of its presets (a
+    line trace of the Verilog generation in the copy ``work``), widened to whole statements."""
+    files = [str((work / rel).resolve()) for rel in sources]
+    script = ("import json, sys\nfrom hdl.registry import get_block, generate_verilog\n"
+              f"files = set({files!r})\nhits = {{f: set() for f in files}}\n"
+              "def trace(frame, event, arg):\n"
+              "    f = frame.f_code.co_filename\n"
+              "    if f not in files:\n        return None\n"
+              "    if event == 'line':\n        hits[f].add(frame.f_lineno)\n"
+              "    return trace\n"
+              f"b = get_block({block!r})\n"
+              "sys.settrace(trace)\n"
+              "for c in b.presets.values():\n    generate_verilog(b.name, c, cache=False)\n"
+              "sys.settrace(None)\n"
+              "print(json.dumps({f: sorted(v) for f, v in hits.items()}))\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=work, capture_output=True, text=True, check=True)
+    hits = json.loads(done.stdout.strip().splitlines()[-1])
+    out = {}
+    for rel, f in zip(sources, files):
+        ran = set(hits[f])
+        out[rel] = {no for span in statement_spans(work / rel) if ran.intersection(span) for no in span}
+    return out
+
+
 def verilog_of(work: Path, block: str) -> tuple[bool, str]:
     """(elaborated, Verilog of every preset) in the copy ``work``."""
     script = ("import sys\nfrom hdl.registry import get_block, generate_verilog\n"
@@ -133,11 +198,8 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=int, default=900, help="seconds per mutant's tests")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    sources, tests = BLOCKS[args.block]
-    mutants = [m for rel in sources for m in mutants_of(PROJECT_ROOT / rel, rel)]
-    total = len(mutants)
-    if args.limit and args.limit < total:
-        mutants = sorted(random.Random(args.seed).sample(mutants, args.limit), key=lambda m: (m.file, m.line))
+    own, tests = BLOCKS[args.block]
+    sources = own + helpers_of(args.block)
     work = PROJECT_ROOT / "build" / "mutation" / args.block / "repo"
     if work.exists():
         shutil.rmtree(work)
@@ -146,6 +208,11 @@ def main(argv=None) -> int:
     ok, original = verilog_of(work, args.block)
     if not ok:
         sys.exit(f"ladmac: error: {args.block} does not elaborate unmutated")
+    run = lines_run(work, args.block, sources)
+    mutants = [m for rel in sources for m in mutants_of(work / rel, rel, run[rel])]
+    total = len(mutants)
+    if args.limit and args.limit < total:
+        mutants = sorted(random.Random(args.seed).sample(mutants, args.limit), key=lambda m: (m.file, m.line))
     from tqdm import tqdm
     counts: dict[str, int] = {}
     for mut in tqdm(mutants, desc=f"mutants of {args.block}", file=sys.stderr):

@@ -1,7 +1,7 @@
 """The mutation tool's mutant generator (testbenches/mutation.py): which single-line changes it makes."""
 from pathlib import Path
 
-from testbenches.mutation import BLOCKS, mutants_of, swap_mux
+from testbenches.mutation import BLOCKS, mutants_of, statement_spans, swap_mux
 from golden.paths import PROJECT_ROOT
 
 
@@ -11,14 +11,17 @@ def test_swap_mux_swaps_top_level_arms_only():
     assert swap_mux("z = a + b") == []
 
 
-def test_mutants_cover_every_operator_inside_elaborate_only(tmp_path):
+def test_mutants_cover_every_operator_on_code_lines_only(tmp_path):
     src = tmp_path / "block.py"
     src.write_text(
         "def helper(x):\n"
+        "    \"\"\"A docstring with 5 == 6.\"\"\"\n"
         "    return x == 1\n"
         "class B:\n"
         "    def elaborate(self, platform):\n"
         "        # a comment with 3 == 4\n"
+        "        def inner(v):\n"
+        "            return v\n"
         "        s = Signal(4, name=\"s8\")\n"
         "        m.d.sync += s.eq(Mux(a & b, s + 1, 0))\n"
         "        with m.If(s >= 2):\n"
@@ -26,10 +29,23 @@ def test_mutants_cover_every_operator_inside_elaborate_only(tmp_path):
     muts = mutants_of(src, "block.py")
     ops = {m.operator for m in muts}
     assert ops == {"compare", "constant+1", "constant-1", "and/or", "mux arms", "drop register"}
-    assert all(m.line >= 6 for m in muts)                       # not the helper, not the comment
+    assert {m.line for m in muts} == {3, 9, 10, 11}   # not the docstring or the comment; past a nested def
     assert not any("s9" in m.after or "s7" in m.after for m in muts)   # names in strings untouched
     assert any(m.after == "with m.If(s < 2):" for m in muts)
     assert any(m.after == "m.d.comb += s.eq(Mux(a & b, s + 1, 0))" for m in muts)
+    # only the lines the block's elaboration ran, when given
+    assert {m.line for m in mutants_of(src, "block.py", run={10, 11})} == {10, 11}
+
+
+def test_a_statement_over_several_lines_is_one_span(tmp_path):
+    src = tmp_path / "block.py"
+    src.write_text("def f(m):\n"
+                   "    m.d.sync += [a.eq(1),\n"
+                   "                 b.eq(2)]\n"
+                   "    with m.If(c == 0):\n"
+                   "        pass\n")
+    spans = statement_spans(src)
+    assert range(2, 4) in spans and range(4, 5) in spans   # the with's header only, not its body
 
 
 def test_every_block_names_existing_sources_and_tests():
