@@ -21,12 +21,15 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import os
+import queue
 import random
 import re
 import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -181,13 +184,54 @@ def lines_run(work: Path, block: str, sources: list[str]) -> dict[str, set[int]]
     return out
 
 
-def verilog_of(work: Path, block: str) -> tuple[bool, str]:
-    """(elaborated, Verilog of every preset) in the copy ``work``."""
-    script = ("import sys\nfrom hdl.registry import get_block, generate_verilog\n"
+def verilog_of(work: Path, block: str) -> tuple[bool, list[str]]:
+    """(elaborated, the Verilog of each preset) in the copy ``work``."""
+    script = ("import json, sys\nfrom hdl.registry import get_block, generate_verilog\n"
               f"b = get_block({block!r})\n"
-              "sys.stdout.write('\\n'.join(generate_verilog(b.name, c, cache=False) for c in b.presets.values()))\n")
+              "sys.stdout.write(json.dumps([generate_verilog(b.name, c, cache=False) for c in b.presets.values()]))\n")
     done = subprocess.run([sys.executable, "-c", script], cwd=work, capture_output=True, text=True)
-    return done.returncode == 0, done.stdout
+    return done.returncode == 0, json.loads(done.stdout) if done.returncode == 0 else []
+
+
+def compare_verilog(work: Path, block: str) -> str:
+    """The mutated copy ``work``'s Verilog against the original's (``work/build/original*.v``),
+    preset by preset, stopping at the first that differs: ``differs``, ``same`` (at every preset)
+    or ``error`` (does not elaborate)."""
+    script = ("import sys\nfrom pathlib import Path\nfrom hdl.registry import get_block, generate_verilog\n"
+              f"b = get_block({block!r})\n"
+              "for n, c in enumerate(b.presets.values()):\n"
+              "    if generate_verilog(b.name, c, cache=False) != Path(f'build/original{n}.v').read_text():\n"
+              "        sys.exit(3)\n")
+    code = subprocess.run([sys.executable, "-c", script], cwd=work, capture_output=True, text=True).returncode
+    return {0: "same", 3: "differs"}.get(code, "error")
+
+
+def evaluate(mut: Mutant, work: Path, block: str, tests: list[str], timeout: int) -> None:
+    """Apply ``mut`` in the copy ``work``, classify it (``mut.outcome``), undo it."""
+    t0 = time.time()
+    path = work / mut.file
+    text = path.read_text()
+    lines = text.splitlines(keepends=True)
+    indent = lines[mut.line - 1][:len(lines[mut.line - 1]) - len(lines[mut.line - 1].lstrip())]
+    lines[mut.line - 1] = indent + mut.after + "\n"
+    path.write_text("".join(lines))
+    try:
+        verdict = compare_verilog(work, block)
+        if verdict == "error":
+            mut.outcome = "killed (elaboration)"
+        elif verdict == "same":
+            mut.outcome = "equivalent"
+        else:
+            try:
+                run = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+                                     cwd=work, capture_output=True, text=True, timeout=timeout,
+                                     env={**os.environ, "LADMAC_BUILD": str(work / "build")})
+                mut.outcome = "survived" if run.returncode == 0 else "killed"
+            except subprocess.TimeoutExpired:
+                mut.outcome = "timeout"   # a hung simulation is a detected change (counted killed)
+    finally:
+        path.write_text(text)
+    mut.seconds = round(time.time() - t0, 1)
 
 
 def main(argv=None) -> int:
@@ -196,53 +240,50 @@ def main(argv=None) -> int:
     parser.add_argument("--limit", type=int, default=0, help="sample this many mutants (0: all)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--timeout", type=int, default=900, help="seconds per mutant's tests")
+    parser.add_argument("--jobs", type=int, default=1, help="mutants evaluated at once (one repository copy each)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     own, tests = BLOCKS[args.block]
     sources = own + helpers_of(args.block)
-    work = PROJECT_ROOT / "build" / "mutation" / args.block / "repo"
-    if work.exists():
-        shutil.rmtree(work)
-    shutil.copytree(PROJECT_ROOT, work, ignore=shutil.ignore_patterns(".git", ".venv", "build", "__pycache__",
-                                                                      ".pytest_cache", "*.egg-info"))
-    ok, original = verilog_of(work, args.block)
+    copies = []
+    for k in range(max(1, args.jobs)):
+        work = PROJECT_ROOT / "build" / "mutation" / args.block / f"repo{k}"
+        if work.exists():
+            shutil.rmtree(work)
+        shutil.copytree(PROJECT_ROOT, work, ignore=shutil.ignore_patterns(
+            ".git", ".venv", "build", "__pycache__", ".pytest_cache", "*.egg-info"))
+        copies.append(work)
+    ok, original = verilog_of(copies[0], args.block)
     if not ok:
         sys.exit(f"ladmac: error: {args.block} does not elaborate unmutated")
-    run = lines_run(work, args.block, sources)
-    mutants = [m for rel in sources for m in mutants_of(work / rel, rel, run[rel])]
+    for work in copies:
+        (work / "build").mkdir(exist_ok=True)
+        for n, text in enumerate(original):
+            (work / "build" / f"original{n}.v").write_text(text)
+    run = lines_run(copies[0], args.block, sources)
+    mutants = [m for rel in sources for m in mutants_of(copies[0] / rel, rel, run[rel])]
     total = len(mutants)
     if args.limit and args.limit < total:
         mutants = sorted(random.Random(args.seed).sample(mutants, args.limit), key=lambda m: (m.file, m.line))
     from tqdm import tqdm
     counts: dict[str, int] = {}
-    for mut in tqdm(mutants, desc=f"mutants of {args.block}", file=sys.stderr):
-        t0 = time.time()
-        path = work / mut.file
-        text = path.read_text()
-        lines = text.splitlines(keepends=True)
-        indent = lines[mut.line - 1][:len(lines[mut.line - 1]) - len(lines[mut.line - 1].lstrip())]
-        lines[mut.line - 1] = indent + mut.after + "\n"
-        path.write_text("".join(lines))
+    free = queue.Queue()
+    for work in copies:
+        free.put(work)
+
+    def one(mut: Mutant) -> Mutant:
+        work = free.get()
         try:
-            ok, mutated = verilog_of(work, args.block)
-            if not ok:
-                mut.outcome = "killed (elaboration)"
-            elif mutated == original:
-                mut.outcome = "equivalent"
-            else:
-                try:
-                    run = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
-                                         cwd=work, capture_output=True, text=True, timeout=args.timeout,
-                                         env={**__import__("os").environ, "LADMAC_BUILD": str(work / "build")})
-                    mut.outcome = "survived" if run.returncode == 0 else "killed"
-                except subprocess.TimeoutExpired:
-                    mut.outcome = "timeout"   # a hung simulation is a detected change (counted killed)
+            evaluate(mut, work, args.block, tests, args.timeout)
         finally:
-            path.write_text(text)
-        mut.seconds = round(time.time() - t0, 1)
-        counts[mut.outcome] = counts.get(mut.outcome, 0) + 1
-        if args.out:   # written as it goes: an interrupted run leaves its results
-            write(args, total, mutants, counts)
+            free.put(work)
+        return mut
+
+    with ThreadPoolExecutor(max_workers=len(copies)) as pool:
+        for mut in tqdm(pool.map(one, mutants), total=len(mutants), desc=f"mutants of {args.block}", file=sys.stderr):
+            counts[mut.outcome] = counts.get(mut.outcome, 0) + 1
+            if args.out:   # written as it goes: an interrupted run leaves its results
+                write(args, total, mutants, counts)
     killed = sum(v for k, v in counts.items() if k.startswith("killed") or k == "timeout")
     survived = counts.get("survived", 0)
     score = killed / max(1, killed + survived)
