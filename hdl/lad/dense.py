@@ -165,18 +165,29 @@ class DenseAttention(wiring.Component):
         with m.If(self.kv_req.valid & self.kv_req.ready):
             m.d.sync += kv_beats.eq(kv_beats + 1)
 
+        # a query beat is registered (q_in) with its beat's write enable (q_we, one bit per beat) and
+        # written into query_buf the next cycle: the handshake (through the harness) then reaches
+        # nb + 1 flip-flops, not the enables of all nb * lanes * kv_width bits of query_buf. The
+        # last beat is written in the first cycle of KEYS, long before its first read.
+        q_in, q_we = Signal(cfg.lanes * cfg.kv_width), Signal(nb)
+        m.d.sync += [q_in.eq(self.query.payload.q), q_we.eq(0)]
+        for b in range(nb):
+            with m.If(q_we[b]):
+                m.d.sync += query_buf[b].eq(q_in)
+
         with m.FSM():
             with m.State("LOAD"):
                 m.d.comb += self.query.ready.eq(1)
+                # the step's registers start over in LOAD (nothing reads them there: the last step's
+                # output has left), on the state alone, not on the query's handshake
+                m.d.sync += [running_max.eq(sfm_cfg.x_format.min_raw), z_sum.eq(0), kv_beats.eq(0),
+                             cycles.eq(0), req_pos.eq(0), req_beat.eq(0), resp_beat.eq(0),
+                             done_pos.eq(0), done_beat.eq(0), score_pos.eq(0)]
                 with m.If(self.query.valid):
-                    m.d.sync += [query_buf[load_beat].eq(self.query.payload.q),
-                                 load_beat.eq(incr(load_beat, nb))]
+                    m.d.sync += [q_we.eq(1 << load_beat), load_beat.eq(incr(load_beat, nb))]
                     with m.If(load_beat == 0):
                         m.d.sync += length.eq(self.query.payload.length)
                     with m.If(load_beat == nb - 1):
-                        m.d.sync += [running_max.eq(sfm_cfg.x_format.min_raw), z_sum.eq(0), kv_beats.eq(0),
-                                     cycles.eq(0), req_pos.eq(0), req_beat.eq(0), resp_beat.eq(0),
-                                     done_pos.eq(0), done_beat.eq(0), score_pos.eq(0)]
                         m.next = "KEYS"
 
             with m.State("KEYS"):
