@@ -76,7 +76,7 @@ class Vpu(wiring.Component):
 
         # Stage 1: the multiplier operands per lane (a, b for DOT; a-b twice for SQDIST;
         # scalar, a for AXPY), so the multiplier has registers on both sides.
-        s0_valid, s0_op, s0_last = Signal(), Signal(2), Signal()
+        s0_valid, s0_op, s0_last = Signal(), Signal(VpuOp), Signal()
         s0_x = [Signal(signed(w + 1), name=f"s0_x{l}") for l in range(cfg.lanes)]
         s0_y = [Signal(signed(w + 1), name=f"s0_y{l}") for l in range(cfg.lanes)]
         s0_acc = [Signal(signed(cfg.acc_width), name=f"s0_acc{l}") for l in range(cfg.lanes)]
@@ -101,8 +101,10 @@ class Vpu(wiring.Component):
         s0_valid, s0_op, s0_last, s0_acc = _delayed(m, ce, "s0b", s0_valid, s0_op, s0_last, s0_acc)
         s0_x = _delayed(m, ce, "s0b_x", *s0_x)
         s0_y = _delayed(m, ce, "s0b_y", *s0_y)
-        s1_valid, s1_op, s1_last = Signal(), Signal(2), Signal()
-        s1_prod = [Signal(signed(2 * w + 2), name=f"s1_prod{l}") for l in range(cfg.lanes)]
+        s1_valid, s1_op, s1_last = Signal(), Signal(VpuOp), Signal()
+        # a product's signed bits: |a b| <= 2^(2w - 2) (DOT, AXPY), (a - b)^2 <= (2^w - 1)^2 < 2^(2w) (SQDIST)
+        pw = 2 * w + 1
+        s1_prod = [Signal(signed(pw), name=f"s1_prod{l}") for l in range(cfg.lanes)]
         s1_acc = [Signal(signed(cfg.acc_width), name=f"s1_acc{l}") for l in range(cfg.lanes)]
         with m.If(ce):
             m.d.sync += [s1_valid.eq(s0_valid), s1_op.eq(s0_op), s1_last.eq(s0_last)]
@@ -113,8 +115,7 @@ class Vpu(wiring.Component):
 
         # Stage 5: the first level of the beat's adder tree (pair sums); the AXPY products rounded.
         npairs = (cfg.lanes + 1) // 2
-        pw = 2 * w + 2
-        s2_valid, s2_op, s2_last = Signal(), Signal(2), Signal()
+        s2_valid, s2_op, s2_last = Signal(), Signal(VpuOp), Signal()
         s2_pairs = [Signal(signed(pw + 1), name=f"s2_pair{n}") for n in range(npairs)]
         s2_round = [Signal(signed(pw + 1), name=f"s2_round{l}") for l in range(cfg.lanes)]
         s2_acc = [Signal(signed(cfg.acc_width), name=f"s2_acc{l}") for l in range(cfg.lanes)]
@@ -125,7 +126,7 @@ class Vpu(wiring.Component):
                 m.d.sync += [s2_round[l].eq(round_shift(s1_prod[l], cfg.axpy_shift)), s2_acc[l].eq(s1_acc[l])]
 
         # Stage 6: the rest of the adder tree; the rounded AXPY products added to acc.
-        s3_valid, s3_op, s3_last = Signal(), Signal(2), Signal()
+        s3_valid, s3_op, s3_last = Signal(), Signal(VpuOp), Signal()
         s3_beat_sum = Signal(signed(pw + cfg.lanes.bit_length()))
         s3_lanes = [Signal(signed(cfg.acc_width + 1), name=f"s3_lane{l}") for l in range(cfg.lanes)]
         with m.If(ce):
