@@ -175,6 +175,23 @@ class DenseAttention(wiring.Component):
             with m.If(q_we[b]):
                 m.d.sync += query_buf[b].eq(q_in)
 
+        # payloads and addresses that need not depend on the state: their consumers look at them only
+        # with a valid or an enable (or, the VPU and SFM, only the operands of their op) set in the
+        # FSM; assigned outside it, the state decode gates none of their bits
+        qb = query_buf[resp_beat]
+        acc_word = Mux(first_pos, 0, numer_acc.data)   # beat resp_beat of N, 0 for the first position
+        aw = vpu_cfg.acc_width
+        m.d.comb += [self.kv_req.payload.position.eq(req_pos), self.kv_req.payload.beat.eq(req_beat),
+                     scores.write.payload.addr.eq(done_pos), scores.write.payload.data.eq(k3_score),
+                     score_req.payload.addr.eq(score_pos), sfm.i.payload.x.eq(x_reg), sfm.i.payload.z.eq(z_sum),
+                     p_fifo.w_data.eq(sfm.o.payload.value), vpu.i.payload.scalar.eq(p_fifo.r_data),
+                     numer_acc.addr.eq(resp_beat), numer_write.addr.eq(done_beat),
+                     numer_write.data.eq(vpu.o.payload.vec)]
+        for l in range(cfg.lanes):
+            m.d.comb += [vpu.i.payload.a[l].eq(self.kv_resp.payload[l]),
+                         vpu.i.payload.b[l].eq(qb[l * cfg.kv_width:(l + 1) * cfg.kv_width].as_signed()),
+                         vpu.i.payload.acc[l].eq(acc_word[l * aw:(l + 1) * aw].as_signed())]
+
         with m.FSM():
             with m.State("LOAD"):
                 m.d.comb += self.query.ready.eq(1)
@@ -192,26 +209,20 @@ class DenseAttention(wiring.Component):
 
             with m.State("KEYS"):
                 m.d.sync += cycles.eq(cycles + 1)
-                m.d.comb += [self.kv_req.valid.eq(req_pos < length), self.kv_req.payload.value.eq(0),
-                             self.kv_req.payload.position.eq(req_pos), self.kv_req.payload.beat.eq(req_beat)]
+                m.d.comb += [self.kv_req.valid.eq(req_pos < length), self.kv_req.payload.value.eq(0)]
                 with m.If(self.kv_req.valid & self.kv_req.ready):
                     m.d.sync += req_beat.eq(incr(req_beat, nb))
                     with m.If(req_beat == nb - 1):
                         m.d.sync += req_pos.eq(req_pos + 1)
-                # key beats -> VPU DOT with the buffered query beat
+                # key beats -> VPU DOT with the buffered query beat (qb)
                 m.d.comb += [vpu.i.valid.eq(self.kv_resp.valid), self.kv_resp.ready.eq(vpu.i.ready),
                              vpu.i.payload.op.eq(VpuOp.DOT), vpu.i.payload.last.eq(resp_beat == nb - 1)]
-                qb = query_buf[resp_beat]
-                for l in range(cfg.lanes):
-                    m.d.comb += [vpu.i.payload.a[l].eq(self.kv_resp.payload[l]),
-                                 vpu.i.payload.b[l].eq(qb[l * cfg.kv_width:(l + 1) * cfg.kv_width].as_signed())]
                 with m.If(vpu.i.valid & vpu.i.ready):
                     m.d.sync += resp_beat.eq(incr(resp_beat, nb))
                 # scores (three stages after the VPU) -> score SRAM, running max
                 m.d.comb += k_in.eq(vpu.o.valid)
                 with m.If(k3_valid):
-                    m.d.comb += [scores.write.valid.eq(1), scores.write.payload.addr.eq(done_pos),
-                                 scores.write.payload.data.eq(k3_score)]
+                    m.d.comb += scores.write.valid.eq(1)
                     m.d.sync += done_pos.eq(done_pos + 1)
                     with m.If(k3_score > running_max):
                         m.d.sync += running_max.eq(k3_score)
@@ -223,7 +234,7 @@ class DenseAttention(wiring.Component):
             with m.State("VALUES"):
                 m.d.sync += cycles.eq(cycles + 1)
                 # scores -> x = s - m -> SFM EXP -> p FIFO, Z += p
-                m.d.comb += [score_req.valid.eq(score_pos < length), score_req.payload.addr.eq(score_pos)]
+                m.d.comb += score_req.valid.eq(score_pos < length)
                 with m.If(score_req.valid & score_req.ready):
                     m.d.sync += score_pos.eq(score_pos + 1)
                 # x = s - m in a register stage between the score SRAM and the SFM
@@ -232,14 +243,12 @@ class DenseAttention(wiring.Component):
                 with m.If(score_resp.ready):
                     m.d.sync += [x_valid.eq(score_resp.valid), x_reg.eq(saturate(x, signed(xw)))]
                 m.d.comb += [sfm.i.valid.eq(x_valid),
-                             sfm.i.payload.op.eq(SfmOp.EXP), sfm.i.payload.x.eq(x_reg),
-                             p_fifo.w_data.eq(sfm.o.payload.value), p_fifo.w_en.eq(sfm.o.valid),
+                             sfm.i.payload.op.eq(SfmOp.EXP), p_fifo.w_en.eq(sfm.o.valid),
                              sfm.o.ready.eq(p_fifo.w_rdy)]
                 with m.If(sfm.o.valid & sfm.o.ready):
                     m.d.sync += z_sum.eq(z_sum + sfm.o.payload.value)
                 # value requests
-                m.d.comb += [self.kv_req.valid.eq(req_pos < length), self.kv_req.payload.value.eq(1),
-                             self.kv_req.payload.position.eq(req_pos), self.kv_req.payload.beat.eq(req_beat)]
+                m.d.comb += [self.kv_req.valid.eq(req_pos < length), self.kv_req.payload.value.eq(1)]
                 with m.If(self.kv_req.valid & self.kv_req.ready):
                     m.d.sync += req_beat.eq(incr(req_beat, nb))
                     with m.If(req_beat == nb - 1):
@@ -250,23 +259,14 @@ class DenseAttention(wiring.Component):
                 both = self.kv_resp.valid & p_fifo.r_rdy & room
                 m.d.comb += [vpu.i.valid.eq(both), self.kv_resp.ready.eq(vpu.i.ready & p_fifo.r_rdy & room),
                              p_fifo.r_en.eq(vpu.i.ready & self.kv_resp.valid & room & (resp_beat == nb - 1)),
-                             vpu.i.payload.op.eq(VpuOp.AXPY), vpu.i.payload.last.eq(1),
-                             vpu.i.payload.scalar.eq(p_fifo.r_data)]
-                # acc: beat resp_beat of N, or 0 for the first position's beats
-                m.d.comb += numer_acc.addr.eq(resp_beat)
-                acc_word = Mux(first_pos, 0, numer_acc.data)
-                aw = vpu_cfg.acc_width
-                for l in range(cfg.lanes):
-                    m.d.comb += [vpu.i.payload.a[l].eq(self.kv_resp.payload[l]),
-                                 vpu.i.payload.acc[l].eq(acc_word[l * aw:(l + 1) * aw].as_signed())]
+                             vpu.i.payload.op.eq(VpuOp.AXPY), vpu.i.payload.last.eq(1)]
                 with m.If(vpu.i.valid & vpu.i.ready):
                     m.d.sync += resp_beat.eq(incr(resp_beat, nb))
                     with m.If(resp_beat == nb - 1):
                         m.d.sync += first_pos.eq(0)
                 m.d.sync += inflight.eq(inflight + (vpu.i.valid & vpu.i.ready) - vpu.o.valid)
                 # the AXPY results -> beat done_beat of N
-                m.d.comb += [numer_write.addr.eq(done_beat), numer_write.data.eq(vpu.o.payload.vec),
-                             numer_write.en.eq(vpu.o.valid)]
+                m.d.comb += numer_write.en.eq(vpu.o.valid)
                 with m.If(vpu.o.valid):
                     m.d.sync += done_beat.eq(incr(done_beat, nb))
                     with m.If(done_beat == nb - 1):
@@ -276,7 +276,7 @@ class DenseAttention(wiring.Component):
 
             with m.State("RECIP"):
                 m.d.sync += cycles.eq(cycles + 1)
-                m.d.comb += [sfm.i.valid.eq(1), sfm.i.payload.op.eq(SfmOp.RECIP), sfm.i.payload.z.eq(z_sum)]
+                m.d.comb += [sfm.i.valid.eq(1), sfm.i.payload.op.eq(SfmOp.RECIP)]
                 with m.If(sfm.i.ready):
                     m.next = "RECIP_WAIT"
             with m.State("RECIP_WAIT"):
@@ -302,8 +302,7 @@ class DenseAttention(wiring.Component):
                     m.next = "LOAD"
 
         # -- output pipeline: N's beat; partial products of N * r, twice; sum with the rounding
-        # half; shift (two steps) and saturate (stalls as a whole when ``out`` is stalled)
-        aw = vpu_cfg.acc_width
+        # half; shift (two steps); saturate (stalls as a whole when ``out`` is stalled)
         m.d.comb += numer_out.addr.eq(out_beat)
         word = numer_out.data   # beat out_beat of N
         o0_valid, o0_last = Signal(), Signal()
