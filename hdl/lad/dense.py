@@ -108,14 +108,16 @@ class DenseAttention(wiring.Component):
         score_req, score_resp = scores.read_port(0)
 
         query_buf = Array(Signal(cfg.lanes * cfg.kv_width, name=f"q_beat{b}") for b in range(nb))
-        # N, one word of lanes acc_width-bit lanes per beat, in a memory (LUT RAM, asynchronous
-        # reads): the AXPY results write beat done_beat; AXPY reads beat resp_beat as its acc
-        # operand, the output pipeline beat out_beat
-        m.submodules.numer = numer = memory.Memory(shape=unsigned(cfg.lanes * vpu_cfg.acc_width),
-                                                   depth=nb, init=[])
-        numer_write = numer.write_port()
-        numer_acc, numer_out = numer.read_port(domain="comb"), numer.read_port(domain="comb")
-        first_pos = Signal()   # pass 2, the first position's beats: AXPY's acc is 0, not N
+        # N, one memory per lane (an acc_width-bit word per beat; LUT RAM, asynchronous reads): the
+        # AXPY results write beat done_beat; AXPY reads beat resp_beat as its acc operand, the
+        # output pipeline beat out_beat, each lane at its own copy of those counters (below)
+        aw = vpu_cfg.acc_width
+        numer = [memory.Memory(shape=unsigned(aw), depth=nb, init=[]) for _ in range(cfg.lanes)]
+        for l, mem in enumerate(numer):
+            m.submodules[f"numer{l}"] = mem
+        numer_write = [mem.write_port() for mem in numer]
+        numer_acc = [mem.read_port(domain="comb") for mem in numer]
+        numer_out = [mem.read_port(domain="comb") for mem in numer]
         length = Signal(cfg.position_width)
         running_max = Signal(signed(xw))
         z_sum = Signal(cfg.sfm_out_width_sum)
@@ -125,6 +127,13 @@ class DenseAttention(wiring.Component):
         load_beat = Signal(range(nb))
         req_pos, req_beat = Signal(cfg.position_width), Signal(range(nb))
         resp_beat = Signal(range(nb))
+        # per lane: copies of resp_beat (N's acc read, the query beat) and out_beat (N's output read),
+        # counters updated as the originals, and first_pos (pass 2, the first position's beats:
+        # AXPY's acc is 0, not N; cleared at its lane's resp_beat copy): each drives one lane's
+        # read logic, not all lanes' (distinct feedback, so yosys does not merge them)
+        resp_beat_l = [Signal(range(nb), name=f"resp_beat_l{l}") for l in range(cfg.lanes)]
+        out_beat_l = [Signal(range(nb), name=f"out_beat_l{l}") for l in range(cfg.lanes)]
+        first_pos_l = [Signal(name=f"first_pos_l{l}") for l in range(cfg.lanes)]
         done_pos = Signal(cfg.position_width)   # results (scores, or AXPY positions) completed
         done_beat = Signal(range(nb))
         score_pos = Signal(cfg.position_width)  # pass 2: next score to read
@@ -178,19 +187,21 @@ class DenseAttention(wiring.Component):
         # payloads and addresses that need not depend on the state: their consumers look at them only
         # with a valid or an enable (or, the VPU and SFM, only the operands of their op) set in the
         # FSM; assigned outside it, the state decode gates none of their bits
-        qb = query_buf[resp_beat]
-        acc_word = Mux(first_pos, 0, numer_acc.data)   # beat resp_beat of N, 0 for the first position
-        aw = vpu_cfg.acc_width
         m.d.comb += [self.kv_req.payload.position.eq(req_pos), self.kv_req.payload.beat.eq(req_beat),
                      scores.write.payload.addr.eq(done_pos), scores.write.payload.data.eq(k3_score),
                      score_req.payload.addr.eq(score_pos), sfm.i.payload.x.eq(x_reg), sfm.i.payload.z.eq(z_sum),
                      p_fifo.w_data.eq(sfm.o.payload.value), vpu.i.payload.scalar.eq(p_fifo.r_data),
-                     numer_acc.addr.eq(resp_beat), numer_write.addr.eq(done_beat),
-                     numer_write.data.eq(vpu.o.payload.vec)]
+                     *(wp.addr.eq(done_beat) for wp in numer_write)]
+        # N is written with every VPU result, not only in VALUES: the state decode then does not reach
+        # the write enables of all of N's LUT RAM. Exact: in KEYS done_beat is 0 and N's beat 0 is
+        # first read by the first position's AXPY, which takes acc = 0 and writes it
+        m.d.comb += [wp.en.eq(vpu.o.valid) for wp in numer_write]
         for l in range(cfg.lanes):
+            qb = query_buf[resp_beat_l[l]]   # the query beat at resp_beat; acc: N's beat, 0 for the first position
             m.d.comb += [vpu.i.payload.a[l].eq(self.kv_resp.payload[l]),
                          vpu.i.payload.b[l].eq(qb[l * cfg.kv_width:(l + 1) * cfg.kv_width].as_signed()),
-                         vpu.i.payload.acc[l].eq(acc_word[l * aw:(l + 1) * aw].as_signed())]
+                         numer_acc[l].addr.eq(resp_beat_l[l]), numer_write[l].data.eq(vpu.o.payload.vec[l]),
+                         vpu.i.payload.acc[l].eq(Mux(first_pos_l[l], 0, numer_acc[l].data.as_signed()))]
 
         with m.FSM():
             with m.State("LOAD"):
@@ -199,7 +210,7 @@ class DenseAttention(wiring.Component):
                 # output has left), on the state alone, not on the query's handshake
                 m.d.sync += [running_max.eq(sfm_cfg.x_format.min_raw), z_sum.eq(0), kv_beats.eq(0),
                              cycles.eq(0), req_pos.eq(0), req_beat.eq(0), resp_beat.eq(0),
-                             done_pos.eq(0), done_beat.eq(0), score_pos.eq(0)]
+                             done_pos.eq(0), done_beat.eq(0), score_pos.eq(0), *(r.eq(0) for r in resp_beat_l)]
                 with m.If(self.query.valid):
                     m.d.sync += [q_we.eq(1 << load_beat), load_beat.eq(incr(load_beat, nb))]
                     with m.If(load_beat == 0):
@@ -218,7 +229,7 @@ class DenseAttention(wiring.Component):
                 m.d.comb += [vpu.i.valid.eq(self.kv_resp.valid), self.kv_resp.ready.eq(vpu.i.ready),
                              vpu.i.payload.op.eq(VpuOp.DOT), vpu.i.payload.last.eq(resp_beat == nb - 1)]
                 with m.If(vpu.i.valid & vpu.i.ready):
-                    m.d.sync += resp_beat.eq(incr(resp_beat, nb))
+                    m.d.sync += [r.eq(incr(r, nb)) for r in (resp_beat, *resp_beat_l)]
                 # scores (three stages after the VPU) -> score SRAM, running max
                 m.d.comb += k_in.eq(vpu.o.valid)
                 with m.If(k3_valid):
@@ -228,7 +239,7 @@ class DenseAttention(wiring.Component):
                         m.d.sync += running_max.eq(k3_score)
                     with m.If(done_pos == length - 1):
                         m.d.sync += [done_pos.eq(0), req_pos.eq(0), req_beat.eq(0), resp_beat.eq(0),
-                                     first_pos.eq(1)]
+                                     *(r.eq(0) for r in resp_beat_l), *(f.eq(1) for f in first_pos_l)]
                         m.next = "VALUES"
 
             with m.State("VALUES"):
@@ -261,12 +272,12 @@ class DenseAttention(wiring.Component):
                              p_fifo.r_en.eq(vpu.i.ready & self.kv_resp.valid & room & (resp_beat == nb - 1)),
                              vpu.i.payload.op.eq(VpuOp.AXPY), vpu.i.payload.last.eq(1)]
                 with m.If(vpu.i.valid & vpu.i.ready):
-                    m.d.sync += resp_beat.eq(incr(resp_beat, nb))
-                    with m.If(resp_beat == nb - 1):
-                        m.d.sync += first_pos.eq(0)
+                    m.d.sync += [r.eq(incr(r, nb)) for r in (resp_beat, *resp_beat_l)]
+                    for r, f in zip(resp_beat_l, first_pos_l):
+                        with m.If(r == nb - 1):
+                            m.d.sync += f.eq(0)
                 m.d.sync += inflight.eq(inflight + (vpu.i.valid & vpu.i.ready) - vpu.o.valid)
-                # the AXPY results -> beat done_beat of N
-                m.d.comb += numer_write.en.eq(vpu.o.valid)
+                # the AXPY results -> beat done_beat of N (the write enable: outside the FSM)
                 with m.If(vpu.o.valid):
                     m.d.sync += done_beat.eq(incr(done_beat, nb))
                     with m.If(done_beat == nb - 1):
@@ -289,13 +300,13 @@ class DenseAttention(wiring.Component):
                     m.d.comb += [o_ctl_load.eq(1), o_ctl_word.eq(Cat(out_shift[:shift_bits], out_shift > o_width))]
                     m.d.sync += [recip_m.eq(sfm.o.payload.value),
                                  o_half.eq((Const(1, 1) << out_shift) >> 1),
-                                 out_beat.eq(0), out_issued.eq(0)]
+                                 out_beat.eq(0), out_issued.eq(0), *(r.eq(0) for r in out_beat_l)]
                     m.next = "OUTPUT"
 
             with m.State("OUTPUT"):  # issue the beats into the output pipeline; wait for the last to leave
                 m.d.comb += o_issue.eq(o_ce & ~out_issued)
                 with m.If(o_issue):
-                    m.d.sync += out_beat.eq(incr(out_beat, nb))
+                    m.d.sync += [r.eq(incr(r, nb)) for r in (out_beat, *out_beat_l)]
                     with m.If(out_beat == nb - 1):
                         m.d.sync += out_issued.eq(1)
                 with m.If(self.out.valid & self.out.ready & o3_last):
@@ -303,8 +314,7 @@ class DenseAttention(wiring.Component):
 
         # -- output pipeline: N's beat; partial products of N * r, twice; sum with the rounding
         # half; shift (two steps); saturate (stalls as a whole when ``out`` is stalled)
-        m.d.comb += numer_out.addr.eq(out_beat)
-        word = numer_out.data   # beat out_beat of N
+        m.d.comb += [numer_out[l].addr.eq(out_beat_l[l]) for l in range(cfg.lanes)]   # beat out_beat of N
         o0_valid, o0_last = Signal(), Signal()
         o0_lane = [Signal(signed(aw), name=f"o0_lane{l}") for l in range(cfg.lanes)]
         # N's beat (read from the LUT RAM) and r registered, and the products registered twice: every
@@ -320,7 +330,7 @@ class DenseAttention(wiring.Component):
         o2_t = [Signal(signed(pw + 1), name=f"o2_t{l}") for l in range(cfg.lanes)]
         with m.If(o_ce):
             m.d.sync += [o0_valid.eq(o_issue), o0_last.eq(out_beat == nb - 1), o0_recip.eq(recip_m)]
-            m.d.sync += [o0_lane[l].eq(word[l * aw:(l + 1) * aw]) for l in range(cfg.lanes)]
+            m.d.sync += [o0_lane[l].eq(numer_out[l].data) for l in range(cfg.lanes)]
             m.d.sync += [o1_valid.eq(o0_valid), o1_last.eq(o0_last), o1b_valid.eq(o1_valid), o1b_last.eq(o1_last),
                          o2_valid.eq(o1b_valid), o2_last.eq(o1b_last)]
             m.d.sync += [o2_t[l].eq(csa_sum(placed(o1b_pp[l]) + [o_half], pw + 1).as_signed())
