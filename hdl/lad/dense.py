@@ -136,6 +136,11 @@ class DenseAttention(wiring.Component):
         first_pos_l = [Signal(name=f"first_pos_l{l}") for l in range(cfg.lanes)]
         done_pos = Signal(cfg.position_width)   # results (scores, or AXPY positions) completed
         done_beat = Signal(range(nb))
+        # done_pos == length - 1, registered (one cycle behind done_pos: read only at a completed
+        # score or a position's last AXPY beat, at least min_beats cycles after done_pos last
+        # changed): the compare's carry chain is not in the path to the phase-end resets
+        done_last = Signal()
+        m.d.sync += done_last.eq(done_pos == length - 1)
         score_pos = Signal(cfg.position_width)  # pass 2: next score to read
         out_beat = Signal(range(nb))
         inflight = Signal(range(nb + 1))         # pass 2: AXPY beats issued, not yet written back
@@ -237,7 +242,7 @@ class DenseAttention(wiring.Component):
                     m.d.sync += done_pos.eq(done_pos + 1)
                     with m.If(k3_score > running_max):
                         m.d.sync += running_max.eq(k3_score)
-                    with m.If(done_pos == length - 1):
+                    with m.If(done_last):
                         m.d.sync += [done_pos.eq(0), req_pos.eq(0), req_beat.eq(0), resp_beat.eq(0),
                                      *(r.eq(0) for r in resp_beat_l), *(f.eq(1) for f in first_pos_l)]
                         m.next = "VALUES"
@@ -282,7 +287,7 @@ class DenseAttention(wiring.Component):
                     m.d.sync += done_beat.eq(incr(done_beat, nb))
                     with m.If(done_beat == nb - 1):
                         m.d.sync += done_pos.eq(done_pos + 1)
-                        with m.If(done_pos == length - 1):
+                        with m.If(done_last):
                             m.next = "RECIP"
 
             with m.State("RECIP"):
