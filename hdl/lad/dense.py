@@ -16,7 +16,8 @@ between the VPU and the score SRAM / running max; the score SRAM's output is reg
 (read latency 2) and ``x = s - m`` is registered before the SFM; the output
 ``sat(round_shift(N * r, frac + k))`` is a seven-stage pipeline (N's beat and r; partial
 products, registered twice; sum with the rounding half; shift in two steps; saturate) that
-stalls as a whole; each lane reads its own registered copy of the shift amount (lane_copies).
+runs freely into a FIFO holding a step's beats (no stall-all enable); each lane reads its own
+registered copy of the shift amount (lane_copies).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from golden.sfm import SfmOp
 from golden.sram import SramConfig
 from golden.vpu import VpuOp
 
-from ..lib.arith import incr, index_width, saturate, stall_all_enable
+from ..lib.arith import incr, index_width, saturate
 from ..lib.pipe import csa_sum, partial_products, placed, register_partials
 from ..lib.sfm import Sfm
 from ..lib.sram import SramBank
@@ -170,8 +171,12 @@ class DenseAttention(wiring.Component):
         shift_bits = (sfm_cfg.mantissa_frac + (1 << sfm_cfg.exponent_width) - 1).bit_length()
         o_ctl_load, o_ctl_word = Signal(), Signal(shift_bits + 1)
         o_ctl = lane_copies(m, o_ctl_word, o_ctl_load, cfg.lanes, "o_ctl")
-        o_ce, o_issue, out_issued, o3_last = Signal(), Signal(), Signal(), Signal()
-        m.d.comb += o_ce.eq(stall_all_enable(self.out))
+        o_issue, out_issued = Signal(), Signal()
+        # the output pipeline runs freely into a FIFO that holds a step's nb beats (empty when OUTPUT
+        # starts: the last step's beats have left): out's ready reaches the FIFO, not the enables
+        # of the pipeline's every flip-flop (a stall-all enable: the critical path, 91.9 MHz)
+        m.submodules.o_fifo = o_fifo = fifo.SyncFIFOBuffered(width=cfg.lanes * cfg.kv_width + 1, depth=nb)
+        o_fifo_last = o_fifo.r_data[-1]   # the beat at out is the step's last
 
         # the VPU's results are always taken (each phase drains it before the next): its stall-all
         # enable is then constant, not a function of the FSM state fanned out to its every flip-flop
@@ -309,16 +314,16 @@ class DenseAttention(wiring.Component):
                     m.next = "OUTPUT"
 
             with m.State("OUTPUT"):  # issue the beats into the output pipeline; wait for the last to leave
-                m.d.comb += o_issue.eq(o_ce & ~out_issued)
+                m.d.comb += o_issue.eq(~out_issued)
                 with m.If(o_issue):
                     m.d.sync += [r.eq(incr(r, nb)) for r in (out_beat, *out_beat_l)]
                     with m.If(out_beat == nb - 1):
                         m.d.sync += out_issued.eq(1)
-                with m.If(self.out.valid & self.out.ready & o3_last):
+                with m.If(self.out.valid & self.out.ready & o_fifo_last):
                     m.next = "LOAD"
 
         # -- output pipeline: N's beat; partial products of N * r, twice; sum with the rounding
-        # half; shift (two steps); saturate (stalls as a whole when ``out`` is stalled)
+        # half; shift (two steps); saturate; the FIFO to ``out``
         m.d.comb += [numer_out[l].addr.eq(out_beat_l[l]) for l in range(cfg.lanes)]   # beat out_beat of N
         o0_valid, o0_last = Signal(), Signal()
         o0_lane = [Signal(signed(aw), name=f"o0_lane{l}") for l in range(cfg.lanes)]
@@ -327,32 +332,35 @@ class DenseAttention(wiring.Component):
         # register, read by every lane, as a copy in each)
         o0_recip = Signal(sfm_cfg.value_width)
         o1_valid, o1_last, o1b_valid, o1b_last = Signal(), Signal(), Signal(), Signal()
-        o1_pp = [register_partials(m, o_ce, partial_products(o0_lane[l], o0_recip), f"o1_{l}")
+        o1_pp = [register_partials(m, 1, partial_products(o0_lane[l], o0_recip), f"o1_{l}")
                  for l in range(cfg.lanes)]
-        o1b_pp = [register_partials(m, o_ce, o1_pp[l], f"o1b_{l}") for l in range(cfg.lanes)]
+        o1b_pp = [register_partials(m, 1, o1_pp[l], f"o1b_{l}") for l in range(cfg.lanes)]
         pw = o_width
         o2_valid, o2_last = Signal(), Signal()
         o2_t = [Signal(signed(pw + 1), name=f"o2_t{l}") for l in range(cfg.lanes)]
-        with m.If(o_ce):
-            m.d.sync += [o0_valid.eq(o_issue), o0_last.eq(out_beat == nb - 1), o0_recip.eq(recip_m)]
-            m.d.sync += [o0_lane[l].eq(numer_out[l].data) for l in range(cfg.lanes)]
-            m.d.sync += [o1_valid.eq(o0_valid), o1_last.eq(o0_last), o1b_valid.eq(o1_valid), o1b_last.eq(o1_last),
-                         o2_valid.eq(o1b_valid), o2_last.eq(o1b_last)]
-            m.d.sync += [o2_t[l].eq(csa_sum(placed(o1b_pp[l]) + [o_half], pw + 1).as_signed())
-                         for l in range(cfg.lanes)]
+        m.d.sync += [o0_valid.eq(o_issue), o0_last.eq(out_beat == nb - 1), o0_recip.eq(recip_m)]
+        m.d.sync += [o0_lane[l].eq(numer_out[l].data) for l in range(cfg.lanes)]
+        m.d.sync += [o1_valid.eq(o0_valid), o1_last.eq(o0_last), o1b_valid.eq(o1_valid), o1b_last.eq(o1_last),
+                     o2_valid.eq(o1b_valid), o2_last.eq(o1b_last)]
+        m.d.sync += [o2_t[l].eq(csa_sum(placed(o1b_pp[l]) + [o_half], pw + 1).as_signed())
+                     for l in range(cfg.lanes)]
         # the shift in two registered steps (by the shift's high bits, 0 if o_zero; then by its low
         # fine_bits bits), then the saturation: an arithmetic shift by a + b is the shift by a, then by b
-        o2b_valid, o2b_last, o2c_valid, o2c_last = Signal(), Signal(), Signal(), Signal()
+        o2b_valid, o2b_last, o2c_valid, o2c_last, o3_valid, o3_last = (Signal() for _ in range(6))
         o2b_t = [Signal(signed(pw + 1), name=f"o2b_t{l}") for l in range(cfg.lanes)]
         o2c_t = [Signal(signed(pw + 1), name=f"o2c_t{l}") for l in range(cfg.lanes)]
-        with m.If(o_ce):
-            m.d.sync += [o2b_valid.eq(o2_valid), o2b_last.eq(o2_last), o2c_valid.eq(o2b_valid),
-                         o2c_last.eq(o2b_last), self.out.valid.eq(o2c_valid), o3_last.eq(o2c_last)]
-            for l in range(cfg.lanes):
-                fine, coarse, zero = o_ctl[l][:fine_bits], o_ctl[l][fine_bits:shift_bits], o_ctl[l][-1]
-                m.d.sync += [o2b_t[l].eq(Mux(zero, 0, o2_t[l] >> Cat(Const(0, fine_bits), coarse))),
-                             o2c_t[l].eq(o2b_t[l] >> fine),
-                             self.out.payload.o[l].eq(saturate(o2c_t[l], signed(cfg.kv_width)))]
+        o3_o = [Signal(signed(cfg.kv_width), name=f"o3_o{l}") for l in range(cfg.lanes)]
+        m.d.sync += [o2b_valid.eq(o2_valid), o2b_last.eq(o2_last), o2c_valid.eq(o2b_valid),
+                     o2c_last.eq(o2b_last), o3_valid.eq(o2c_valid), o3_last.eq(o2c_last)]
+        for l in range(cfg.lanes):
+            fine, coarse, zero = o_ctl[l][:fine_bits], o_ctl[l][fine_bits:shift_bits], o_ctl[l][-1]
+            m.d.sync += [o2b_t[l].eq(Mux(zero, 0, o2_t[l] >> Cat(Const(0, fine_bits), coarse))),
+                         o2c_t[l].eq(o2b_t[l] >> fine),
+                         o3_o[l].eq(saturate(o2c_t[l], signed(cfg.kv_width)))]
+        m.d.comb += [o_fifo.w_en.eq(o3_valid), o_fifo.w_data.eq(Cat(*o3_o, o3_last)),
+                     self.out.valid.eq(o_fifo.r_rdy), o_fifo.r_en.eq(self.out.ready)]
+        m.d.comb += [self.out.payload.o[l].eq(o_fifo.r_data[l * cfg.kv_width:(l + 1) * cfg.kv_width])
+                     for l in range(cfg.lanes)]
         m.d.comb += [self.out.payload.m.eq(running_max), self.out.payload.z.eq(z_sum),
                      self.out.payload.kv_beats.eq(kv_beats), self.out.payload.cycles.eq(cycles)]
         return m
