@@ -193,20 +193,25 @@ def verilog_of(work: Path, block: str) -> tuple[bool, list[str]]:
     return done.returncode == 0, json.loads(done.stdout) if done.returncode == 0 else []
 
 
-def compare_verilog(work: Path, block: str) -> str:
+def compare_verilog(work: Path, block: str, timeout: float) -> str:
     """The mutated copy ``work``'s Verilog against the original's (``work/build/original*.v``),
     preset by preset, stopping at the first that differs: ``differs``, ``same`` (at every preset)
-    or ``error`` (does not elaborate)."""
+    or ``error`` (does not elaborate, or not within ``timeout`` seconds: a generator loop that no
+    longer ends, e.g. ``while len(values) > 0``)."""
     script = ("import sys\nfrom pathlib import Path\nfrom hdl.registry import get_block, generate_verilog\n"
               f"b = get_block({block!r})\n"
               "for n, c in enumerate(b.presets.values()):\n"
               "    if generate_verilog(b.name, c, cache=False) != Path(f'build/original{n}.v').read_text():\n"
               "        sys.exit(3)\n")
-    code = subprocess.run([sys.executable, "-c", script], cwd=work, capture_output=True, text=True).returncode
+    try:
+        code = subprocess.run([sys.executable, "-c", script], cwd=work, capture_output=True, text=True,
+                              timeout=timeout).returncode
+    except subprocess.TimeoutExpired:
+        return "error"
     return {0: "same", 3: "differs"}.get(code, "error")
 
 
-def evaluate(mut: Mutant, work: Path, block: str, tests: list[str], timeout: int) -> None:
+def evaluate(mut: Mutant, work: Path, block: str, tests: list[str], timeout: int, elaboration_timeout: float) -> None:
     """Apply ``mut`` in the copy ``work``, classify it (``mut.outcome``), undo it."""
     t0 = time.time()
     path = work / mut.file
@@ -216,7 +221,7 @@ def evaluate(mut: Mutant, work: Path, block: str, tests: list[str], timeout: int
     lines[mut.line - 1] = indent + mut.after + "\n"
     path.write_text("".join(lines))
     try:
-        verdict = compare_verilog(work, block)
+        verdict = compare_verilog(work, block, elaboration_timeout)
         if verdict == "error":
             mut.outcome = "killed (elaboration)"
         elif verdict == "same":
@@ -253,7 +258,9 @@ def main(argv=None) -> int:
         shutil.copytree(PROJECT_ROOT, work, ignore=shutil.ignore_patterns(
             ".git", ".venv", "build", "__pycache__", ".pytest_cache", "*.egg-info"))
         copies.append(work)
+    t0 = time.time()
     ok, original = verilog_of(copies[0], args.block)
+    elaboration_timeout = 60 + 10 * (time.time() - t0)   # a mutant's Verilog: 10x the original's time
     if not ok:
         sys.exit(f"ladmac: error: {args.block} does not elaborate unmutated")
     for work in copies:
@@ -274,7 +281,7 @@ def main(argv=None) -> int:
     def one(mut: Mutant) -> Mutant:
         work = free.get()
         try:
-            evaluate(mut, work, args.block, tests, args.timeout)
+            evaluate(mut, work, args.block, tests, args.timeout, elaboration_timeout)
         finally:
             free.put(work)
         return mut
