@@ -121,7 +121,16 @@ class DenseAttention(wiring.Component):
         numer_out = [mem.read_port(domain="comb") for mem in numer]
         length = Signal(cfg.position_width)
         running_max = Signal(signed(xw))
+        # running_max one cycle later, read by x = s - m (VALUES, at least two cycles after m's last
+        # update) and the output (m): running_max itself only feeds its compare-and-update loop,
+        # which its far readers had stretched (the critical path, 92.0 MHz)
+        max_copy = Signal(signed(xw))
+        m.d.sync += max_copy.eq(running_max)
         z_sum = Signal(cfg.sfm_out_width_sum)
+        # likewise Z one cycle later for its far readers, the SFM's RECIP and the output (z): Z's last
+        # update comes with the last p, at least the VPU's latency before RECIP
+        z_copy = Signal(cfg.sfm_out_width_sum)
+        m.d.sync += z_copy.eq(z_sum)
         recip_m = Signal(sfm_cfg.value_width)
         kv_beats, cycles = Signal(32), Signal(32)
 
@@ -199,7 +208,7 @@ class DenseAttention(wiring.Component):
         # FSM; assigned outside it, the state decode gates none of their bits
         m.d.comb += [self.kv_req.payload.position.eq(req_pos), self.kv_req.payload.beat.eq(req_beat),
                      scores.write.payload.addr.eq(done_pos), scores.write.payload.data.eq(k3_score),
-                     score_req.payload.addr.eq(score_pos), sfm.i.payload.x.eq(x_reg), sfm.i.payload.z.eq(z_sum),
+                     score_req.payload.addr.eq(score_pos), sfm.i.payload.x.eq(x_reg), sfm.i.payload.z.eq(z_copy),
                      p_fifo.w_data.eq(sfm.o.payload.value), vpu.i.payload.scalar.eq(p_fifo.r_data),
                      *(wp.addr.eq(done_beat) for wp in numer_write)]
         # N is written with every VPU result, not only in VALUES: the state decode then does not reach
@@ -259,7 +268,7 @@ class DenseAttention(wiring.Component):
                 with m.If(score_req.valid & score_req.ready):
                     m.d.sync += score_pos.eq(score_pos + 1)
                 # x = s - m in a register stage between the score SRAM and the SFM
-                x = score_resp.payload.as_signed() - running_max
+                x = score_resp.payload.as_signed() - max_copy
                 m.d.comb += score_resp.ready.eq(~x_valid | sfm.i.ready)
                 with m.If(score_resp.ready):
                     m.d.sync += [x_valid.eq(score_resp.valid), x_reg.eq(saturate(x, signed(xw)))]
@@ -361,6 +370,6 @@ class DenseAttention(wiring.Component):
                      self.out.valid.eq(o_fifo.r_rdy), o_fifo.r_en.eq(self.out.ready)]
         m.d.comb += [self.out.payload.o[l].eq(o_fifo.r_data[l * cfg.kv_width:(l + 1) * cfg.kv_width])
                      for l in range(cfg.lanes)]
-        m.d.comb += [self.out.payload.m.eq(running_max), self.out.payload.z.eq(z_sum),
+        m.d.comb += [self.out.payload.m.eq(max_copy), self.out.payload.z.eq(z_copy),
                      self.out.payload.kv_beats.eq(kv_beats), self.out.payload.cycles.eq(cycles)]
         return m
