@@ -21,7 +21,7 @@ registered copy of the shift amount (lane_copies).
 """
 from __future__ import annotations
 
-from amaranth import Array, Cat, Const, Module, Mux, Signal, Value, signed, unsigned
+from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -31,36 +31,10 @@ from golden.sram import SramConfig
 from golden.vpu import VpuOp
 
 from ..lib.arith import incr, index_width, saturate
-from ..lib.pipe import csa_sum, partial_products, placed, register_partials
+from ..lib.pipe import csa_sum, lane_copies, partial_products, placed, register_partials
 from ..lib.sfm import Sfm
 from ..lib.sram import SramBank
 from ..lib.vpu import Vpu
-
-
-def lane_copies(m: Module, word: Value, load: Value, n: int, name: str) -> list[Value]:
-    """``n`` registered copies of ``word`` (taken when ``load``), one per consumer, so that no
-    register drives the logic of every consumer. Yosys merges flip-flops with the same input,
-    so the copies are a binary tree of registers, each feeding one child as is and one
-    inverted (inputs that differ); each leaf is returned with its inversion undone (a
-    constant, folded into the consumers' LUTs). The first level loads with ``load``, the
-    others follow every cycle: the copies equal ``word`` ceil(log2 n) - 1 cycles after the
-    first level has loaded it."""
-    level, inverted = [word], [False]
-    for depth in range(max(1, (n - 1).bit_length())):
-        nxt, nxt_inv = [], []
-        for parent, inv in zip(level, inverted):
-            for flip in (False, True):
-                reg = Signal(len(word), name=f"{name}_t{depth}_{len(nxt)}")
-                d = ~parent if flip else parent
-                if depth == 0:
-                    with m.If(load):
-                        m.d.sync += reg.eq(d)
-                else:
-                    m.d.sync += reg.eq(d)
-                nxt.append(reg)
-                nxt_inv.append(inv ^ flip)
-        level, inverted = nxt, nxt_inv
-    return [~reg if inv else reg for reg, inv in zip(level[:n], inverted[:n])]
 
 
 def dense_query_layout(cfg: DenseConfig) -> data.StructLayout:

@@ -58,6 +58,32 @@ def register_partials(m, ce, pieces, name: str) -> list[tuple[Signal, int]]:
     return regs
 
 
+def lane_copies(m, word: Value, load: Value, n: int, name: str) -> list[Value]:
+    """``n`` registered copies of ``word`` (taken when ``load``), one per consumer, so that no
+    register drives the logic of every consumer. Yosys merges flip-flops with the same input,
+    so the copies are a binary tree of registers, each feeding one child as is and one
+    inverted (inputs that differ); each leaf is returned with its inversion undone (a
+    constant, folded into the consumers' LUTs). The first level loads with ``load``, the
+    others follow every cycle: the copies equal ``word`` ceil(log2 n) - 1 cycles after the
+    first level has loaded it."""
+    level, inverted = [word], [False]
+    for depth in range(max(1, (n - 1).bit_length())):
+        nxt, nxt_inv = [], []
+        for parent, inv in zip(level, inverted):
+            for flip in (False, True):
+                reg = Signal(len(word), name=f"{name}_t{depth}_{len(nxt)}")
+                d = ~parent if flip else parent
+                if depth == 0:
+                    with m.If(load):
+                        m.d.sync += reg.eq(d)
+                else:
+                    m.d.sync += reg.eq(d)
+                nxt.append(reg)
+                nxt_inv.append(inv ^ flip)
+        level, inverted = nxt, nxt_inv
+    return [~reg if inv else reg for reg, inv in zip(level[:n], inverted[:n])]
+
+
 def placed(pieces) -> list[Value]:
     """The pieces ``[(p, shift)]`` shifted into place (``p << shift``): the terms whose sum is the product."""
     return [(p << sh) if sh else p for p, sh in pieces]
