@@ -1,7 +1,8 @@
 """Mutation score of a block's benches (issue 16, docs/verification.md): how many single-line
 changes to its RTL sources its tests catch.
 
-    .venv/bin/python -m testbenches.mutation BLOCK [--limit N] [--seed S] [--out JSON] [--timeout S]
+    .venv/bin/python -m testbenches.mutation BLOCK [--jobs N] [--limit N --seed S] [--survivors-of JSON]
+                                                   [--out JSON] [--timeout S]
 
 Mutants (one line each): a comparison flipped (``==``/``!=``, ``<``/``>=``, ``>``/``<=``), an integer
 constant +-1, a ``Mux``'s arms swapped, ``&`` and ``|`` exchanged, a register stage dropped
@@ -14,7 +15,10 @@ if it equals the original's at all of them the mutant is **equivalent** by const
 the hardware does changed; for a helper line: it does not change this block); if it does not
 elaborate it is killed at once; otherwise the block's tests run against it (``pytest -x``, the
 block's own test selection) and a failure kills it. Score = killed / (killed + survived).
-``--limit`` samples that many mutants with ``--seed`` (recorded in the JSON), for a quick estimate.
+``--limit`` samples that many mutants with ``--seed`` (recorded in the JSON), for a quick estimate;
+``--survivors-of`` re-runs only an earlier run's survivors (after a bench gained checks). The tests
+run unmutated first (they must pass); their builds are kept and shared by every mutant, so a preset
+whose Verilog a mutant leaves unchanged is not built again.
 """
 from __future__ import annotations
 
@@ -228,15 +232,32 @@ def evaluate(mut: Mutant, work: Path, block: str, tests: list[str], timeout: int
             mut.outcome = "equivalent"
         else:
             try:
-                run = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
-                                     cwd=work, capture_output=True, text=True, timeout=timeout,
-                                     env={**os.environ, "LADMAC_BUILD": str(work / "build")})
-                mut.outcome = "survived" if run.returncode == 0 else "killed"
+                mut.outcome = "survived" if run_tests(work, tests, timeout) else "killed"
             except subprocess.TimeoutExpired:
                 mut.outcome = "timeout"   # a hung simulation is a detected change (counted killed)
     finally:
         path.write_text(text)
+        drop_new_builds(work)
     mut.seconds = round(time.time() - t0, 1)
+
+
+def run_tests(work: Path, tests: list[str], timeout: float) -> bool:
+    """The block's tests in the copy ``work`` (its own build folder): True if they all pass."""
+    run = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+                         cwd=work, capture_output=True, text=True, timeout=timeout,
+                         env={**os.environ, "LADMAC_BUILD": str(work / "build")})
+    return run.returncode == 0
+
+
+def drop_new_builds(work: Path) -> None:
+    """Remove the Verilator builds a mutant made (100+ MB each for the larger blocks); the
+    unmutated builds listed in ``build/BASELINE`` stay, so a preset whose Verilog the mutant did
+    not change is simulated from the original's build (the build folder is named by a digest of
+    its Verilog)."""
+    keep = set((work / "build" / "BASELINE").read_text().split())
+    for d in (work / "build" / "sim").iterdir():
+        if d.name not in keep:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def main(argv=None) -> int:
@@ -247,6 +268,8 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=int, default=900, help="seconds per mutant's tests")
     parser.add_argument("--jobs", type=int, default=1, help="mutants evaluated at once (one repository copy each)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--survivors-of", type=Path, default=None,
+                        help="a result JSON: evaluate only the mutants that survived in it")
     args = parser.parse_args(argv)
     own, tests = BLOCKS[args.block]
     sources = own + helpers_of(args.block)
@@ -263,8 +286,16 @@ def main(argv=None) -> int:
     elaboration_timeout = 60 + 10 * (time.time() - t0)   # a mutant's Verilog: 10x the original's time
     if not ok:
         sys.exit(f"ladmac: error: {args.block} does not elaborate unmutated")
+    # The unmutated tests must pass (else every mutant would count as killed); their builds are
+    # shared by every copy (drop_new_builds keeps them).
+    t0 = time.time()
+    if not run_tests(copies[0], tests, 4 * args.timeout):
+        sys.exit(f"ladmac: error: {args.block}'s tests fail unmutated")
+    print(f"{args.block}: unmutated tests pass ({time.time() - t0:.0f} s)", file=sys.stderr)
+    (copies[0] / "build" / "BASELINE").write_text("\n".join(sorted(d.name for d in (copies[0] / "build" / "sim").iterdir())))
     for work in copies:
-        (work / "build").mkdir(exist_ok=True)
+        if work != copies[0]:
+            shutil.copytree(copies[0] / "build", work / "build", symlinks=True)
         for n, text in enumerate(original):
             (work / "build" / f"original{n}.v").write_text(text)
     run = lines_run(copies[0], args.block, sources)
@@ -272,6 +303,14 @@ def main(argv=None) -> int:
     total = len(mutants)
     if args.limit and args.limit < total:
         mutants = sorted(random.Random(args.seed).sample(mutants, args.limit), key=lambda m: (m.file, m.line))
+    if args.survivors_of:   # after a bench fix: only what survived an earlier run (benches only gain checks)
+        earlier = json.loads(args.survivors_of.read_text())["mutants"]
+        wanted = {(m["file"], m["before"], m["after"]) for m in earlier if m["outcome"] == "survived"}
+        mutants = [m for m in mutants if (m.file, m.before, m.after) in wanted]
+        missing = wanted - {(m.file, m.before, m.after) for m in mutants}
+        if missing:
+            sys.exit(f"ladmac: error: {len(missing)} of the survivors in {args.survivors_of} "
+                     "are no longer mutants of the sources (their lines changed)")
     from tqdm import tqdm
     counts: dict[str, int] = {}
     free = queue.Queue()
@@ -307,6 +346,7 @@ def main(argv=None) -> int:
 def write(args, total, mutants, counts) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"block": args.block, "seed": args.seed, "limit": args.limit, "mutants_total": total,
+                                    "survivors_of": str(args.survivors_of or ""),
                                     "counts": counts, "mutants": [asdict(m) for m in mutants]}, indent=1))
 
 

@@ -20,3 +20,18 @@ def test_sram_rtl_equals_model(preset):
 def test_sram_config_rejects_bad_values():
     with pytest.raises(ConfigError, match="read_latency"):
         SramConfig(read_latency=0)
+
+
+@pytest.mark.parametrize("depth, width, tile", [
+    (1024, 18, (1024, 18)),   # one block RAM
+    (2048, 8, (2048, 9)),     # one 2048 x 9 (two 1024 x 18 or two 4096 x 4 otherwise)
+    (512, 64, (1024, 18)),    # four 1024 x 18 side by side (eight 2048 x 9)
+    (4096, 16, (4096, 4)),    # four tiles three ways (4096 x 4, 2048 x 9, 1024 x 18): the deepest
+    (3000, 5, (4096, 4)),     # two tiles two ways (4096 x 4, 2048 x 9): the deepest
+    (16384, 1, (16384, 1)),
+])
+def test_bram_tile_is_fewest_then_deepest(depth, width, tile):
+    """A registered bank's block-RAM geometry: the fewest DP16KD tiles, the deepest among equals
+    (hdl/lib/sram.py ``bram_tile``; docs/architecture.md, SRAM banks)."""
+    from hdl.lib.sram import bram_tile
+    assert bram_tile(depth, width) == tile
