@@ -44,12 +44,17 @@ formal: $(STAMP)
 	nice -n 10 $(VENV)/bin/ladmac formal; s=$$?; \
 	nice -n 10 $(VENV)/bin/ladmac formal --big $(FORMAL_BIG); exit $$((s | $$?))
 
-# Config-space fuzzing (testbenches/fuzz.py): FUZZ_COUNT random valid configs per block, each
-# emitted and checked bit-exact under Verilator on 100 random vectors; prints every seed.
-FUZZ_COUNT ?= 5
+# Config-space fuzzing (testbenches/fuzz.py): FUZZ_COUNT random valid configs per block family
+# (the blocks sharing a config class; a family's configs rotate over its blocks), each emitted and
+# checked bit-exact under Verilator on 100 random vectors, then every block at its default preset
+# on FUZZ_LONG vectors with random gaps and back-pressure; prints every seed and the counts.
+FUZZ_COUNT ?= 50
 FUZZ_SEED  ?= 1
+FUZZ_LONG  ?= 10000
+FUZZ_JOBS  ?= 2
 fuzz: $(STAMP)
-	nice -n 10 $(VPY) -m testbenches.fuzz --count $(FUZZ_COUNT) --seed $(FUZZ_SEED)
+	nice -n 10 $(VPY) -m testbenches.fuzz --count $(FUZZ_COUNT) --seed $(FUZZ_SEED) --long $(FUZZ_LONG) \
+		--jobs $(FUZZ_JOBS) --out build/fuzz.json
 
 clean:
 	rm -rf build .pytest_cache

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import random
 import sys
 import time
+from pathlib import Path
 
 from golden.errors import ConfigError
 from hdl.registry import BLOCKS, get_block
@@ -23,9 +25,15 @@ from hdl.registry import BLOCKS, get_block
 # Size parameters drawn from a smaller range (builds, simulated cycles); others: [1, 2 * default].
 SIZE_CAPS = {"depth": 64, "max_positions": 64, "max_centers": 16, "window": 32, "head_dim": 32, "heads": 4,
              "lanes": 8, "vpus": 8}
-# Only these blocks' fuzz runs are short enough for `make fuzz`'s default (the LAD modules and
-# tile simulate whole decode steps; `--blocks` adds them).
-DEFAULT_BLOCKS = ["vpu", "sfm", "sram", "mac-match", "mac-merge", "mac-unit", "dense"]
+
+
+def families() -> dict[str, list[str]]:
+    """Block families: the blocks that share a config class (the MAC unit's three blocks, the LAD
+    tile and its four modules, ...), in registry order."""
+    out: dict[str, list[str]] = {}
+    for name, b in BLOCKS.items():
+        out.setdefault(b.config_class.__name__, []).append(name)
+    return out
 
 
 def _draw(field, default, rng: random.Random):
@@ -83,29 +91,88 @@ def fuzz_one(block: str, seed: int, vectors: int = 100) -> dict:
     return report
 
 
+def long_one(block: str, vectors: int, seed: int = 1) -> dict:
+    """The block at its default preset on ``vectors`` random vectors (steps), with the bench's
+    random gaps and back-pressure on every stream."""
+    from testbenches.runner import simulate
+    cfg = get_block(block).presets["default"]
+    report = simulate(block, cfg, seed=seed, name="long", params={"vectors": vectors, "steps": vectors})
+    report.update(block=block, fuzz_seed=seed, rejected=0, config=cfg.to_dict())
+    return report
+
+
+def _job(job: tuple) -> tuple:
+    kind, block, seed, vectors = job
+    t = time.time()
+    try:
+        r = fuzz_one(block, seed, vectors) if kind == "config" else long_one(block, vectors, seed)
+        return job, r, None, time.time() - t
+    except Exception as err:   # reported and counted: every failing seed is listed
+        return job, None, str(err).splitlines()[0][:400] if str(err) else type(err).__name__, time.time() - t
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m testbenches.fuzz", description=__doc__.split("\n\n")[0])
-    p.add_argument("--blocks", default=",".join(DEFAULT_BLOCKS), help="comma-separated blocks (or 'all')")
-    p.add_argument("--count", type=int, default=5, help="random configs per block")
+    p.add_argument("--families", default="all",
+                   help="comma-separated config classes, e.g. VpuConfig,LadTileConfig (default all); "
+                        "a family's configs rotate over its blocks")
+    p.add_argument("--blocks", default="", help="comma-separated blocks instead of families (each gets --count)")
+    p.add_argument("--count", type=int, default=5, help="random configs per family (or per block with --blocks)")
     p.add_argument("--seed", type=int, default=1, help="first seed (seeds seed .. seed+count-1)")
-    p.add_argument("--vectors", type=int, default=100)
+    p.add_argument("--vectors", type=int, default=100, help="vectors (steps) per random config")
+    p.add_argument("--long", type=int, default=0, metavar="N",
+                   help="also run every block of the chosen families at its default preset on N vectors")
+    p.add_argument("--jobs", type=int, default=1, help="configs checked at once (processes)")
+    p.add_argument("--out", type=Path, default=None, help="JSON report, written as it goes")
     args = p.parse_args(argv)
-    blocks = list(BLOCKS) if args.blocks == "all" else args.blocks.split(",")
-    t0, passed, failed = time.time(), 0, 0
-    for block in blocks:
-        for seed in range(args.seed, args.seed + args.count):
-            t = time.time()
-            try:
-                r = fuzz_one(block, seed, args.vectors)
-                passed += 1
-                print(f"{block:<10} seed {seed:<5} PASS {r['vectors']:>5} vectors, {r['mismatches']} mismatches, "
-                      f"{r['rejected']} invalid draws rejected, {time.time() - t:5.1f} s  {r['config']}", flush=True)
-            except Exception as err:   # report and go on: every failing seed is listed
-                failed += 1
-                print(f"{block:<10} seed {seed:<5} FAIL {str(err).splitlines()[0][:400]}", flush=True)
-    print(f"fuzz: {passed} passed, {failed} failed ({len(blocks)} blocks x {args.count} configs, "
-          f"seeds {args.seed}..{args.seed + args.count - 1}, {time.time() - t0:.0f} s)")
-    return 1 if failed else 0
+    fams = families()
+    if args.blocks:
+        unknown = [b for b in args.blocks.split(",") if b not in BLOCKS]
+        if unknown:
+            p.error(f"unknown block {unknown[0]!r} (one of {', '.join(BLOCKS)})")
+        chosen = {b: [b] for b in args.blocks.split(",")}
+    else:
+        names = list(fams) if args.families == "all" else args.families.split(",")
+        unknown = [f for f in names if f not in fams]
+        if unknown:
+            p.error(f"unknown family {unknown[0]!r} (one of {', '.join(fams)})")
+        chosen = {f: fams[f] for f in names}
+    seeds = range(args.seed, args.seed + args.count)
+    jobs = [("config", blocks[(s - args.seed) % len(blocks)], s, args.vectors) for blocks in chosen.values() for s in seeds]
+    if args.long:
+        jobs += [("long", b, args.seed, args.long) for blocks in chosen.values() for b in blocks]
+    t0, results = time.time(), []
+    from concurrent.futures import ProcessPoolExecutor
+    from tqdm import tqdm
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        bar = tqdm(pool.map(_job, jobs), total=len(jobs), desc="fuzz", file=sys.stderr)
+        for (kind, block, seed, vectors), r, err, seconds in bar:
+            what = f"{block:<10} {'seed ' + str(seed) if kind == 'config' else 'default':<10}"
+            if err is None and r["mismatches"] == 0:
+                bar.write(f"{what} PASS {r['vectors']:>6} vectors, 0 mismatches, {r['rejected']} invalid draws "
+                          f"rejected, {seconds:5.1f} s  {r['config']}")
+            else:
+                bar.write(f"{what} FAIL {err if err else str(r['mismatches']) + ' mismatches'}  "
+                          f"{r['config'] if r else ''}")
+            results.append({"kind": kind, "block": block, "seed": seed, "passed": err is None and r["mismatches"] == 0,
+                            "vectors": r["vectors"] if r else 0, "mismatches": r["mismatches"] if r else None,
+                            "rejected": r["rejected"] if r else None, "config": r["config"] if r else None,
+                            "error": err, "seconds": round(seconds, 1)})
+            if args.out:
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(json.dumps({"argv": sys.argv[1:], "results": results}, indent=1))
+    passed = sum(r["passed"] for r in results)
+    for fam, blocks in chosen.items():
+        rs = [r for r in results if r["block"] in blocks and r["kind"] == "config"]
+        print(f"{fam:<16} {sum(r['passed'] for r in rs)} of {len(rs)} random configs pass "
+              f"(seeds {args.seed}..{args.seed + args.count - 1}; "
+              + ", ".join(f"{b} {sum(r['block'] == b for r in rs)}" for b in blocks) + ")")
+    for r in results:
+        if r["kind"] == "long":
+            print(f"{r['block']:<16} default preset: {r['vectors']} vectors, "
+                  f"{'PASS' if r['passed'] else 'FAIL'}")
+    print(f"fuzz: {passed} passed, {len(results) - passed} failed, {time.time() - t0:.0f} s")
+    return 1 if passed < len(results) else 0
 
 
 if __name__ == "__main__":
