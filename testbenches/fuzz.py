@@ -80,13 +80,38 @@ def random_config(block: str, rng: random.Random, tries: int = 2000):
     raise RuntimeError(f"no valid {block} config in {tries} draws")
 
 
+# What a recorded result depends on (a resumed run keeps results of the same files only).
+FINGERPRINTED = ["hdl", "golden", "testbenches/tb", "testbenches/streams.py", "testbenches/runner.py",
+                 "testbenches/fuzz.py"]
+# A step bench's sequence from reset is at most this many steps: a long run is several sequences
+# (a LAD step at position n costs O(n) cycles; past max_positions a step is an exact pass).
+SEQUENCE_STEPS = 256
+
+
+def check(block: str, cfg, seed: int, vectors: int, name: str) -> dict:
+    """``cfg`` under Verilator until ``vectors`` vectors are checked: one run for the vector benches;
+    a step bench whose sequence is shorter (its metadata ends at ``max_positions``, one sequence is
+    at most SEQUENCE_STEPS) runs further sequences from reset, seeds ``seed``, ``seed + 1``, ...
+    Returns the summed report: vectors, mismatches, runs and the seeds run."""
+    from testbenches.runner import simulate
+    total, mismatches, seeds = 0, 0, []
+    while total < vectors and not mismatches:
+        s = seed + len(seeds)
+        r = simulate(block, cfg, seed=s, name=name,
+                     params={"vectors": vectors - total, "steps": min(vectors - total, SEQUENCE_STEPS)})
+        if not r["vectors"]:
+            raise RuntimeError(f"{block} seed {s}: the run checked no vectors")
+        total, mismatches = total + r["vectors"], mismatches + r["mismatches"]
+        seeds.append(s)
+    return {"vectors": total, "mismatches": mismatches, "runs": len(seeds), "seeds": seeds}
+
+
 def fuzz_one(block: str, seed: int, vectors: int = 100) -> dict:
     """Draw a config from ``seed``, emit it, check it under Verilator on ``vectors`` random
-    vectors (steps for the step-based benches); the report of the run, with the config."""
-    from testbenches.runner import simulate
+    vectors (steps for the step-based benches, see :func:`check`); the summed report, with the config."""
     rng = random.Random(f"{block}:{seed}")
     cfg, rejected = random_config(block, rng)
-    report = simulate(block, cfg, seed=seed, name="fuzz", params={"vectors": vectors, "steps": vectors})
+    report = check(block, cfg, seed, vectors, "fuzz")
     report.update(block=block, fuzz_seed=seed, rejected=rejected, config=cfg.to_dict())
     return report
 
@@ -94,9 +119,8 @@ def fuzz_one(block: str, seed: int, vectors: int = 100) -> dict:
 def long_one(block: str, vectors: int, seed: int = 1) -> dict:
     """The block at its default preset on ``vectors`` random vectors (steps), with the bench's
     random gaps and back-pressure on every stream."""
-    from testbenches.runner import simulate
     cfg = get_block(block).presets["default"]
-    report = simulate(block, cfg, seed=seed, name="long", params={"vectors": vectors, "steps": vectors})
+    report = check(block, cfg, seed, vectors, "long")
     report.update(block=block, fuzz_seed=seed, rejected=0, config=cfg.to_dict())
     return report
 
@@ -124,7 +148,18 @@ def main(argv=None) -> int:
                    help="also run every block of the chosen families at its default preset on N vectors")
     p.add_argument("--jobs", type=int, default=1, help="configs checked at once (processes)")
     p.add_argument("--out", type=Path, default=None, help="JSON report, written as it goes")
+    p.add_argument("--resume", type=Path, default=None,
+                   help="a JSON report of an interrupted run: keep its results (same fingerprint), run the rest")
     args = p.parse_args(argv)
+    from testbenches.runner import fingerprint
+    stamp = fingerprint(FINGERPRINTED)
+    kept: dict = {}
+    if args.resume:
+        earlier = json.loads(args.resume.read_text())
+        if earlier.get("fingerprint") != stamp:
+            p.error(f"{args.resume} was run on other sources or benches (fingerprint {earlier.get('fingerprint')}, "
+                    f"now {stamp}): run without --resume")
+        kept = {(r["kind"], r["block"], r["seed"], r["vectors_asked"]): r for r in earlier["results"]}
     fams = families()
     if args.blocks:
         unknown = [b for b in args.blocks.split(",") if b not in BLOCKS]
@@ -141,26 +176,31 @@ def main(argv=None) -> int:
     jobs = [("config", blocks[(s - args.seed) % len(blocks)], s, args.vectors) for blocks in chosen.values() for s in seeds]
     if args.long:
         jobs += [("long", b, args.seed, args.long) for blocks in chosen.values() for b in blocks]
-    t0, results = time.time(), []
-    from concurrent.futures import ProcessPoolExecutor
+    results = [kept[job] for job in jobs if job in kept]
+    jobs = [job for job in jobs if job not in kept]
+    t0 = time.time()
+    from concurrent.futures import ProcessPoolExecutor, as_completed
     from tqdm import tqdm
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        bar = tqdm(pool.map(_job, jobs), total=len(jobs), desc="fuzz", file=sys.stderr)
+        done = as_completed([pool.submit(_job, job) for job in jobs])
+        bar = tqdm((f.result() for f in done), total=len(jobs), desc="fuzz", file=sys.stderr)
         for (kind, block, seed, vectors), r, err, seconds in bar:
             what = f"{block:<10} {'seed ' + str(seed) if kind == 'config' else 'default':<10}"
             if err is None and r["mismatches"] == 0:
-                bar.write(f"{what} PASS {r['vectors']:>6} vectors, 0 mismatches, {r['rejected']} invalid draws "
-                          f"rejected, {seconds:5.1f} s  {r['config']}")
+                bar.write(f"{what} PASS {r['vectors']:>6} vectors ({r['runs']} runs), 0 mismatches, "
+                          f"{r['rejected']} invalid draws rejected, {seconds:5.1f} s  {r['config']}")
             else:
                 bar.write(f"{what} FAIL {err if err else str(r['mismatches']) + ' mismatches'}  "
                           f"{r['config'] if r else ''}")
-            results.append({"kind": kind, "block": block, "seed": seed, "passed": err is None and r["mismatches"] == 0,
-                            "vectors": r["vectors"] if r else 0, "mismatches": r["mismatches"] if r else None,
+            results.append({"kind": kind, "block": block, "seed": seed, "vectors_asked": vectors,
+                            "passed": err is None and r["mismatches"] == 0,
+                            "vectors": r["vectors"] if r else 0, "run_seeds": r["seeds"] if r else None,
+                            "mismatches": r["mismatches"] if r else None,
                             "rejected": r["rejected"] if r else None, "config": r["config"] if r else None,
                             "error": err, "seconds": round(seconds, 1)})
             if args.out:
                 args.out.parent.mkdir(parents=True, exist_ok=True)
-                args.out.write_text(json.dumps({"argv": sys.argv[1:], "results": results}, indent=1))
+                args.out.write_text(json.dumps({"argv": sys.argv[1:], "fingerprint": stamp, "results": results}, indent=1))
     passed = sum(r["passed"] for r in results)
     for fam, blocks in chosen.items():
         rs = [r for r in results if r["block"] in blocks and r["kind"] == "config"]

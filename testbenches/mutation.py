@@ -16,7 +16,9 @@ the hardware does changed; for a helper line: it does not change this block); if
 elaborate it is killed at once; otherwise the block's tests run against it (``pytest -x``, the
 block's own test selection) and a failure kills it. Score = killed / (killed + survived).
 ``--limit`` samples that many mutants with ``--seed`` (recorded in the JSON), for a quick estimate;
-``--survivors-of`` re-runs only an earlier run's survivors (after a bench gained checks). The tests
+``--survivors-of`` re-runs only an earlier run's survivors (after a bench gained checks); ``--resume``
+takes the outcomes an interrupted run recorded (same sources and benches: the JSON's fingerprint) and
+evaluates the rest. The tests
 run unmutated first (they must pass); their builds are kept and shared by every mutant, so a preset
 whose Verilog a mutant leaves unchanged is not built again.
 """
@@ -260,6 +262,15 @@ def drop_new_builds(work: Path) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
+def block_fingerprint(block: str) -> str:
+    """What a mutant's outcome depends on besides its line: the block's sources and helpers, its
+    tests, the benches and their helpers, the golden model."""
+    from testbenches.runner import fingerprint
+    own, tests = BLOCKS[block]
+    return fingerprint([*own, *helpers_of(block), *(t for t in tests if t.endswith(".py")), "testbenches/streams.py",
+                        "testbenches/runner.py", "testbenches/conftest.py", "testbenches/tb", "golden"])
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("block", choices=sorted(BLOCKS))
@@ -270,9 +281,19 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--survivors-of", type=Path, default=None,
                         help="a result JSON: evaluate only the mutants that survived in it")
+    parser.add_argument("--resume", type=Path, default=None,
+                        help="a result JSON of an interrupted run: keep its outcomes (same fingerprint), evaluate the rest")
     args = parser.parse_args(argv)
     own, tests = BLOCKS[args.block]
     sources = own + helpers_of(args.block)
+    args.fingerprint = block_fingerprint(args.block)   # of the sources copied below
+    done: dict = {}
+    if args.resume:
+        earlier = json.loads(args.resume.read_text())
+        if earlier.get("fingerprint") != args.fingerprint or earlier.get("block") != args.block:
+            sys.exit(f"ladmac: error: {args.resume} was run on other sources or benches (fingerprint "
+                     f"{earlier.get('fingerprint')}, now {args.fingerprint}): run without --resume")
+        done = {(m["file"], m["line"], m["before"], m["after"]): m for m in earlier["mutants"] if m["outcome"]}
     copies = []
     for k in range(max(1, args.jobs)):
         work = PROJECT_ROOT / "build" / "mutation" / args.block / f"repo{k}"
@@ -311,8 +332,15 @@ def main(argv=None) -> int:
         if missing:
             sys.exit(f"ladmac: error: {len(missing)} of the survivors in {args.survivors_of} "
                      "are no longer mutants of the sources (their lines changed)")
+    for m in mutants:   # --resume: outcomes already recorded
+        if (m.file, m.line, m.before, m.after) in done:
+            m.outcome, m.seconds = done[m.file, m.line, m.before, m.after]["outcome"], done[m.file, m.line, m.before, m.after]["seconds"]
     from tqdm import tqdm
     counts: dict[str, int] = {}
+    for m in mutants:
+        if m.outcome:
+            counts[m.outcome] = counts.get(m.outcome, 0) + 1
+    todo = [m for m in mutants if not m.outcome]
     free = queue.Queue()
     for work in copies:
         free.put(work)
@@ -326,7 +354,7 @@ def main(argv=None) -> int:
         return mut
 
     with ThreadPoolExecutor(max_workers=len(copies)) as pool:
-        for mut in tqdm(pool.map(one, mutants), total=len(mutants), desc=f"mutants of {args.block}", file=sys.stderr):
+        for mut in tqdm(pool.map(one, todo), total=len(todo), desc=f"mutants of {args.block}", file=sys.stderr):
             counts[mut.outcome] = counts.get(mut.outcome, 0) + 1
             if args.out:   # written as it goes: an interrupted run leaves its results
                 write(args, total, mutants, counts)
@@ -346,7 +374,7 @@ def main(argv=None) -> int:
 def write(args, total, mutants, counts) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"block": args.block, "seed": args.seed, "limit": args.limit, "mutants_total": total,
-                                    "survivors_of": str(args.survivors_of or ""),
+                                    "survivors_of": str(args.survivors_of or ""), "fingerprint": args.fingerprint,
                                     "counts": counts, "mutants": [asdict(m) for m in mutants]}, indent=1))
 
 

@@ -95,6 +95,21 @@ def _runtime_makeflags(runtime: Path) -> str:
     return "VK_GLOBAL_OBJS= USER_LDLIBS=" + "\\ ".join(str(runtime / o) for o in objects)
 
 
+def fingerprint(paths) -> str:
+    """sha1 (16 hex digits) of the files ``paths`` (relative to the project; a folder: its ``*.py``
+    files, recursively): what a recorded result (a fuzz config, a mutant's outcome) was run on,
+    so that a resumed run keeps only results of the same sources and benches."""
+    from golden.paths import PROJECT_ROOT
+    files = set()
+    for rel in paths:
+        p = PROJECT_ROOT / rel
+        files |= {str(f.relative_to(PROJECT_ROOT)) for f in p.rglob("*.py")} if p.is_dir() else {rel}
+    h = hashlib.sha1()
+    for rel in sorted(files):
+        h.update(rel.encode() + b"\0" + (PROJECT_ROOT / rel).read_bytes())
+    return h.hexdigest()[:16]
+
+
 def build(block: str, cfg, waves: bool = False) -> Path:
     """Verilate block ``block`` at ``cfg`` once; later calls (any process) reuse the build.
     ``waves``: a separate build that records an FST waveform (``--trace-fst``)."""
