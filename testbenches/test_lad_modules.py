@@ -16,20 +16,26 @@ SMALL = PRESETS["small"]
 TRACE = Path(__file__).parent / "data" / "smollm2_lad_trace.pt"   # real SmolLM2 q/k/v (layer 12 et al.)
 
 
+# rho with 22 fraction bits: the tiny center's rho shift mf + e - rho_frac is negative (a left shift)
+WIDE_RHO = replace(SMALL, rho_width=24, rho_frac=22)
+
+
 @pytest.mark.parametrize("kind, steps, seed", [("drift", 40, SEED), ("trace", 24, SEED + 1)])
 def test_lad_eas_rtl_equals_golden(kind, steps, seed):
     """Drift with the EAS corner keys (first step, zero key, rho saturating both ways, rho < 0,
-    full center table, zero key joining), and a real SmolLM2 head (every key a new center
-    until the table is full)."""
+    full center table, zero key joining) at rho_frac 22 (a tiny center's rho shifts left), and a
+    real SmolLM2 head (every key a new center until the table is full) at the small preset."""
     params = {"steps": steps, "kind": kind, "eas_corners": kind == "drift", "extra_lookups": 4}
     if kind == "trace":
         params.update(trace=str(TRACE), head=1)
-    r = simulate("lad-eas", SMALL, "testbenches.tb.tb_lad_eas", seed=seed, name=kind, params=params)
+    cfg = WIDE_RHO if kind == "drift" else SMALL
+    r = simulate("lad-eas", cfg, "testbenches.tb.tb_lad_eas", seed=seed, name=kind, params=params)
     assert r["mismatches"] == 0 and r["steps"] == steps, r["mismatch_list"]
     assert r["centers"] == SMALL.max_centers and r["full_joins"] > 0 and r["recips"] == r["new_centers"]
     assert r["nonzero_approx"] > r["lookups"] // 2 and r["extra_lookups"] > 0
     if kind == "drift":
         assert r["zero_keys"] == 2 and r["rho_saturated"] >= 2 and r["rho_negative"] > 0 and r["joins"] > 10
+        assert r["rho_left_shift"] > 0
         assert r["approx_saturated"] > 0
 
 

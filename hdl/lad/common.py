@@ -77,8 +77,10 @@ def sram_banks(cfg: LadTileConfig) -> dict[str, SramConfig]:
     a_words = max(2, d // P * nb)
     return {
         "eas.centers": SramConfig(depth=max(2, cfg.max_centers * cfg.eas_beats), width=cfg.eas_lanes * cfg.kv_width),
-        "eas.center_scores": SramConfig(depth=max(2, cfg.max_centers), width=xw),
-        "eas.center_recips": SramConfig(depth=max(2, cfg.max_centers), width=recip_resp_layout(cfg).size),
+        # EAS's scores and recips: registered reads (the block RAM's output register)
+        "eas.center_scores": SramConfig(depth=max(2, cfg.max_centers), width=xw, read_latency=2),
+        "eas.center_recips": SramConfig(depth=max(2, cfg.max_centers), width=recip_resp_layout(cfg).size,
+                                        read_latency=2),
         # APID's banks: read data registered once more after the RAM (APID's register slices
         # take it from a fabric register next to the RAM, not from the RAM's output pins)
         "apid.metadata": SramConfig(depth=cfg.max_positions, width=meta_layout(cfg).size, read_latency=2),

@@ -12,14 +12,16 @@ RECIP of ``|c_j|^2`` picks the best center (first maximum). ``k_n`` joins it whe
 """
 from __future__ import annotations
 
-from amaranth import Array, Cat, Module, Signal, signed, unsigned
+from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
 from golden.lad_tile import COS_FRAC, LadTileConfig
 from golden.vpu import VpuOp
 
-from ..lib.arith import incr, round_shift, saturate
+from ..lib.arith import incr, saturate, stall_all_enable
+from ..lib.pipe import csa_sum, delayed, partial_products, placed, register_partials
 from ..lib.sram import SramBank
 from ..lib.vpu import Vpu
 from .common import recip_resp_layout, score_of, sram_banks, vector_layout
@@ -72,15 +74,24 @@ class Eas(wiring.Component):
         count = Signal(range(cfg.max_centers + 1))
         m.d.comb += self.centers.eq(count)
 
-        # lookups: score SRAM (latency 1) then the rho multiply; rho travels in a register
-        rho_reg = Signal(signed(cfg.rho_width))
-        m.d.comb += [s_req.valid.eq(self.lookup.valid), s_req.payload.addr.eq(self.lookup.payload.center),
-                     self.lookup.ready.eq(s_req.ready),
-                     self.approx.valid.eq(s_resp.valid), s_resp.ready.eq(self.approx.ready),
-                     self.approx.payload.eq(saturate(round_shift(s_resp.payload.as_signed() * rho_reg, cfg.rho_frac),
-                                                     signed(xw)))]
-        with m.If(self.lookup.valid & self.lookup.ready):
-            m.d.sync += rho_reg.eq(self.lookup.payload.rho)
+        # lookups, a stall-all pipeline several deep: the score SRAM's registered read; the operands
+        # registered; their partial products (in the DSPs); the sum, rounded and saturated. Each
+        # lookup's rho waits in a FIFO for its score.
+        lookup_en = stall_all_enable(self.approx)
+        m.submodules.rho_fifo = rho_fifo = SyncFIFO(width=cfg.rho_width, depth=banks["eas.center_scores"].read_latency + 1)
+        m.d.comb += [s_req.valid.eq(self.lookup.valid & rho_fifo.w_rdy), s_req.payload.addr.eq(self.lookup.payload.center),
+                     self.lookup.ready.eq(s_req.ready & rho_fifo.w_rdy),
+                     rho_fifo.w_en.eq(self.lookup.valid & self.lookup.ready), rho_fifo.w_data.eq(self.lookup.payload.rho),
+                     s_resp.ready.eq(lookup_en), rho_fifo.r_en.eq(s_resp.valid & lookup_en)]
+        l_valid = [Signal(name=f"lookup_valid{i}") for i in range(3)]
+        l_score, l_rho, l_approx = Signal(signed(xw)), Signal(signed(cfg.rho_width)), Signal(signed(xw))
+        l_pieces = register_partials(m, lookup_en, partial_products(l_score, l_rho), "lookup")
+        l_sum = csa_sum(placed(l_pieces) + [Const(1 << (cfg.rho_frac - 1))], xw + cfg.rho_width + 1).as_signed()
+        with m.If(lookup_en):
+            m.d.sync += [l_valid[0].eq(s_resp.valid), l_valid[1].eq(l_valid[0]), l_valid[2].eq(l_valid[1]),
+                         l_score.eq(s_resp.payload), l_rho.eq(rho_fifo.r_data),
+                         l_approx.eq(saturate(l_sum >> cfg.rho_frac, signed(xw)))]
+        m.d.comb += [self.approx.valid.eq(l_valid[2]), self.approx.payload.eq(l_approx)]
 
         s_new = Signal(signed(xw))
         kk = Signal(cfg.kk_width)
@@ -99,27 +110,52 @@ class Eas(wiring.Component):
         new_rc = Signal(rl)
         result = Signal(key_out_layout(cfg))
 
-        # t_j of each center in a 4-stage pipeline behind its recip's read (it never stalls: one
-        # center per cycle at most): the square of k_n.c_j; times rc_j; the shift; the compare.
-        # Centers reach the compare in order, so the first maximum wins as in the model.
+        # t_j of each center behind its recip's read, a pipeline that never stalls (one center a
+        # cycle at most): the partial products of (k_n.c_j)^2 (DSPs); their sum; its partial
+        # products with rc_j; their sum with the rounding half 2^(mf+e_j-1); the shift by mf + e_j;
+        # the compare. Centers reach the compare in order, so the first maximum wins as in the model.
         m.d.comb += r_resp.ready.eq(1)
-        sq_valid, prod_valid, t_valid = Signal(), Signal(), Signal()
+        dot, dot_j = kdot, kdot_j   # k_n.c_j waits for its recip's read
+        for i in range(banks["eas.center_recips"].read_latency - 1):
+            dot, dot_j = delayed(m, dot, f"kdot_d{i}"), delayed(m, dot_j, f"kdot_j_d{i}")
+        T_STAGES = 5
+        t_valid = [Signal(name=f"t_valid{i}") for i in range(T_STAGES)]
+        side = data.StructLayout({"dot": signed(cfg.eas_vpu.acc_width), "j": unsigned(cfg.center_width), "rc": rl})
+        t_side = [Signal(side, name=f"t_side{i}") for i in range(T_STAGES)]
+        m.d.sync += [t_valid[0].eq(r_resp.valid), t_side[0].dot.eq(dot), t_side[0].j.eq(dot_j), t_side[0].rc.eq(r_resp.payload)]
+        m.d.sync += [x[i + 1].eq(x[i]) for x in (t_valid, t_side) for i in range(T_STAGES - 1)]
+        sq_pieces = register_partials(m, 1, partial_products(dot, dot), "sq")            # stage 0
         sq = Signal(2 * cfg.eas_vpu.acc_width)
-        prod = Signal(2 * cfg.eas_vpu.acc_width + mf + 1)
+        m.d.sync += sq.eq(csa_sum(placed(sq_pieces), len(sq)))                          # stage 1
+        prod_pieces = register_partials(m, 1, partial_products(sq, t_side[1].rc.mantissa), "prod")   # stage 2
+        t_shift = mf + t_side[2].rc.exponent
+        prod = Signal(2 * cfg.eas_vpu.acc_width + mf + 2)
+        m.d.sync += prod.eq(csa_sum(placed(prod_pieces) + [(Const(1, 1) << t_shift) >> 1], len(prod)))   # stage 3
         t_now = Signal.like(best_t)
-        stage_dot = [Signal.like(kdot, name=f"dot_p{i}") for i in range(3)]
-        stage_j = [Signal.like(kdot_j, name=f"j_p{i}") for i in range(3)]
-        stage_rc = [Signal(rl, name=f"rc_p{i}") for i in range(3)]
-        m.d.sync += [sq_valid.eq(r_resp.valid), prod_valid.eq(sq_valid), t_valid.eq(prod_valid),
-                     sq.eq(kdot * kdot), prod.eq(sq * stage_rc[0].mantissa),
-                     t_now.eq(round_shift(prod, mf + stage_rc[1].exponent)),
-                     stage_dot[0].eq(kdot), stage_j[0].eq(kdot_j), stage_rc[0].eq(r_resp.payload)]
-        m.d.sync += [x[i + 1].eq(x[i]) for x in (stage_dot, stage_j, stage_rc) for i in range(2)]
-        with m.If(t_valid):
+        m.d.sync += t_now.eq(prod >> (mf + t_side[3].rc.exponent))                      # stage 4
+        with m.If(t_valid[4]):
             with m.If(~best_valid | (t_now > best_t)):
-                m.d.sync += [best_valid.eq(1), best_t.eq(t_now), best_j.eq(stage_j[2]), best_dot.eq(stage_dot[2]),
-                             best_rc.eq(stage_rc[2])]
+                m.d.sync += [best_valid.eq(1), best_t.eq(t_now), best_j.eq(t_side[4].j), best_dot.eq(t_side[4].dot),
+                             best_rc.eq(t_side[4].rc)]
             m.d.sync += done_j.eq(done_j + 1)
+
+        # the decision, a state per stage: the two products' partials (DSPs, loaded every cycle:
+        # here they hold best_*'s) and rho's shift; their sums (rho's with its rounding half);
+        # the join compare and rho's shift; the choice. rho = sat(round_shift(dot rc, sh)) with
+        # sh = e + mf - rho_frac: sh <= 0 shifts left; a right shift of pw - 1 or more gives 0
+        # (|dot rc| < 2^(pw - 3)), so it is cut to pw - 1.
+        kk_pieces = register_partials(m, 1, partial_products(kk, cfg.cos2_raw), "kk_cos")
+        rho_pieces = register_partials(m, 1, partial_products(best_dot, best_rc.mantissa), "rho")
+        pw = len(best_dot) + mf + 3      # dot rc plus its rounding half
+        up_max = max(0, cfg.rho_frac - mf)
+        sh = Signal(signed(8))
+        m.d.comb += sh.eq(best_rc.exponent + (mf - cfg.rho_frac))
+        rho_up, rho_down = Signal(range(up_max + 1)), Signal(range(pw))
+        rho_half = Signal(pw)
+        kk_cos = Signal(cfg.kk_width + COS_FRAC + 1)
+        rho_prod = Signal(signed(pw))
+        join = Signal()
+        rho_raw = Signal(signed(pw + up_max))
 
         with m.FSM():
             with m.State("IDLE"):
@@ -163,17 +199,24 @@ class Eas(wiring.Component):
                 with m.If((done_j == count) & ~r_resp.valid & ~vpu_q.o.valid):
                     m.d.sync += out_j.eq(0)
                     m.next = "PRODUCTS"
-            kk_cos = Signal(cfg.kk_width + COS_FRAC + 1)
-            rho_prod = Signal(signed(len(best_dot) + mf + 2))
-            with m.State("PRODUCTS"):   # the decision's two products, registered
-                m.d.sync += [kk_cos.eq(kk * cfg.cos2_raw), rho_prod.eq(best_dot * best_rc.mantissa)]
+            with m.State("PRODUCTS"):
+                with m.If(sh <= 0):
+                    m.d.sync += [rho_up.eq(-sh), rho_down.eq(0), rho_half.eq(0)]
+                with m.Else():
+                    down = Mux(sh >= pw - 1, pw - 1, sh[:len(rho_down)])
+                    m.d.sync += [rho_up.eq(0), rho_down.eq(down), rho_half.eq((Const(1, 1) << down) >> 1)]
+                m.next = "SUMS"
+            with m.State("SUMS"):
+                m.d.sync += [kk_cos.eq(csa_sum(placed(kk_pieces), len(kk_cos))),
+                             rho_prod.eq(csa_sum(placed(rho_pieces) + [rho_half], pw).as_signed())]
+                m.next = "COMPARE"
+            with m.State("COMPARE"):
+                m.d.sync += [join.eq(best_valid & (((kk != 0) & ((best_t << COS_FRAC) >= kk_cos))
+                                                   | (count >= cfg.max_centers))),
+                             rho_raw.eq((rho_prod << rho_up) >> rho_down)]
                 m.next = "DECIDE"
             with m.State("DECIDE"):
-                join = Signal()
-                m.d.comb += join.eq(best_valid & (((kk != 0) & ((best_t << COS_FRAC) >= kk_cos))
-                                                  | (count >= cfg.max_centers)))
-                rho = saturate(round_shift(rho_prod, (best_rc.exponent + (mf - cfg.rho_frac))[:8]),
-                               signed(cfg.rho_width))
+                rho = saturate(rho_raw, signed(cfg.rho_width))
                 with m.If(join):
                     m.d.sync += [result.center.eq(best_j), result.rho.eq(rho), result.new_center.eq(0),
                                  result.s_new.eq(s_new)]

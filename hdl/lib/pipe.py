@@ -58,6 +58,13 @@ def register_partials(m, ce, pieces, name: str) -> list[tuple[Signal, int]]:
     return regs
 
 
+def delayed(m, value: Value, name: str) -> Signal:
+    """``value`` one cycle later (a register loaded every cycle)."""
+    reg = Signal.like(value, name=name) if isinstance(value, Signal) else Signal(value.shape(), name=name)
+    m.d.sync += reg.eq(value)
+    return reg
+
+
 def lane_copies(m, word: Value, load: Value, n: int, name: str) -> list[Value]:
     """``n`` registered copies of ``word`` (taken when ``load``), one per consumer, so that no
     register drives the logic of every consumer. Yosys merges flip-flops with the same input,

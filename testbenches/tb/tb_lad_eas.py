@@ -77,6 +77,8 @@ async def eas_matches_golden(dut):
         centers=recs[-1].centers_after, zero_keys=sum(1 for r in recs if r.kk == 0),
         rho_saturated=sum(1 for r in joins if r.rho in (rf.max_raw, rf.min_raw)),
         rho_negative=sum(1 for r in joins if r.rho < 0),
+        rho_left_shift=sum(1 for r in joins   # mf + e - rho_frac <= 0: rho = sat(dot rc << -shift)
+                           if model.center_recip[r.center][1] + cfg.sfm.mantissa_frac - cfg.rho_frac <= 0),
         lookups=len(want_approx), extra_lookups=extra_count,
         nonzero_approx=sum(1 for a in want_approx if a != 0),
         approx_saturated=sum(1 for a in want_approx if a in (cfg.sfm.x_format.max_raw, cfg.sfm.x_format.min_raw)),
