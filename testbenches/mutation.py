@@ -264,11 +264,15 @@ def drop_new_builds(work: Path) -> None:
 
 def block_fingerprint(block: str) -> str:
     """What a mutant's outcome depends on besides its line: the block's sources and helpers, its
-    tests, the benches and their helpers, the golden model."""
+    tests and bench (``testbenches/tb/tb_<block>.py``, ``lad_steps.py`` for the LAD modules), the
+    bench layer and the golden models (``golden/*.py``; not the LLM harness)."""
     from testbenches.runner import fingerprint
     own, tests = BLOCKS[block]
-    return fingerprint([*own, *helpers_of(block), *(t for t in tests if t.endswith(".py")), "testbenches/streams.py",
-                        "testbenches/runner.py", "testbenches/conftest.py", "testbenches/tb", "golden"])
+    benches = [f"testbenches/tb/tb_{block.replace('-', '_')}.py"] + (["testbenches/tb/lad_steps.py"]
+                                                                     if block.startswith("lad-") else [])
+    golden = sorted(str(p.relative_to(PROJECT_ROOT)) for p in (PROJECT_ROOT / "golden").glob("*.py"))
+    return fingerprint([*own, *helpers_of(block), *(t for t in tests if t.endswith(".py")), *benches,
+                        "testbenches/streams.py", "testbenches/runner.py", "testbenches/conftest.py", *golden])
 
 
 def main(argv=None) -> int:
