@@ -80,9 +80,6 @@ def random_config(block: str, rng: random.Random, tries: int = 2000):
     raise RuntimeError(f"no valid {block} config in {tries} draws")
 
 
-# What a recorded result depends on (a resumed run keeps results of the same files only).
-FINGERPRINTED = ["hdl", "golden", "testbenches/tb", "testbenches/streams.py", "testbenches/runner.py",
-                 "testbenches/fuzz.py"]
 # A step bench's sequence from reset is at most this many steps: a long run is several sequences
 # (a LAD step at position n costs O(n) cycles; past max_positions a step is an exact pass).
 SEQUENCE_STEPS = 256
@@ -106,30 +103,54 @@ def check(block: str, cfg, seed: int, vectors: int, name: str) -> dict:
     return {"vectors": total, "mismatches": mismatches, "runs": len(seeds), "seeds": seeds}
 
 
-def fuzz_one(block: str, seed: int, vectors: int = 100) -> dict:
-    """Draw a config from ``seed``, emit it, check it under Verilator on ``vectors`` random
-    vectors (steps for the step-based benches, see :func:`check`); the summed report, with the config."""
-    rng = random.Random(f"{block}:{seed}")
-    cfg, rejected = random_config(block, rng)
-    report = check(block, cfg, seed, vectors, "fuzz")
-    report.update(block=block, fuzz_seed=seed, rejected=rejected, config=cfg.to_dict())
-    return report
+def config_of(kind: str, block: str, seed: int):
+    """``(config, rejected draws)`` of a job: the seed's random config, or the default preset."""
+    if kind == "config":
+        return random_config(block, random.Random(f"{block}:{seed}"))
+    return get_block(block).presets["default"], 0
 
 
-def long_one(block: str, vectors: int, seed: int = 1) -> dict:
-    """The block at its default preset on ``vectors`` random vectors (steps), with the bench's
-    random gaps and back-pressure on every stream."""
-    cfg = get_block(block).presets["default"]
-    report = check(block, cfg, seed, vectors, "long")
-    report.update(block=block, fuzz_seed=seed, rejected=0, config=cfg.to_dict())
-    return report
+def bench_sources(block: str) -> list[str]:
+    """The block's testbench module and the project modules it imports (recursively, within
+    ``testbenches``), and the golden models: what its verdicts depend on besides the RTL."""
+    import ast
+    from golden.paths import PROJECT_ROOT
+    todo, seen = [get_block(block).testbench], set()
+    while todo:
+        mod = todo.pop()
+        rel = mod.replace(".", "/") + ".py"
+        if rel in seen or not (PROJECT_ROOT / rel).is_file():
+            continue
+        seen.add(rel)
+        for node in ast.walk(ast.parse((PROJECT_ROOT / rel).read_text())):
+            names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module else
+                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            todo += [n for n in names if n.startswith("testbenches.")]
+    golden = [str(p.relative_to(PROJECT_ROOT)) for p in (PROJECT_ROOT / "golden").glob("*.py")]
+    return sorted(seen | {"testbenches/streams.py", "testbenches/runner.py"}) + sorted(golden)
 
 
-def _job(job: tuple) -> tuple:
+def stamp(block: str, cfg) -> dict:
+    """What a result was run on: the config, its Verilog (sha1) and the bench's sources
+    (:func:`bench_sources`, sha1). A resumed run reuses a result only when all three are the same."""
+    import hashlib
+    from testbenches.runner import fingerprint, generate_verilog
+    return {"config": cfg.to_dict(), "verilog": hashlib.sha1(generate_verilog(block, cfg).encode()).hexdigest()[:16],
+            "bench": fingerprint(bench_sources(block))}
+
+
+def _job(job: tuple, earlier: dict | None = None) -> tuple:
+    """Run one job (``config``: a random config on ``vectors``; ``long``: the default preset), or
+    return ``earlier``'s result when it was run on the same config, Verilog and bench."""
     kind, block, seed, vectors = job
     t = time.time()
     try:
-        r = fuzz_one(block, seed, vectors) if kind == "config" else long_one(block, vectors, seed)
+        cfg, rejected = config_of(kind, block, seed)
+        st = stamp(block, cfg)
+        if earlier is not None and earlier.get("stamp") == st:
+            return job, {**earlier, "reused": True}, None, earlier["seconds"]
+        r = check(block, cfg, seed, vectors, "fuzz" if kind == "config" else "long")
+        r.update(rejected=rejected, config=cfg.to_dict(), stamp=st)
         return job, r, None, time.time() - t
     except Exception as err:   # reported and counted: every failing seed is listed
         return job, None, str(err).splitlines()[0][:400] if str(err) else type(err).__name__, time.time() - t
@@ -149,17 +170,13 @@ def main(argv=None) -> int:
     p.add_argument("--jobs", type=int, default=1, help="configs checked at once (processes)")
     p.add_argument("--out", type=Path, default=None, help="JSON report, written as it goes")
     p.add_argument("--resume", type=Path, default=None,
-                   help="a JSON report of an interrupted run: keep its results (same fingerprint), run the rest")
+                   help="a JSON report of an earlier run: reuse each result run on the same config, Verilog and "
+                        "bench; run the rest")
     args = p.parse_args(argv)
-    from testbenches.runner import fingerprint
-    stamp = fingerprint(FINGERPRINTED)
     kept: dict = {}
-    if args.resume:
-        earlier = json.loads(args.resume.read_text())
-        if earlier.get("fingerprint") != stamp:
-            p.error(f"{args.resume} was run on other sources or benches (fingerprint {earlier.get('fingerprint')}, "
-                    f"now {stamp}): run without --resume")
-        kept = {(r["kind"], r["block"], r["seed"], r["vectors_asked"]): r for r in earlier["results"]}
+    if args.resume:   # results reused where config, Verilog and bench are the same (see _job)
+        kept = {(r["kind"], r["block"], r["seed"], r["vectors_asked"]): r
+                for r in json.loads(args.resume.read_text())["results"] if r.get("stamp")}
     fams = families()
     if args.blocks:
         unknown = [b for b in args.blocks.split(",") if b not in BLOCKS]
@@ -176,31 +193,32 @@ def main(argv=None) -> int:
     jobs = [("config", blocks[(s - args.seed) % len(blocks)], s, args.vectors) for blocks in chosen.values() for s in seeds]
     if args.long:
         jobs += [("long", b, args.seed, args.long) for blocks in chosen.values() for b in blocks]
-    results = [kept[job] for job in jobs if job in kept]
-    jobs = [job for job in jobs if job not in kept]
-    t0 = time.time()
+    t0, results = time.time(), []
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from tqdm import tqdm
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        done = as_completed([pool.submit(_job, job) for job in jobs])
+        done = as_completed([pool.submit(_job, job, kept.get(job)) for job in jobs])
         bar = tqdm((f.result() for f in done), total=len(jobs), desc="fuzz", file=sys.stderr)
         for (kind, block, seed, vectors), r, err, seconds in bar:
             what = f"{block:<10} {'seed ' + str(seed) if kind == 'config' else 'default':<10}"
-            if err is None and r["mismatches"] == 0:
-                bar.write(f"{what} PASS {r['vectors']:>6} vectors ({r['runs']} runs), 0 mismatches, "
-                          f"{r['rejected']} invalid draws rejected, {seconds:5.1f} s  {r['config']}")
+            if r is not None and r.get("reused"):
+                rec = {k: v for k, v in r.items() if k != "reused"}
+                bar.write(f"{what} {'PASS' if rec['passed'] else 'FAIL'} {rec['vectors']:>6} vectors (recorded: "
+                          "same config, Verilog and bench)")
             else:
-                bar.write(f"{what} FAIL {err if err else str(r['mismatches']) + ' mismatches'}  "
-                          f"{r['config'] if r else ''}")
-            results.append({"kind": kind, "block": block, "seed": seed, "vectors_asked": vectors,
-                            "passed": err is None and r["mismatches"] == 0,
-                            "vectors": r["vectors"] if r else 0, "run_seeds": r["seeds"] if r else None,
-                            "mismatches": r["mismatches"] if r else None,
-                            "rejected": r["rejected"] if r else None, "config": r["config"] if r else None,
-                            "error": err, "seconds": round(seconds, 1)})
+                rec = {"kind": kind, "block": block, "seed": seed, "vectors_asked": vectors,
+                       "passed": err is None and r["mismatches"] == 0, "vectors": r["vectors"] if r else 0,
+                       "run_seeds": r["seeds"] if r else None, "mismatches": r["mismatches"] if r else None,
+                       "rejected": r["rejected"] if r else None, "config": r["config"] if r else None,
+                       "stamp": r["stamp"] if r else None, "error": err, "seconds": round(seconds, 1)}
+                result = (f"PASS {rec['vectors']:>6} vectors ({len(rec['run_seeds'])} runs), 0 mismatches, "
+                          f"{rec['rejected']} invalid draws rejected, {seconds:5.1f} s" if rec["passed"] else
+                          f"FAIL {err if err else str(rec['mismatches']) + ' mismatches'}")
+                bar.write(f"{what} {result}  {rec['config'] or ''}")
+            results.append(rec)
             if args.out:
                 args.out.parent.mkdir(parents=True, exist_ok=True)
-                args.out.write_text(json.dumps({"argv": sys.argv[1:], "fingerprint": stamp, "results": results}, indent=1))
+                args.out.write_text(json.dumps({"argv": sys.argv[1:], "results": results}, indent=1))
     passed = sum(r["passed"] for r in results)
     for fam, blocks in chosen.items():
         rs = [r for r in results if r["block"] in blocks and r["kind"] == "config"]

@@ -76,8 +76,10 @@ def sram_banks(cfg: LadTileConfig) -> dict[str, SramConfig]:
     xw = cfg.sfm.x_width
     a_words = max(2, d // P * nb)
     return {
-        "eas.centers": SramConfig(depth=max(2, cfg.max_centers * cfg.eas_beats), width=cfg.eas_lanes * cfg.kv_width),
-        # EAS's scores and recips: registered reads (the block RAM's output register)
+        # EAS's banks: registered reads (the block RAM's output register); the centers (up to 128
+        # DP16KD across the device) with the bank's word registered once more after its bank mux
+        "eas.centers": SramConfig(depth=max(2, cfg.max_centers * cfg.eas_beats), width=cfg.eas_lanes * cfg.kv_width,
+                                  read_latency=3),
         "eas.center_scores": SramConfig(depth=max(2, cfg.max_centers), width=xw, read_latency=2),
         "eas.center_recips": SramConfig(depth=max(2, cfg.max_centers), width=recip_resp_layout(cfg).size,
                                         read_latency=2),

@@ -37,6 +37,13 @@ def lookup_layout(cfg: LadTileConfig) -> data.StructLayout:
 
 
 class Eas(wiring.Component):
+    LOOKUP_STAGES = 3   # registers after the score SRAM's read: operands, partial products, the result
+
+    @classmethod
+    def lookups_in_flight(cls, cfg: LadTileConfig) -> int:
+        """Most lookups taken and not yet answered (the score SRAM's read stages and the above)."""
+        return sram_banks(cfg)["eas.center_scores"].read_latency + cls.LOOKUP_STAGES
+
     def __init__(self, cfg: LadTileConfig):
         self.cfg = cfg
         super().__init__({
@@ -83,15 +90,15 @@ class Eas(wiring.Component):
                      self.lookup.ready.eq(s_req.ready & rho_fifo.w_rdy),
                      rho_fifo.w_en.eq(self.lookup.valid & self.lookup.ready), rho_fifo.w_data.eq(self.lookup.payload.rho),
                      s_resp.ready.eq(lookup_en), rho_fifo.r_en.eq(s_resp.valid & lookup_en)]
-        l_valid = [Signal(name=f"lookup_valid{i}") for i in range(3)]
+        l_valid = [Signal(name=f"lookup_valid{i}") for i in range(self.LOOKUP_STAGES)]
         l_score, l_rho, l_approx = Signal(signed(xw)), Signal(signed(cfg.rho_width)), Signal(signed(xw))
         l_pieces = register_partials(m, lookup_en, partial_products(l_score, l_rho), "lookup")
         l_sum = csa_sum(placed(l_pieces) + [Const(1 << (cfg.rho_frac - 1))], xw + cfg.rho_width + 1).as_signed()
         with m.If(lookup_en):
-            m.d.sync += [l_valid[0].eq(s_resp.valid), l_valid[1].eq(l_valid[0]), l_valid[2].eq(l_valid[1]),
+            m.d.sync += [l_valid[0].eq(s_resp.valid), *(l_valid[i + 1].eq(l_valid[i]) for i in range(len(l_valid) - 1)),
                          l_score.eq(s_resp.payload), l_rho.eq(rho_fifo.r_data),
                          l_approx.eq(saturate(l_sum >> cfg.rho_frac, signed(xw)))]
-        m.d.comb += [self.approx.valid.eq(l_valid[2]), self.approx.payload.eq(l_approx)]
+        m.d.comb += [self.approx.valid.eq(l_valid[-1]), self.approx.payload.eq(l_approx)]
 
         s_new = Signal(signed(xw))
         kk = Signal(cfg.kk_width)

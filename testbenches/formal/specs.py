@@ -12,6 +12,7 @@ from golden.mac_unit import MacUnitConfig
 from golden.sfm import SfmConfig
 from golden.sram import SramConfig
 from golden.vpu import VpuConfig, VpuOp
+from hdl.lad.eas import Eas
 
 from .harness import Count, Gate, Live, Response
 
@@ -98,7 +99,7 @@ def _tile_rules(cfg):
 
 
 def _eas_rules(cfg):
-    return dict(counts=[Count("key_out", "start", cap=1), Count("approx", "lookup", cap=1)],
+    return dict(counts=[Count("key_out", "start", cap=1), Count("approx", "lookup", cap=Eas.lookups_in_flight(cfg))],
                 responses=[Response("recip_req", "recip_resp")],
                 lives=[Live("start", 8 * cfg.max_centers * cfg.beats + 64), Live("lookup", 8)])
 
