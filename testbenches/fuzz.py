@@ -110,6 +110,15 @@ def config_of(kind: str, block: str, seed: int):
     return get_block(block).presets["default"], 0
 
 
+def fuzz_one(block: str, seed: int, vectors: int = 100) -> dict:
+    """The seed's random config, emitted and checked under Verilator on ``vectors`` random vectors
+    (steps for the step-based benches, see :func:`check`); the summed report, with the config."""
+    cfg, rejected = config_of("config", block, seed)
+    report = check(block, cfg, seed, vectors, "fuzz")
+    report.update(rejected=rejected, config=cfg.to_dict())
+    return report
+
+
 def bench_sources(block: str) -> list[str]:
     """The block's testbench module and the project modules it imports (recursively, within
     ``testbenches``), and the golden models: what its verdicts depend on besides the RTL."""

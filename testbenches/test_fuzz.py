@@ -10,7 +10,7 @@ import pytest
 import ladmac_cli
 from golden.errors import ConfigError
 from hdl.registry import BLOCKS, get_block
-from testbenches.fuzz import draw_raw, fuzz_one, random_config
+from testbenches.fuzz import _job, draw_raw, fuzz_one, random_config
 
 
 def test_random_vpu_config_bit_exact():
@@ -18,6 +18,21 @@ def test_random_vpu_config_bit_exact():
     4096 beats each and its drain timeout did not follow the beats (2 of 110 results in time)."""
     report = fuzz_one("vpu", seed=2, vectors=100)   # lanes 4, in_width 4, acc_width 20, axpy_shift 7
     assert report["mismatches"] == 0 and report["vectors"] >= 100, report
+
+
+def test_resume_reuses_only_results_of_the_same_config_verilog_and_bench():
+    """A recorded result is reused when its stamp (config, Verilog, bench) is today's; a result
+    recorded on other Verilog is run again."""
+    job = ("config", "sram", 1, 100)
+    _, first, err, _ = _job(job)
+    assert err is None and first["mismatches"] == 0 and first["vectors"] >= 100
+    record = {"kind": "config", "block": "sram", "seed": 1, "vectors_asked": 100, "passed": True,
+              "vectors": first["vectors"], "stamp": first["stamp"], "seconds": 1.0}
+    _, again, _, _ = _job(job, record)
+    assert again.get("reused") and again["stamp"] == first["stamp"]
+    stale = {**record, "stamp": {**first["stamp"], "verilog": "0" * 16}}
+    _, rerun, _, _ = _job(job, stale)
+    assert not rerun.get("reused") and rerun["stamp"] == first["stamp"] and rerun["vectors"] >= 100
 
 
 @pytest.mark.parametrize("block", list(BLOCKS))
