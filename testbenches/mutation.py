@@ -76,7 +76,7 @@ class Mutant:
     operator: str
     before: str
     after: str
-    outcome: str = ""  # killed | survived | equivalent | killed (elaboration) | timeout
+    outcome: str = ""  # killed | survived | equivalent | equivalent (attributes only) | killed (elaboration) | timeout
     seconds: float = 0.0
 
 
@@ -199,22 +199,33 @@ def verilog_of(work: Path, block: str) -> tuple[bool, list[str]]:
     return done.returncode == 0, json.loads(done.stdout) if done.returncode == 0 else []
 
 
+def without_attributes(verilog: str) -> str:
+    """The Verilog with its ``(* ... *)`` attributes removed (what simulation sees)."""
+    return re.sub(r"\(\*.*?\*\)", "", verilog)
+
+
 def compare_verilog(work: Path, block: str, timeout: float) -> str:
     """The mutated copy ``work``'s Verilog against the original's (``work/build/original*.v``),
-    preset by preset, stopping at the first that differs: ``differs``, ``same`` (at every preset)
-    or ``error`` (does not elaborate, or not within ``timeout`` seconds: a generator loop that no
-    longer ends, e.g. ``while len(values) > 0``)."""
+    preset by preset: ``differs`` (at one preset, beyond attributes), ``attributes`` (only in
+    ``(* ... *)`` attributes, which simulation ignores: synthesis directives such as
+    ``COLLISION_X``), ``same`` (at every preset) or ``error`` (does not elaborate, or not within
+    ``timeout`` seconds: a generator loop that no longer ends, e.g. ``while len(values) > 0``)."""
     script = ("import sys\nfrom pathlib import Path\nfrom hdl.registry import get_block, generate_verilog\n"
+              "from testbenches.mutation import without_attributes as strip\n"
               f"b = get_block({block!r})\n"
+              "attributes = False\n"
               "for n, c in enumerate(b.presets.values()):\n"
-              "    if generate_verilog(b.name, c, cache=False) != Path(f'build/original{n}.v').read_text():\n"
-              "        sys.exit(3)\n")
+              "    new, old = generate_verilog(b.name, c, cache=False), Path(f'build/original{n}.v').read_text()\n"
+              "    if new != old and strip(new) != strip(old):\n"
+              "        sys.exit(3)\n"
+              "    attributes |= new != old\n"
+              "sys.exit(4 if attributes else 0)\n")
     try:
         code = subprocess.run([sys.executable, "-c", script], cwd=work, capture_output=True, text=True,
                               timeout=timeout).returncode
     except subprocess.TimeoutExpired:
         return "error"
-    return {0: "same", 3: "differs"}.get(code, "error")
+    return {0: "same", 3: "differs", 4: "attributes"}.get(code, "error")
 
 
 def evaluate(mut: Mutant, work: Path, block: str, tests: list[str], timeout: int, elaboration_timeout: float) -> None:
@@ -232,6 +243,8 @@ def evaluate(mut: Mutant, work: Path, block: str, tests: list[str], timeout: int
             mut.outcome = "killed (elaboration)"
         elif verdict == "same":
             mut.outcome = "equivalent"
+        elif verdict == "attributes":
+            mut.outcome = "equivalent (attributes only)"   # a synthesis directive: not observable in simulation
         else:
             try:
                 mut.outcome = "survived" if run_tests(work, tests, timeout) else "killed"

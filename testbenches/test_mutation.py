@@ -53,3 +53,14 @@ def test_every_block_names_existing_sources_and_tests():
         assert all((PROJECT_ROOT / s).is_file() for s in sources), block
         assert (PROJECT_ROOT / tests[0]).is_file(), block
         assert mutants_of(PROJECT_ROOT / sources[0], sources[0]), block   # each has mutants
+
+
+def test_attribute_only_changes_are_told_apart():
+    """A mutant that changes only ``(* ... *)`` attributes (synthesis directives) is equivalent in
+    simulation; one that changes a width is not."""
+    from testbenches.mutation import without_attributes
+    a = '(* src = "x.py:1" *)\n(* COLLISION_X = 1 *)\nreg [3:0] mem [0:7];\n'
+    b = a.replace("COLLISION_X = 1", "COLLISION_X = 2")
+    c = a.replace("[3:0]", "[4:0]")
+    assert without_attributes(a) == without_attributes(b) and a != b
+    assert without_attributes(a) != without_attributes(c)
