@@ -50,11 +50,17 @@ NEXTPNR_OPTS = ["--report", "report.json", "--timing-allow-fail", "--seed", "1"]
 # 39 s at 126.4 MHz, against 72.0 under router2, seed 1). router2 is not the default because it times
 # high-fan-out nets worse: mac-merge's pipeline enable (1 LUT, ~1,800 flip-flop enables) took
 # 13.5 ns of routing under router2 (70.3 MHz) against 108.5 MHz under router1 (seed 1). The
-# report names the router.
+# report names the router; LADMAC_ROUTER=router1|router2 (environment) overrides the choice, to
+# try the other router on a block (the cache key includes the router).
 ROUTER2_BLOCKS = frozenset({"dense", "mac-unit", "lad-tile"})
 
 
 def router(block: str) -> str:
+    chosen = os.environ.get("LADMAC_ROUTER", "")
+    if chosen:
+        if chosen not in ("router1", "router2"):
+            raise ConfigError(f"LADMAC_ROUTER must be router1 or router2, got {chosen!r}")
+        return chosen
     return "router2" if block in ROUTER2_BLOCKS else "router1"
 
 DEFAULT_SEEDS = 1      # placement seeds per ad-hoc run (`ladmac synth BLOCK`)
@@ -135,6 +141,7 @@ def _source_hash() -> str:
 
 def cache_key(block: str, cfg, verilog_text: str, target: str, freq_mhz: float, seeds: int = 1) -> str:
     blob = json.dumps({"block": block, "config": cfg.to_dict(), "target": target, "freq": freq_mhz,
+                       **({"router": router(block)} if os.environ.get("LADMAC_ROUTER") else {}),
                        **({"seeds": seeds} if seeds != 1 else {}),
                        "tools": toolchain_versions(), "verilog": hashlib.sha256(verilog_text.encode()).hexdigest(),
                        "flow": _source_hash(), "format": FLOW_VERSION}, sort_keys=True)
