@@ -21,7 +21,7 @@ from golden.lad_tile import COS_FRAC, LadTileConfig
 from golden.vpu import VpuOp
 
 from ..lib.arith import incr, saturate, stall_all_enable
-from ..lib.pipe import csa_sum, delayed, partial_products, placed, register_partials
+from ..lib.pipe import csa_sum, delayed, greater, partial_products, placed, register_partials, split_sum
 from ..lib.sram import SramBank
 from ..lib.vpu import Vpu
 from .common import recip_resp_layout, score_of, sram_banks, vector_layout
@@ -118,37 +118,37 @@ class Eas(wiring.Component):
         result = Signal(key_out_layout(cfg))
 
         # t_j of each center behind its recip's read, a pipeline that never stalls (one center a
-        # cycle at most): the partial products of (k_n.c_j)^2 (DSPs); their sum; its partial
-        # products with rc_j; their sum with the rounding half 2^(mf+e_j-1); the shift by mf + e_j;
-        # the compare. Centers reach the compare in order, so the first maximum wins as in the model.
+        # cycle at most): the partial products of (k_n.c_j)^2 (DSPs); their sum in two stages; its
+        # partial products with rc_j and the rounding half 2^(mf+e_j-1); their sum in two stages;
+        # the shift by mf + e_j; the compare (in carry chains side by side). Centers reach the
+        # compare in order, so the first maximum wins as in the model.
         m.d.comb += r_resp.ready.eq(1)
         dot, dot_j = kdot, kdot_j   # k_n.c_j waits for its recip's read
         for i in range(banks["eas.center_recips"].read_latency - 1):
             dot, dot_j = delayed(m, dot, f"kdot_d{i}"), delayed(m, dot_j, f"kdot_j_d{i}")
-        T_STAGES = 5
+        T_STAGES = 7
         t_valid = [Signal(name=f"t_valid{i}") for i in range(T_STAGES)]
         side = data.StructLayout({"dot": signed(cfg.eas_vpu.acc_width), "j": unsigned(cfg.center_width), "rc": rl})
         t_side = [Signal(side, name=f"t_side{i}") for i in range(T_STAGES)]
         m.d.sync += [t_valid[0].eq(r_resp.valid), t_side[0].dot.eq(dot), t_side[0].j.eq(dot_j), t_side[0].rc.eq(r_resp.payload)]
         m.d.sync += [x[i + 1].eq(x[i]) for x in (t_valid, t_side) for i in range(T_STAGES - 1)]
-        sq_pieces = register_partials(m, 1, partial_products(dot, dot), "sq")            # stage 0
-        sq = Signal(2 * cfg.eas_vpu.acc_width)
-        m.d.sync += sq.eq(csa_sum(placed(sq_pieces), len(sq)))                          # stage 1
-        prod_pieces = register_partials(m, 1, partial_products(sq, t_side[1].rc.mantissa), "prod")   # stage 2
-        t_shift = mf + t_side[2].rc.exponent
-        prod = Signal(2 * cfg.eas_vpu.acc_width + mf + 2)
-        m.d.sync += prod.eq(csa_sum(placed(prod_pieces) + [(Const(1, 1) << t_shift) >> 1], len(prod)))   # stage 3
+        sq_pieces = register_partials(m, 1, partial_products(dot, dot), "sq")                   # stage 0
+        sq = split_sum(m, placed(sq_pieces), 2 * cfg.eas_vpu.acc_width, "sq")                 # stages 1, 2
+        prod_pieces = register_partials(m, 1, partial_products(sq, t_side[2].rc.mantissa), "prod")   # stage 3
+        t_half = Signal(2 * cfg.eas_vpu.acc_width + mf + 2)
+        m.d.sync += t_half.eq((Const(1, 1) << (mf + t_side[2].rc.exponent)) >> 1)
+        prod = split_sum(m, placed(prod_pieces) + [t_half], len(t_half), "prod")              # stages 4, 5
         t_now = Signal.like(best_t)
-        m.d.sync += t_now.eq(prod >> (mf + t_side[3].rc.exponent))                      # stage 4
-        with m.If(t_valid[4]):
-            with m.If(~best_valid | (t_now > best_t)):
-                m.d.sync += [best_valid.eq(1), best_t.eq(t_now), best_j.eq(t_side[4].j), best_dot.eq(t_side[4].dot),
-                             best_rc.eq(t_side[4].rc)]
+        m.d.sync += t_now.eq(prod >> (mf + t_side[5].rc.exponent))                             # stage 6
+        with m.If(t_valid[6]):
+            with m.If(~best_valid | greater(t_now, best_t)):
+                m.d.sync += [best_valid.eq(1), best_t.eq(t_now), best_j.eq(t_side[6].j), best_dot.eq(t_side[6].dot),
+                             best_rc.eq(t_side[6].rc)]
             m.d.sync += done_j.eq(done_j + 1)
 
         # the decision, a state per stage: the two products' partials (DSPs, loaded every cycle:
-        # here they hold best_*'s) and rho's shift; their sums (rho's with its rounding half);
-        # the join compare and rho's shift; the choice. rho = sat(round_shift(dot rc, sh)) with
+        # here they hold best_*'s) and rho's shift; their sums (rho's with its rounding half), two
+        # stages; the join compare and rho's shift; the choice. rho = sat(round_shift(dot rc, sh)) with
         # sh = e + mf - rho_frac: sh <= 0 shifts left; a right shift of pw - 1 or more gives 0
         # (|dot rc| < 2^(pw - 3)), so it is cut to pw - 1.
         kk_pieces = register_partials(m, 1, partial_products(kk, cfg.cos2_raw), "kk_cos")
@@ -159,8 +159,8 @@ class Eas(wiring.Component):
         m.d.comb += sh.eq(best_rc.exponent + (mf - cfg.rho_frac))
         rho_up, rho_down = Signal(range(up_max + 1)), Signal(range(pw))
         rho_half = Signal(pw)
-        kk_cos = Signal(cfg.kk_width + COS_FRAC + 1)
-        rho_prod = Signal(signed(pw))
+        kk_cos = split_sum(m, placed(kk_pieces), cfg.kk_width + COS_FRAC + 1, "kk_cos")
+        rho_prod = split_sum(m, placed(rho_pieces) + [rho_half], pw, "rho_prod").as_signed()
         join = Signal()
         rho_raw = Signal(signed(pw + up_max))
 
@@ -213,12 +213,12 @@ class Eas(wiring.Component):
                     down = Mux(sh >= pw - 1, pw - 1, sh[:len(rho_down)])
                     m.d.sync += [rho_up.eq(0), rho_down.eq(down), rho_half.eq((Const(1, 1) << down) >> 1)]
                 m.next = "SUMS"
-            with m.State("SUMS"):
-                m.d.sync += [kk_cos.eq(csa_sum(placed(kk_pieces), len(kk_cos))),
-                             rho_prod.eq(csa_sum(placed(rho_pieces) + [rho_half], pw).as_signed())]
+            with m.State("SUMS"):       # split_sum's two stages
+                m.next = "SUMS2"
+            with m.State("SUMS2"):
                 m.next = "COMPARE"
             with m.State("COMPARE"):
-                m.d.sync += [join.eq(best_valid & (((kk != 0) & ((best_t << COS_FRAC) >= kk_cos))
+                m.d.sync += [join.eq(best_valid & (((kk != 0) & ~greater(kk_cos, best_t << COS_FRAC))
                                                    | (count >= cfg.max_centers))),
                              rho_raw.eq((rho_prod << rho_up) >> rho_down)]
                 m.next = "DECIDE"

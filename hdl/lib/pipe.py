@@ -142,11 +142,9 @@ def _extend(t: Value, width: int) -> Value:
     return Cat(t.as_unsigned(), fill)
 
 
-def csa_sum(terms, width: int) -> Value:
-    """Sum of ``terms`` modulo ``2**width`` (exact where the sum fits ``width`` bits, signed or
-    unsigned; the result is unsigned, ``.as_signed()`` it for signed sums): 3:2 carry-save
-    compressors (one LUT level each, no carry chain) reduce the terms to two, which one
-    carry chain adds."""
+def csa_reduce(terms, width: int) -> list[Value]:
+    """``terms`` (sign- or zero-extended to ``width`` bits) reduced to at most two with the same
+    sum modulo ``2**width``: 3:2 carry-save compressors, one LUT level each, no carry chain."""
     terms = [_extend(t, width) for t in terms]
     while len(terms) > 2:
         nxt = []
@@ -156,4 +154,41 @@ def csa_sum(terms, width: int) -> Value:
             nxt.append(Cat(Const(0, 1), ((a & b) | (a & c) | (b & c))[:width - 1]))
         nxt.extend(terms[len(terms) - len(terms) % 3:])
         terms = nxt
+    return terms
+
+
+def csa_sum(terms, width: int) -> Value:
+    """Sum of ``terms`` modulo ``2**width`` (exact where the sum fits ``width`` bits, signed or
+    unsigned; the result is unsigned, ``.as_signed()`` it for signed sums): :func:`csa_reduce`
+    to two terms, which one carry chain adds."""
+    terms = csa_reduce(terms, width)
     return (terms[0] + terms[1])[:width] if len(terms) == 2 else terms[0]
+
+
+def split_sum(m, terms, width: int, name: str) -> Signal:
+    """:func:`csa_sum` in two registered stages (the result is a register, two cycles after the
+    terms): the terms reduced to two and their low halves added, the carry registered; then the
+    high halves with that carry. Two carry chains of ``width / 2``, one per stage, instead of one
+    of ``width``."""
+    terms = csa_reduce(terms, width)
+    a, b = (terms + [Const(0, width)])[:2]
+    half = width // 2
+    lo = Signal(half + 1, name=f"{name}_lo")
+    a_hi, b_hi = Signal(width - half, name=f"{name}_a_hi"), Signal(width - half, name=f"{name}_b_hi")
+    out = Signal(width, name=name)
+    m.d.sync += [lo.eq(a[:half] + b[:half]), a_hi.eq(a[half:]), b_hi.eq(b[half:]),
+                 out.eq(Cat(lo[:half], a_hi + b_hi + lo[half]))]
+    return out
+
+
+def greater(a: Value, b: Value, chunk: int = 24) -> Value:
+    """``a > b`` for unsigned ``a``, ``b`` as carry chains of ``chunk`` bits side by side (each
+    chunk's compare and equality at once, then a few LUTs), not one chain over the full width."""
+    a, b = Value.cast(a), Value.cast(b)
+    width = max(len(a), len(b))
+    a, b = _extend(a, width), _extend(b, width)
+    result = Const(0, 1)
+    for lo in range(0, width, chunk):   # from the low chunk up: a higher chunk decides unless equal
+        hi = min(width, lo + chunk)
+        result = (a[lo:hi] > b[lo:hi]) | ((a[lo:hi] == b[lo:hi]) & result)
+    return result
