@@ -190,7 +190,8 @@ class StreamSink(_StreamPort):
 
     def _sample(self):
         if self._ready and int(self.valid.value):
-            return unpack(self.shape, self.payload.value.to_unsigned())
+            value = self.payload.value   # a 1-bit payload reads as a Logic, which has no to_unsigned
+            return unpack(self.shape, value.to_unsigned() if hasattr(value, "to_unsigned") else int(value))
         return None
 
 

@@ -20,6 +20,15 @@ def test_random_vpu_config_bit_exact():
     assert report["mismatches"] == 0 and report["vectors"] >= 100, report
 
 
+@pytest.mark.parametrize("block, seed", [("sram", 11), ("sfm", 36)])
+def test_configs_the_fuzzer_broke_the_benches_on(block, seed):
+    """sram seed 11 (width 1: a 1-bit payload reads as a cocotb Logic, which the stream sink took
+    for a LogicArray) and sfm seed 36 (x_width 6, x_frac 1: the cutoff's corner cases and random
+    EXP inputs lay outside x's format, -33 in a 6-bit field); both bench bugs, now fixed."""
+    report = fuzz_one(block, seed=seed, vectors=100)
+    assert report["mismatches"] == 0 and report["vectors"] >= 100, report
+
+
 def test_resume_reuses_only_results_of_the_same_config_verilog_and_bench():
     """A recorded result is reused when its stamp (config, Verilog, bench) is today's; a result
     recorded on other Verilog is run again."""

@@ -15,6 +15,7 @@ def corner_inputs(cfg: SfmConfig) -> list[tuple[int, int]]:
     xs = [0, -1, 1, xf.max_raw, xf.min_raw, xf.min_raw + 1]
     for e in cfg.exp_boundaries_raw:
         xs += [e - 1, e, e + 1]
+    xs = list(dict.fromkeys(min(max(x, xf.min_raw), xf.max_raw) for x in xs))   # a boundary may lie outside x's format
     zmax = (1 << cfg.recip_in_width) - 1
     zs = [0, 1, 2, 3, zmax, zmax - 1] + [1 << k for k in range(cfg.recip_in_width)] \
         + [(1 << k) - 1 for k in range(2, cfg.recip_in_width + 1)]
@@ -32,7 +33,7 @@ def random_inputs(cfg: SfmConfig, rng, n: int) -> list[tuple[int, int]]:
             lo = max(xf.min_raw, rng.choice((xf.min_raw, -(20 << xf.frac), -(2 << xf.frac))))
             out.append((SfmOp.EXP2, rng.randint(lo, 0)))
         elif kind < 0.6:
-            lo = rng.choice((xf.min_raw, cutoff_raw - 16, cutoff_raw))
+            lo = max(xf.min_raw, rng.choice((xf.min_raw, cutoff_raw - 16, cutoff_raw)))   # within x's format
             hi = rng.choice((0, xf.max_raw))
             out.append((SfmOp.EXP, rng.randint(min(lo, hi), hi)))
         else:
