@@ -14,8 +14,10 @@ from testbenches.streams import Bench, split_beats
 
 def random_state(cfg, rng):
     of = cfg.out_format
-    m = rng.randint(-(8 << cfg.score_frac), 8 << cfg.score_frac)
-    s = rng.choice((rng.randint(1 << cfg.sum_frac, 300 << cfg.sum_frac), rng.randint(1, 1 << cfg.sum_frac)))
+    sf = cfg.score_format   # m and s within their formats (a narrow config's may hold less than 8 and 300)
+    m = min(max(rng.randint(-(8 << cfg.score_frac), 8 << cfg.score_frac), sf.min_raw), sf.max_raw)
+    s = min(rng.choice((rng.randint(1 << cfg.sum_frac, 300 << cfg.sum_frac), rng.randint(1, 1 << cfg.sum_frac))),
+            cfg.sum_format.max_raw)
     o = [rng.randint(of.min_raw // 8, of.max_raw // 8) for _ in range(cfg.head_dim)]
     return m, s, o
 
