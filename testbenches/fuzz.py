@@ -119,31 +119,11 @@ def fuzz_one(block: str, seed: int, vectors: int = 100) -> dict:
     return report
 
 
-def bench_sources(block: str) -> list[str]:
-    """The block's testbench module and the project modules it imports (recursively, within
-    ``testbenches``), and the golden models: what its verdicts depend on besides the RTL."""
-    import ast
-    from golden.paths import PROJECT_ROOT
-    todo, seen = [get_block(block).testbench], set()
-    while todo:
-        mod = todo.pop()
-        rel = mod.replace(".", "/") + ".py"
-        if rel in seen or not (PROJECT_ROOT / rel).is_file():
-            continue
-        seen.add(rel)
-        for node in ast.walk(ast.parse((PROJECT_ROOT / rel).read_text())):
-            names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module else
-                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
-            todo += [n for n in names if n.startswith("testbenches.")]
-    golden = [str(p.relative_to(PROJECT_ROOT)) for p in (PROJECT_ROOT / "golden").glob("*.py")]
-    return sorted(seen | {"testbenches/streams.py", "testbenches/runner.py"}) + sorted(golden)
-
-
 def stamp(block: str, cfg) -> dict:
     """What a result was run on: the config, its Verilog (sha1) and the bench's sources
     (:func:`bench_sources`, sha1). A resumed run reuses a result only when all three are the same."""
     import hashlib
-    from testbenches.runner import fingerprint, generate_verilog
+    from testbenches.runner import bench_sources, fingerprint, generate_verilog
     return {"config": cfg.to_dict(), "verilog": hashlib.sha1(generate_verilog(block, cfg).encode()).hexdigest()[:16],
             "bench": fingerprint(bench_sources(block))}
 

@@ -277,15 +277,11 @@ def drop_new_builds(work: Path) -> None:
 
 def block_fingerprint(block: str) -> str:
     """What a mutant's outcome depends on besides its line: the block's sources and helpers, its
-    tests and bench (``testbenches/tb/tb_<block>.py``, ``lad_steps.py`` for the LAD modules), the
-    bench layer and the golden models (``golden/*.py``; not the LLM harness)."""
-    from testbenches.runner import fingerprint
+    tests, its bench and the golden models (:func:`testbenches.runner.bench_sources`)."""
+    from testbenches.runner import bench_sources, fingerprint
     own, tests = BLOCKS[block]
-    benches = [f"testbenches/tb/tb_{block.replace('-', '_')}.py"] + (["testbenches/tb/lad_steps.py"]
-                                                                     if block.startswith("lad-") else [])
-    golden = sorted(str(p.relative_to(PROJECT_ROOT)) for p in (PROJECT_ROOT / "golden").glob("*.py"))
-    return fingerprint([*own, *helpers_of(block), *(t for t in tests if t.endswith(".py")), *benches,
-                        "testbenches/streams.py", "testbenches/runner.py", "testbenches/conftest.py", *golden])
+    return fingerprint([*own, *helpers_of(block), *(t for t in tests if t.endswith(".py")), "testbenches/conftest.py",
+                        *bench_sources(block)])
 
 
 def main(argv=None) -> int:
@@ -350,8 +346,9 @@ def main(argv=None) -> int:
             sys.exit(f"ladmac: error: {len(missing)} of the survivors in {args.survivors_of} "
                      "are no longer mutants of the sources (their lines changed)")
     for m in mutants:   # --resume: outcomes already recorded
-        if (m.file, m.line, m.before, m.after) in done:
-            m.outcome, m.seconds = done[m.file, m.line, m.before, m.after]["outcome"], done[m.file, m.line, m.before, m.after]["seconds"]
+        recorded = done.get((m.file, m.line, m.before, m.after))
+        if recorded:
+            m.outcome, m.seconds = recorded["outcome"], recorded["seconds"]
     from tqdm import tqdm
     counts: dict[str, int] = {}
     for m in mutants:

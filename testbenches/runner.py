@@ -8,6 +8,7 @@ process asks first (the others wait on its lock and reuse it), and Verilator's r
 """
 from __future__ import annotations
 
+import ast
 import fcntl
 import hashlib
 import json
@@ -19,7 +20,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from golden.paths import BUILD_ROOT
+from golden.paths import BUILD_ROOT, PROJECT_ROOT
 from hdl.registry import VERILATOR_WAIVERS, generate_verilog as _generate_verilog, get_block
 
 
@@ -99,7 +100,6 @@ def fingerprint(paths) -> str:
     """sha1 (16 hex digits) of the files ``paths`` (relative to the project; a folder: its ``*.py``
     files, recursively): what a recorded result (a fuzz config, a mutant's outcome) was run on,
     so that a resumed run keeps only results of the same sources and benches."""
-    from golden.paths import PROJECT_ROOT
     files = set()
     for rel in paths:
         p = PROJECT_ROOT / rel
@@ -108,6 +108,24 @@ def fingerprint(paths) -> str:
     for rel in sorted(files):
         h.update(rel.encode() + b"\0" + (PROJECT_ROOT / rel).read_bytes())
     return h.hexdigest()[:16]
+
+
+def bench_sources(block: str) -> list[str]:
+    """The block's testbench module and the project modules it imports (recursively, within
+    ``testbenches``), and the golden models: what its verdicts depend on besides the RTL."""
+    todo, seen = [get_block(block).testbench], set()
+    while todo:
+        mod = todo.pop()
+        rel = mod.replace(".", "/") + ".py"
+        if rel in seen or not (PROJECT_ROOT / rel).is_file():
+            continue
+        seen.add(rel)
+        for node in ast.walk(ast.parse((PROJECT_ROOT / rel).read_text())):
+            names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module else
+                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            todo += [n for n in names if n.startswith("testbenches.")]
+    golden = [str(p.relative_to(PROJECT_ROOT)) for p in (PROJECT_ROOT / "golden").glob("*.py")]
+    return sorted(seen | {"testbenches/streams.py", "testbenches/runner.py"}) + sorted(golden)
 
 
 def build(block: str, cfg, waves: bool = False) -> Path:
