@@ -41,6 +41,8 @@ PRESETS = {
     # five block-RAM banks of 1024 x 18 (the last one 904 words): the bank select after the
     # tiles' registers
     "banked": SramConfig(depth=5000, width=18, read_ports=2, read_latency=2),
+    # five banks of 2048 x 9 selected by a registered mux tree: groups of four, then the two groups
+    "tree": SramConfig(depth=9000, width=9, read_ports=2, read_latency=4),
 }
 
 

@@ -158,14 +158,16 @@ def main(argv=None) -> int:
                    help="also run every block of the chosen families at its default preset on N vectors")
     p.add_argument("--jobs", type=int, default=1, help="configs checked at once (processes)")
     p.add_argument("--out", type=Path, default=None, help="JSON report, written as it goes")
-    p.add_argument("--resume", type=Path, default=None,
-                   help="a JSON report of an earlier run: reuse each result run on the same config, Verilog and "
-                        "bench; run the rest")
+    p.add_argument("--resume", type=Path, action="append", default=[],
+                   help="a JSON report of an earlier run (may be repeated): reuse each result run on the same "
+                        "config, Verilog and bench; run the rest")
     args = p.parse_args(argv)
     kept: dict = {}
-    if args.resume:   # results reused where config, Verilog and bench are the same (see _job)
-        kept = {(r["kind"], r["block"], r["seed"], r["vectors_asked"]): r
-                for r in json.loads(args.resume.read_text())["results"] if r.get("stamp")}
+    for report in args.resume:   # results reused where config, Verilog and bench are the same (see _job)
+        if not report.is_file():
+            p.error(f"--resume {report}: no such report")
+        kept.update({(r["kind"], r["block"], r["seed"], r["vectors_asked"]): r
+                     for r in json.loads(report.read_text())["results"] if r.get("stamp")})
     fams = families()
     if args.blocks:
         unknown = [b for b in args.blocks.split(",") if b not in BLOCKS]

@@ -10,6 +10,9 @@ With ``read_latency >= 2`` the array is a grid of block-RAM tiles (:func:`bram_t
 one DP16KD's depth, slices of its width) and the second stage registers every tile's read
 data on its own, before the bank is selected: on the ECP5 that register becomes the block
 RAM's output register (synth/flow.py), so no read path starts at the RAM's slow output pins.
+The bank select then spreads over the stages left: with ``read_latency`` 4 a first registered
+stage picks within groups of banks (the bank index's low bits), the last among the groups, so
+no path crosses the device through one wide mux.
 
 The memory array has no initial contents in the emitted RTLIL / Verilog (see
 :func:`_emit_without_zero_init`), as an SRAM macro powers up with unknown words. Verilator
@@ -160,13 +163,28 @@ class SramBank(wiring.Component):
                 with m.If(ce):
                     m.d.sync += [reg.eq(Cat(rp.data for rp in row)) for reg, row in zip(regs, rps)]
                     m.d.sync += [valid1.eq(valid), bank1.eq(bank), bypass1.eq(bypass), bypass_data1.eq(bypass_data)]
-                valid = valid1
-                word = Mux(bypass1, bypass_data1, Array(regs)[bank1] if banked else regs[0])
-            for stage in range(2, cfg.read_latency):
-                nxt_valid = Signal(name=f"p{n}_valid{stage}")
-                nxt_word = Signal(cfg.width, name=f"p{n}_word{stage}")
-                with m.If(ce):
-                    m.d.sync += [nxt_valid.eq(valid), nxt_word.eq(word)]
-                valid, word = nxt_valid, nxt_word
+                valid, bank, bypass, bypass_data = valid1, bank1, bypass1, bypass_data1
+                # then the bank mux as a tree over the stages left (each registered): every
+                # stage but the last picks within groups of banks by the bank index's low bits
+                words, levels = regs, max(1, cfg.read_latency - 2)
+                step = -(-index_width(len(tiles)) // levels) if banked else 0
+                for stage in range(2, cfg.read_latency - 1):
+                    sel, bank_rest = bank[:step], bank[step:]
+                    words = [Array(words[g:g + 2 ** step])[sel] if len(words[g:g + 2 ** step]) > 1 else words[g]
+                             for g in range(0, len(words), 2 ** step)]
+                    nxt_words = [Signal(cfg.width, name=f"p{n}_group{stage}_{g}") for g in range(len(words))]
+                    nxt = [Signal(name=f"p{n}_valid{stage}"), Signal(len(bank_rest), name=f"p{n}_bank{stage}"),
+                           Signal(name=f"p{n}_bypass{stage}"), Signal.like(bypass_data, name=f"p{n}_bypass_data{stage}")]
+                    with m.If(ce):
+                        m.d.sync += [a.eq(b) for a, b in zip(nxt_words, words)]
+                        m.d.sync += [a.eq(b) for a, b in zip(nxt, (valid, bank_rest, bypass, bypass_data))]
+                    words, (valid, bank, bypass, bypass_data) = nxt_words, nxt
+                word = Mux(bypass, bypass_data, Array(words)[bank] if len(words) > 1 else words[0])
+                if cfg.read_latency >= 3:
+                    nxt_valid = Signal(name=f"p{n}_valid{cfg.read_latency - 1}")
+                    nxt_word = Signal(cfg.width, name=f"p{n}_word{cfg.read_latency - 1}")
+                    with m.If(ce):
+                        m.d.sync += [nxt_valid.eq(valid), nxt_word.eq(word)]
+                    valid, word = nxt_valid, nxt_word
             m.d.comb += [resp.valid.eq(valid), resp.payload.eq(word)]
         return m
