@@ -11,6 +11,8 @@ SEED = 2604
 MATCH_CONFIGS = {
     "tiny": PRESETS["tiny"],  # window 8: wraps every 8 queries of a head
     "wide": MacUnitConfig(window=24, head_dim=32, heads=3, lanes=8, q_width=12, q_frac=6, tau=0.3),
+    # one beat per query (the head on it), a window of 2^3 - 1 (the scan's counters at their top)
+    "one-beat": MacUnitConfig(window=7, head_dim=8, heads=2, lanes=8),
 }
 MERGE_CONFIGS = {"tiny": PRESETS["tiny"], "default": PRESETS["default"]}
 
@@ -24,13 +26,15 @@ def test_match_rtl_equals_golden(name):
     assert report["at_threshold"] > 0  # distance exactly at the threshold (a miss) was seen
 
 
-def test_match_rtl_equals_golden_across_ring_banks():
-    """A ring deeper than one bank (2560 words: a full bank and a part one); head 4's slots are in the second."""
+@pytest.mark.parametrize("heads, banks", [(5, 2), (9, 3), (17, 5)])
+def test_match_rtl_equals_golden_across_ring_banks(heads, banks):
+    """A ring deeper than one bank (512 words per head, 2048 per bank, the last bank a part
+    one): the pair-then-bank select with an odd bank out (3, 5) and several pairs (5)."""
     from hdl.mac.match import RING_BANK_DEPTH
-    cfg = MacUnitConfig(window=64, head_dim=64, heads=5, lanes=8)
-    assert RING_BANK_DEPTH < cfg.ring_words < 2 * RING_BANK_DEPTH
-    report = simulate("mac-match", cfg, "testbenches.tb.tb_mac_match", seed=SEED, name="banked",
-                      params={"vectors": 200})
+    cfg = MacUnitConfig(window=64, head_dim=64, heads=heads, lanes=8)
+    assert (banks - 1) * RING_BANK_DEPTH < cfg.ring_words < banks * RING_BANK_DEPTH
+    report = simulate("mac-match", cfg, "testbenches.tb.tb_mac_match", seed=SEED, name=f"banked{banks}",
+                      params={"vectors": 200 if banks == 2 else 12 * heads})
     assert report["mismatches"] == 0 and report["hits"] > 20
 
 

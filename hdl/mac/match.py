@@ -1,7 +1,7 @@
 """Match unit: ring windows of pre-RoPE queries, best earlier query by squared L2 distance.
 
 Implements golden.mac_unit.MatchModel bit for bit (docs/algorithms.md §2, "Match"). A query
-arrives as ``head_dim/lanes`` beats on ``query``; the unit streams every valid slot of
+arrives as ``head_dim/lanes`` beats on ``query`` (its head taken from the first); the unit streams every valid slot of
 that head's ring from an SRAM bank (oldest position first) through the VPU's SQDIST,
 keeps the strict minimum (so ties go to the lower position), emits
 ``(hit, slot, position, distance)`` on ``result`` and then writes the query into the
@@ -72,8 +72,10 @@ class MatchUnit(wiring.Component):
         bank_depth = min(cfg.ring_words, RING_BANK_DEPTH)
         n_banks = -(-cfg.ring_words // bank_depth)
         low = index_width(bank_depth)
-        # a read that meets a write in a bank takes the write's data (below), so the banks may
-        # leave it undefined (no read-before-write emulation around the block RAMs: synth/flow.py)
+        # no read ever meets a write in a bank (reads only in SCAN, writes only in WRITE, and a
+        # write lands 2 cycles after WRITE while the next SCAN's first read reaches the banks
+        # >= 4 cycles after it: LOAD >= 1 cycle, PREPARE, the request register), so the banks
+        # may leave that case undefined (no read-before-write logic around the RAMs: synth/flow.py)
         banks = [memory.Memory(shape=unsigned(word), depth=min(bank_depth, cfg.ring_words - b * bank_depth), init=[],
                                attrs={COLLISION_X: 1})
                  for b in range(n_banks)]
@@ -103,12 +105,9 @@ class MatchUnit(wiring.Component):
         ra_valid, ra_addr, ra_beat = Signal(), Signal.like(req.payload.addr), Signal(range(nb))
         w_valid, w_addr, w_data = Signal(), Signal.like(write.payload.addr), Signal(word)
         m.d.sync += [w_valid.eq(write.valid), w_addr.eq(write.payload.addr), w_data.eq(write.payload.data)]
-        # the banks are written one cycle later still; a read of that word in that cycle takes
-        # the written data (r0/r1_bypass), so every read sees exactly what it saw before
+        # the banks are written one cycle later still (the write's register next to them)
         wb_valid, wb_addr, wb_data = Signal(), Signal.like(w_addr), Signal(word)
         m.d.sync += [wb_valid.eq(w_valid), wb_addr.eq(w_addr), wb_data.eq(w_data)]
-        r0_bypass, r1_bypass = Signal(), Signal()
-        r0_bypass_data, r1_bypass_data = Signal(word), Signal(word)
         for b in range(n_banks):
             m.d.comb += [rports[b].addr.eq(ra_addr[:low]), rports[b].en.eq(ce),
                          wports[b].addr.eq(wb_addr[:low]), wports[b].data.eq(wb_data),
@@ -121,11 +120,8 @@ class MatchUnit(wiring.Component):
                          resp.payload.eq(r2_word[r2_pair]),
                          r0_beat.eq(ra_beat), r1_beat.eq(r0_beat), r2_beat.eq(r1_beat),
                          resp_q.eq(query_buf[r2_beat]), resp_last.eq(r2_beat == nb - 1)]
-            m.d.sync += [r0_bypass.eq(wb_valid & (wb_addr == ra_addr)), r0_bypass_data.eq(wb_data),
-                         r1_bypass.eq(r0_bypass), r1_bypass_data.eq(r0_bypass_data)]
-            m.d.sync += [r2_word[g].eq(Mux(r1_bypass, r1_bypass_data,
-                                           Mux(r1_bank[0], r1_word[2 * g + 1], r1_word[2 * g]) if 2 * g + 1 < n_banks
-                                           else r1_word[2 * g])) for g in range(n_pairs)]
+            m.d.sync += [r2_word[g].eq(Mux(r1_bank[0], r1_word[2 * g + 1], r1_word[2 * g]) if 2 * g + 1 < n_banks
+                                       else r1_word[2 * g]) for g in range(n_pairs)]
             m.d.sync += [r1_word[b].eq(rports[b].data) for b in range(n_banks)]
 
         head = Signal(index_width(cfg.heads))
@@ -134,11 +130,10 @@ class MatchUnit(wiring.Component):
         write_slots = Array(Signal(range(window), name=f"write_slot{h}") for h in range(cfg.heads))
         filled_slots = Array(Signal(range(window + 1), name=f"filled{h}") for h in range(cfg.heads))
         filled = Signal(range(window + 1))
-        oldest = Signal(range(window))
 
         load_beat = Signal(range(nb))
         issue_count, issue_slot, issue_beat = Signal(range(window + 1)), Signal(range(window)), Signal(range(nb))
-        result_count, result_slot = Signal(range(window + 1)), Signal(range(window))
+        result_count, result_slot = Signal(range(window)), Signal(range(window))   # results before the last
         best_distance = Signal(cfg.vpu.acc_width)
         best_slot = Signal(range(window))
         # position of the result being compared (the oldest valid slot's position plus its
@@ -173,7 +168,7 @@ class MatchUnit(wiring.Component):
             with m.State("PREPARE"):
                 count = filled_slots[head]
                 m.d.sync += [
-                    filled.eq(count), oldest.eq(Mux(count == window, write_slots[head], 0)),
+                    filled.eq(count),
                     issue_count.eq(0), issue_slot.eq(Mux(count == window, write_slots[head], 0)), issue_beat.eq(0),
                     result_count.eq(0), result_slot.eq(Mux(count == window, write_slots[head], 0)),
                     best_distance.eq(max_distance), best_slot.eq(0),

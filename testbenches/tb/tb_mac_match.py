@@ -1,6 +1,7 @@
 """cocotb: MAC Match unit == golden.mac_unit.MatchModel on a query sequence: random
 queries, near-repeats (hits), exact repeats (ties -> lower position), distances exactly
-at and one below the threshold, empty and partly filled windows, ring wrap-around;
+at and one below the threshold, empty and partly filled windows, ring wrap-around, a random
+head on every beat but a query's first;
 optionally real SmolLM2 pre-RoPE queries. Random gaps on ``query``, back-pressure on ``result``."""
 from __future__ import annotations
 
@@ -77,7 +78,9 @@ def match_half(bench: Bench, query: str = "query", result: str = "result"):
     want = []
     for n, (head, q) in enumerate(queries):
         r = model.query(head, torch.tensor(q))
-        src.put(*({"head": head, "q": beat} for beat in split_beats(q, cfg.lanes)))
+        # the head is read from the first beat: the others carry a random one
+        src.put(*({"head": head if b == 0 else bench.rng.randrange(cfg.heads), "q": beat}
+                  for b, beat in enumerate(split_beats(q, cfg.lanes))))
         want.append({"hit": int(r.hit), "slot": r.slot, "position": r.position, "distance": r.distance})
         sink.expect(want[-1], inputs=f"query {n}, head {head}")
 
