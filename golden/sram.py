@@ -17,13 +17,13 @@ class SramConfig(BlockConfig):
     depth: int = param(256, "words")
     width: int = param(32, "bits per word")
     read_ports: int = param(1, "independent read ports (request/response streams)")
-    read_latency: int = param(1, "cycles from accepted request to response (1..4)")
+    read_latency: int = param(1, "cycles from accepted request to response (1..5)")
 
     def validate(self):
         self.require(2 <= self.depth <= 1 << 20, f"depth must be 2..{1 << 20}, got {self.depth}")
         self.require(1 <= self.width <= 1024, f"width must be 1..1024, got {self.width}")
         self.require(1 <= self.read_ports <= 4, f"read_ports must be 1..4, got {self.read_ports}")
-        self.require(1 <= self.read_latency <= 4, f"read_latency must be 1..4, got {self.read_latency}")
+        self.require(1 <= self.read_latency <= 5, f"read_latency must be 1..5, got {self.read_latency}")
 
     @property
     def addr_width(self) -> int:
@@ -43,6 +43,8 @@ PRESETS = {
     "banked": SramConfig(depth=5000, width=18, read_ports=2, read_latency=2),
     # five banks of 2048 x 9 selected by a registered mux tree: groups of four, then the two groups
     "tree": SramConfig(depth=9000, width=9, read_ports=2, read_latency=4),
+    # the same with the read address from a register: a fixed-latency read into an output FIFO
+    "registered-address": SramConfig(depth=9000, width=9, read_ports=2, read_latency=5),
 }
 
 

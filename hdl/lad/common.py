@@ -77,9 +77,10 @@ def sram_banks(cfg: LadTileConfig) -> dict[str, SramConfig]:
     a_words = max(2, d // P * nb)
     return {
         # EAS's banks: registered reads (the block RAM's output register); the centers (up to 128
-        # DP16KD across the device) with their bank mux as a registered tree of two stages
+        # DP16KD across the device) with their read address from a register and their bank mux
+        # as a registered tree of two stages (hdl/lib/sram.py: read_latency 5)
         "eas.centers": SramConfig(depth=max(2, cfg.max_centers * cfg.eas_beats), width=cfg.eas_lanes * cfg.kv_width,
-                                  read_latency=4),
+                                  read_latency=5),
         "eas.center_scores": SramConfig(depth=max(2, cfg.max_centers), width=xw, read_latency=2),
         "eas.center_recips": SramConfig(depth=max(2, cfg.max_centers), width=recip_resp_layout(cfg).size,
                                         read_latency=2),

@@ -12,7 +12,10 @@ data on its own, before the bank is selected: on the ECP5 that register becomes 
 RAM's output register (synth/flow.py), so no read path starts at the RAM's slow output pins.
 The bank select then spreads over the stages left: with ``read_latency`` 4 a first registered
 stage picks within groups of banks (the bank index's low bits), the last among the groups, so
-no path crosses the device through one wide mux.
+no path crosses the device through one wide mux. ``read_latency`` 5 adds a register in front of
+the RAMs' address pins: that read pipeline runs at a fixed latency into an output FIFO (it
+cannot stall: a stalled read would reach the RAMs after later writes) and takes a request only
+while the FIFO has room for every read in flight.
 
 The memory array has no initial contents in the emitted RTLIL / Verilog (see
 :func:`_emit_without_zero_init`), as an SRAM macro powers up with unknown words. Verilator
@@ -24,8 +27,9 @@ written.
 """
 from __future__ import annotations
 
-from amaranth import Array, Cat, Module, Mux, Signal, unsigned
+from amaranth import Array, Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
 from golden.sram import SramConfig
@@ -120,16 +124,22 @@ class SramBank(wiring.Component):
                 m.submodules[f"mem_{b}_{t}"] = tile
         banked = len(tiles) > 1
         low = index_width(tile_depth) if banked else cfg.addr_width
+        # read_latency 5: the read address reaches the RAMs from a register (a cycle after the
+        # request), so the read pipeline cannot stall (a stalled read would reach the RAMs after
+        # later writes): it runs at a fixed latency into an output FIFO, and a request is taken
+        # only while the FIFO has room for every read in flight. The write lands a cycle later
+        # too, so reads still see exactly the writes accepted before them.
+        registered_address = cfg.read_latency == 5
 
         # The write. Tiled: it reaches the RAMs a cycle later (registered), and a read in that
         # cycle of the same word takes the registered data instead of the RAM's: reads still
         # see every write of earlier cycles and none of their own cycle (read-before-write).
         m.d.comb += self.write.ready.eq(1)
         w_valid, w_addr, w_data = self.write.valid, self.write.payload.addr, self.write.payload.data
-        if tiled:
-            w_valid, w_addr, w_data = Signal(), Signal.like(w_addr), Signal.like(w_data)
-            m.d.sync += [w_valid.eq(self.write.valid), w_addr.eq(self.write.payload.addr),
-                         w_data.eq(self.write.payload.data)]
+        for stage in range(int(tiled) + int(registered_address)):   # the write's register stages
+            nxt = Signal(name=f"w_valid{stage}"), Signal.like(w_addr, name=f"w_addr{stage}"), Signal.like(w_data, name=f"w_data{stage}")
+            m.d.sync += [a.eq(b) for a, b in zip(nxt, (w_valid, w_addr, w_data))]
+            w_valid, w_addr, w_data = nxt
         for b, row in enumerate(tiles):
             for t, tile in enumerate(row):
                 wp = tile.write_port()
@@ -138,13 +148,24 @@ class SramBank(wiring.Component):
 
         for n in range(cfg.read_ports):
             req, resp = self.read_port(n)
-            ce = stall_all_enable(resp)
             rps = [[tile.read_port(domain="sync") for tile in row] for row in tiles]
-            m.d.comb += req.ready.eq(ce)
-            m.d.comb += [x for row in rps for rp in row for x in (rp.en.eq(ce), rp.addr.eq(req.payload.addr[:low]))]
+            if registered_address:
+                ce = Const(1)
+                m.submodules[f"p{n}_out"] = out = SyncFIFO(width=cfg.width, depth=cfg.read_latency)
+                pending = Signal(range(cfg.read_latency + 1), name=f"p{n}_pending")   # taken, not yet answered
+                m.d.comb += [req.ready.eq((pending < cfg.read_latency) | (resp.valid & resp.ready)),
+                             resp.valid.eq(out.r_rdy), resp.payload.eq(out.r_data), out.r_en.eq(resp.ready)]
+                m.d.sync += pending.eq(pending + (req.valid & req.ready) - (resp.valid & resp.ready))
+                addr, asked = Signal.like(req.payload.addr, name=f"p{n}_addr"), Signal(name=f"p{n}_asked")
+                m.d.sync += [addr.eq(req.payload.addr), asked.eq(req.valid & req.ready)]
+            else:
+                ce = stall_all_enable(resp)
+                m.d.comb += req.ready.eq(ce)
+                addr, asked = req.payload.addr, req.valid
+            m.d.comb += [x for row in rps for rp in row for x in (rp.en.eq(ce), rp.addr.eq(addr[:low]))]
             valid = Signal(name=f"p{n}_valid0")
             with m.If(ce):
-                m.d.sync += valid.eq(req.valid)
+                m.d.sync += valid.eq(asked)
             if not tiled:
                 word = rps[0][0].data
             else:
@@ -152,8 +173,8 @@ class SramBank(wiring.Component):
                 bank = Signal(range(max(2, len(tiles))), name=f"p{n}_bank0")
                 bypass, bypass_data = Signal(name=f"p{n}_bypass0"), Signal(cfg.width, name=f"p{n}_bypass_data0")
                 with m.If(ce):
-                    m.d.sync += [bank.eq(req.payload.addr[low:] if banked else 0),
-                                 bypass.eq(w_valid & (w_addr == req.payload.addr)), bypass_data.eq(w_data)]
+                    m.d.sync += [bank.eq(addr[low:] if banked else 0),
+                                 bypass.eq(w_valid & (w_addr == addr)), bypass_data.eq(w_data)]
                 # stage 2: every tile's read data registered on its own, with no logic between
                 # the RAM and the register (synth/flow.py moves it into the DP16KD's output
                 # register); then the addressed bank's word, or the write's
@@ -166,9 +187,9 @@ class SramBank(wiring.Component):
                 valid, bank, bypass, bypass_data = valid1, bank1, bypass1, bypass_data1
                 # then the bank mux as a tree over the stages left (each registered): every
                 # stage but the last picks within groups of banks by the bank index's low bits
-                words, levels = regs, max(1, cfg.read_latency - 2)
+                words, levels = regs, max(1, cfg.read_latency - 2 - registered_address)
                 step = -(-index_width(len(tiles)) // levels) if banked else 0
-                for stage in range(2, cfg.read_latency - 1):
+                for stage in range(2, cfg.read_latency - 1 - registered_address):
                     sel, bank_rest = bank[:step], bank[step:]
                     words = [Array(words[g:g + 2 ** step])[sel] if len(words[g:g + 2 ** step]) > 1 else words[g]
                              for g in range(0, len(words), 2 ** step)]
@@ -180,6 +201,9 @@ class SramBank(wiring.Component):
                         m.d.sync += [a.eq(b) for a, b in zip(nxt, (valid, bank_rest, bypass, bypass_data))]
                     words, (valid, bank, bypass, bypass_data) = nxt_words, nxt
                 word = Mux(bypass, bypass_data, Array(words)[bank] if len(words) > 1 else words[0])
+                if registered_address:   # the FIFO's write is the last register
+                    m.d.comb += [out.w_en.eq(valid), out.w_data.eq(word)]
+                    continue
                 if cfg.read_latency >= 3:
                     nxt_valid = Signal(name=f"p{n}_valid{cfg.read_latency - 1}")
                     nxt_word = Signal(cfg.width, name=f"p{n}_word{cfg.read_latency - 1}")
