@@ -18,12 +18,16 @@ class SramConfig(BlockConfig):
     width: int = param(32, "bits per word")
     read_ports: int = param(1, "independent read ports (request/response streams)")
     read_latency: int = param(1, "cycles from accepted request to response (1..5)")
+    address_register: bool = param(False, "read address from a register: a fixed-latency read into an output FIFO "
+                                          "(read_latency >= 4)")
 
     def validate(self):
         self.require(2 <= self.depth <= 1 << 20, f"depth must be 2..{1 << 20}, got {self.depth}")
         self.require(1 <= self.width <= 1024, f"width must be 1..1024, got {self.width}")
         self.require(1 <= self.read_ports <= 4, f"read_ports must be 1..4, got {self.read_ports}")
         self.require(1 <= self.read_latency <= 5, f"read_latency must be 1..5, got {self.read_latency}")
+        self.require(not self.address_register or self.read_latency >= 4,
+                     f"address_register needs read_latency >= 4, got {self.read_latency}")
 
     @property
     def addr_width(self) -> int:
@@ -44,7 +48,10 @@ PRESETS = {
     # five banks of 2048 x 9 selected by a registered mux tree: groups of four, then the two groups
     "tree": SramConfig(depth=9000, width=9, read_ports=2, read_latency=4),
     # the same with the read address from a register: a fixed-latency read into an output FIFO
-    "registered-address": SramConfig(depth=9000, width=9, read_ports=2, read_latency=5),
+    "registered-address": SramConfig(depth=9000, width=9, read_ports=2, read_latency=5, address_register=True),
+    # one bank of three 2048 x 9 tiles, its address registered: the fewest stages (4)
+    "registered-address-one-bank": SramConfig(depth=2048, width=20, read_ports=1, read_latency=4,
+                                              address_register=True),
 }
 
 

@@ -3,7 +3,8 @@ bit-exact under Verilator against the golden model by the block's own testbench.
 
 ``random_config(block, rng)`` draws each parameter of the block's config class around its
 smallest preset (integers log-uniformly in ``[1, 2 * value]`` with a size cap so that builds
-and runs stay short, floats in ``[0.5, 1.5] * value``, booleans at random) and keeps the first
+and runs stay short, or over a range of their own: ``FIELD_RANGES``; floats in
+``[0.5, 1.5] * value``, booleans at random) and keeps the first
 draw that the config's ``validate()`` accepts; the rejected draws are the invalid configs,
 which must fail with one line (a ``ConfigError``). ``python -m testbenches.fuzz`` (``make fuzz``)
 runs many of them and prints each seed; any seed replays with ``--seed``.
@@ -23,8 +24,11 @@ from golden.errors import ConfigError
 from hdl.registry import BLOCKS, get_block
 
 # Size parameters drawn from a smaller range (builds, simulated cycles); others: [1, 2 * default].
-SIZE_CAPS = {"depth": 64, "max_positions": 64, "max_centers": 16, "window": 32, "head_dim": 32, "heads": 4,
+SIZE_CAPS = {"max_positions": 64, "max_centers": 16, "window": 32, "head_dim": 32, "heads": 4,
              "lanes": 8, "vpus": 8}
+# Parameters drawn over a range of their own instead (uniformly when it is short, else
+# log-uniformly): an SRAM bank up to several block-RAM banks deep, at every read latency.
+FIELD_RANGES = {"depth": (2, 16384), "read_latency": (1, 5)}
 
 
 def families() -> dict[str, list[str]]:
@@ -39,6 +43,9 @@ def families() -> dict[str, list[str]]:
 def _draw(field, default, rng: random.Random):
     if isinstance(default, bool):
         return rng.random() < 0.5
+    if isinstance(default, int) and field in FIELD_RANGES:
+        lo, hi = FIELD_RANGES[field]
+        return rng.randint(lo, hi) if hi - lo < 8 else int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
     if isinstance(default, int):
         hi = max(2, 2 * default)
         hi = min(hi, SIZE_CAPS.get(field, hi))

@@ -12,8 +12,8 @@ data on its own, before the bank is selected: on the ECP5 that register becomes 
 RAM's output register (synth/flow.py), so no read path starts at the RAM's slow output pins.
 The bank select then spreads over the stages left: with ``read_latency`` 4 a first registered
 stage picks within groups of banks (the bank index's low bits), the last among the groups, so
-no path crosses the device through one wide mux. ``read_latency`` 5 adds a register in front of
-the RAMs' address pins: that read pipeline runs at a fixed latency into an output FIFO (it
+no path crosses the device through one wide mux. ``address_register`` (read_latency >= 4) adds a
+register in front of the RAMs' address pins: that read pipeline runs at a fixed latency into an output FIFO (it
 cannot stall: a stalled read would reach the RAMs after later writes) and takes a request only
 while the FIFO has room for every read in flight.
 
@@ -124,12 +124,12 @@ class SramBank(wiring.Component):
                 m.submodules[f"mem_{b}_{t}"] = tile
         banked = len(tiles) > 1
         low = index_width(tile_depth) if banked else cfg.addr_width
-        # read_latency 5: the read address reaches the RAMs from a register (a cycle after the
+        # address_register: the read address reaches the RAMs from a register (a cycle after the
         # request), so the read pipeline cannot stall (a stalled read would reach the RAMs after
         # later writes): it runs at a fixed latency into an output FIFO, and a request is taken
         # only while the FIFO has room for every read in flight. The write lands a cycle later
         # too, so reads still see exactly the writes accepted before them.
-        registered_address = cfg.read_latency == 5
+        registered_address = cfg.address_register
 
         # The write. Tiled: it reaches the RAMs a cycle later (registered), and a read in that
         # cycle of the same word takes the registered data instead of the RAM's: reads still
