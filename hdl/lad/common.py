@@ -78,12 +78,14 @@ def sram_banks(cfg: LadTileConfig) -> dict[str, SramConfig]:
     return {
         # EAS's banks: registered reads (the block RAM's output register); the centers (up to 128
         # DP16KD across the device) with their read address from a register and their bank mux
-        # as a registered tree of two stages (hdl/lib/sram.py: read_latency 5)
+        # as a registered tree of two stages; the scores and recips with their read address from
+        # a register too (EAS's FSM is far from them), hdl/lib/sram.py
         "eas.centers": SramConfig(depth=max(2, cfg.max_centers * cfg.eas_beats), width=cfg.eas_lanes * cfg.kv_width,
-                                  read_latency=5),
-        "eas.center_scores": SramConfig(depth=max(2, cfg.max_centers), width=xw, read_latency=2),
+                                  read_latency=5, address_register=True),
+        "eas.center_scores": SramConfig(depth=max(2, cfg.max_centers), width=xw, read_latency=4,
+                                        address_register=True),
         "eas.center_recips": SramConfig(depth=max(2, cfg.max_centers), width=recip_resp_layout(cfg).size,
-                                        read_latency=2),
+                                        read_latency=4, address_register=True),
         # APID's banks: read data registered once more after the RAM (APID's register slices
         # take it from a fabric register next to the RAM, not from the RAM's output pins)
         "apid.metadata": SramConfig(depth=cfg.max_positions, width=meta_layout(cfg).size, read_latency=2),
@@ -138,6 +140,26 @@ def interval_count(tests):
 def score_of(dot, cfg: LadTileConfig):
     """The scaled exact score of a q.k dot product, in the SFM's x format."""
     return saturate(round_shift(dot * cfg.scale_raw, cfg.score_shift), signed(cfg.sfm.x_width))
+
+
+SCORE_STAGES = 3   # registered stages of score_stages
+
+
+def score_stages(m, dot, cfg: LadTileConfig, name: str) -> Signal:
+    """:func:`score_of` of ``dot`` in ``SCORE_STAGES`` registered stages that never stall (the
+    partial products of ``dot * scale_raw``, in DSPs; their sum with the rounding half; the shift
+    and the saturation): the score of the dot of cycle ``c`` is in the returned register at
+    ``c + SCORE_STAGES``."""
+    from ..lib.pipe import csa_sum, partial_products, placed, register_partials
+    pieces = register_partials(m, 1, partial_products(dot, cfg.scale_raw), f"{name}_p")
+    tw = len(dot) + cfg.scale_raw.bit_length() + 2
+    half = (1 << (cfg.score_shift - 1)) if cfg.score_shift > 0 else 0
+    total = Signal(signed(tw), name=f"{name}_sum")
+    score = Signal(signed(cfg.sfm.x_width), name=f"{name}_score")
+    m.d.sync += [total.eq(csa_sum(placed(pieces) + [Const(half, tw)], tw).as_signed()),
+                 score.eq(saturate(total >> cfg.score_shift if cfg.score_shift >= 0 else total << -cfg.score_shift,
+                                   signed(cfg.sfm.x_width)))]
+    return score
 
 
 def mode_thresholds(m, m_load, load, cfg: LadTileConfig):

@@ -24,7 +24,7 @@ from ..lib.arith import incr, saturate, stall_all_enable
 from ..lib.pipe import csa_sum, delayed, greater, partial_products, placed, register_partials, split_sum
 from ..lib.sram import SramBank
 from ..lib.vpu import Vpu
-from .common import recip_resp_layout, score_of, sram_banks, vector_layout
+from .common import SCORE_STAGES, recip_resp_layout, score_stages, sram_banks, vector_layout
 
 
 def key_out_layout(cfg: LadTileConfig) -> data.StructLayout:
@@ -164,6 +164,20 @@ class Eas(wiring.Component):
         join = Signal()
         rho_raw = Signal(signed(pw + up_max))
 
+        # the scaled score of each q.k dot (the new key's in SELF_WAIT: s_new; each center's in
+        # SCAN: to the score SRAM at its index), SCORE_STAGES registered stages behind the VPU
+        score_in, score_in_self = Signal(), Signal()
+        out_j = Signal(range(cfg.max_centers + 1))   # the index of the center whose dots leave the VPUs
+        score = score_stages(m, vpu_q.o.payload.dot, cfg, "score")
+        sc_valid = [Signal(name=f"score_valid{i}") for i in range(SCORE_STAGES)]
+        sc_self = [Signal(name=f"score_self{i}") for i in range(SCORE_STAGES)]
+        sc_j = [Signal.like(out_j, name=f"score_j{i}") for i in range(SCORE_STAGES)]
+        m.d.sync += [sc_valid[0].eq(score_in), sc_self[0].eq(score_in_self), sc_j[0].eq(out_j)]
+        m.d.sync += [x[i + 1].eq(x[i]) for x in (sc_valid, sc_self, sc_j) for i in range(SCORE_STAGES - 1)]
+        m.d.comb += [smem.write.valid.eq(sc_valid[-1] & ~sc_self[-1]), smem.write.payload.addr.eq(sc_j[-1]),
+                     smem.write.payload.data.eq(score)]
+        with m.If(sc_valid[-1] & sc_self[-1]):
+            m.d.sync += s_new.eq(score)
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.start.ready.eq(1)
@@ -179,9 +193,9 @@ class Eas(wiring.Component):
                     with m.If(req_b == nb - 1):
                         m.next = "SELF_WAIT"
             with m.State("SELF_WAIT"):
-                m.d.comb += [vpu_q.o.ready.eq(1), vpu_k.o.ready.eq(1)]
+                m.d.comb += [vpu_q.o.ready.eq(1), vpu_k.o.ready.eq(1), score_in.eq(vpu_q.o.valid), score_in_self.eq(1)]
                 with m.If(vpu_q.o.valid):
-                    m.d.sync += [s_new.eq(score_of(vpu_q.o.payload.dot, cfg)), kk.eq(vpu_k.o.payload.dot)]
+                    m.d.sync += kk.eq(vpu_k.o.payload.dot)
                     m.next = "SCAN"
             with m.State("SCAN"):   # every center: q.c_j and k_n.c_j in lockstep
                 m.d.comb += [c_req.valid.eq(req_j < count), c_req.payload.addr.eq(req_j * nb + req_b)]
@@ -197,13 +211,11 @@ class Eas(wiring.Component):
                 with m.If(c_resp.valid & c_resp.ready):
                     m.d.sync += resp_b.eq(incr(resp_b, nb))
                 # a center's dots: its score to the score SRAM, k_n.c_j waits for the center's recip
-                out_j = Signal(range(cfg.max_centers + 1))
+                m.d.comb += score_in.eq(vpu_q.o.valid)
                 with m.If(vpu_q.o.valid):
-                    m.d.comb += [smem.write.valid.eq(1), smem.write.payload.addr.eq(out_j),
-                                 smem.write.payload.data.eq(score_of(vpu_q.o.payload.dot, cfg)),
-                                 r_req.valid.eq(1), r_req.payload.addr.eq(out_j)]
+                    m.d.comb += [r_req.valid.eq(1), r_req.payload.addr.eq(out_j)]
                     m.d.sync += [kdot.eq(vpu_k.o.payload.dot), kdot_j.eq(out_j), out_j.eq(out_j + 1)]
-                with m.If((done_j == count) & ~r_resp.valid & ~vpu_q.o.valid):
+                with m.If((done_j == count) & ~r_resp.valid & ~vpu_q.o.valid & ~Cat(sc_valid).any()):
                     m.d.sync += out_j.eq(0)
                     m.next = "PRODUCTS"
             with m.State("PRODUCTS"):
