@@ -152,7 +152,10 @@ class Eas(wiring.Component):
         # sh = e + mf - rho_frac: sh <= 0 shifts left; a right shift of pw - 1 or more gives 0
         # (|dot rc| < 2^(pw - 3)), so it is cut to pw - 1.
         kk_pieces = register_partials(m, 1, partial_products(kk, cfg.cos2_raw), "kk_cos")
-        rho_pieces = register_partials(m, 1, partial_products(best_dot, best_rc.mantissa), "rho")
+        # (rho's operands through a plain copy of best_*: the compare that loads best_* would
+        # otherwise reach the DSPs' clock enables once synth/absorb.py moves best_* into them)
+        rho_dot, rho_mantissa = delayed(m, best_dot, "rho_dot"), delayed(m, best_rc.mantissa, "rho_mantissa")
+        rho_pieces = register_partials(m, 1, partial_products(rho_dot, rho_mantissa), "rho")
         pw = len(best_dot) + mf + 3      # dot rc plus its rounding half
         up_max = max(0, cfg.rho_frac - mf)
         sh = Signal(signed(8))
