@@ -70,7 +70,7 @@ class MacUnitConfig(BlockConfig):
         self.require(4 <= self.q_width <= 20, f"q_width must be 4..20, got {self.q_width}")
         self.require(0 <= self.q_frac < self.q_width, f"q_frac must be 0..q_width-1, got {self.q_frac}")
         self.require(0.0 < self.tau < 1.0, f"tau must be in (0, 1), got {self.tau}")
-        self.require(8 <= self.score_width <= 32, f"score_width must be 8..32, got {self.score_width}")
+        self.require(8 <= self.score_width <= 24, f"score_width must be 8..24 (the SFM's x format), got {self.score_width}")
         self.require(0 <= self.score_frac < self.score_width - 4,
                      f"score_frac must leave at least 4 integer bits, got {self.score_frac}")
         self.require(8 <= self.sum_width <= 44, f"sum_width must be 8..44, got {self.sum_width}")
@@ -79,6 +79,7 @@ class MacUnitConfig(BlockConfig):
         self.require(0 <= self.out_frac < self.out_width, f"out_frac must be 0..out_width-1, got {self.out_frac}")
         self.require(1 <= self.cancel_bits <= 12, f"cancel_bits must be 1..12, got {self.cancel_bits}")
         self.require(8 <= self.mantissa_frac <= 20, f"mantissa_frac must be 8..20, got {self.mantissa_frac}")
+        self.sfm, self.vpu   # the derived configs validate themselves: their errors surface here, not at build
 
     # -- derived -----------------------------------------------------------------------
     @property

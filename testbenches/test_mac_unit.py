@@ -77,6 +77,9 @@ def test_mac_config_rejects_bad_values():
         MacUnitConfig(head_dim=60, lanes=8)
     with pytest.raises(ConfigError, match="tau"):
         MacUnitConfig(tau=1.5)
+    # fuzz mac-decode seed 15: a score_width the SFM cannot take was accepted, then refused at build
+    with pytest.raises(ConfigError, match="score_width must be 8..24"):
+        MacUnitConfig(score_width=30)
 
 
 # -- real SmolLM2 data (testbenches/data/smollm2_mac_trace.pt, from benchmarks/record_mac_trace.py) --------
