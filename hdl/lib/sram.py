@@ -131,13 +131,15 @@ class SramBank(wiring.Component):
         # too, so reads still see exactly the writes accepted before them.
         registered_address = cfg.address_register
 
-        # The write. Tiled: it reaches the RAMs a cycle later (registered), and a read in that
-        # cycle of the same word takes the registered data instead of the RAM's: reads still
-        # see every write of earlier cycles and none of their own cycle (read-before-write).
+        # The write. Tiled: it reaches the RAMs a cycle later (registered; two with
+        # address_register, as the reads reach them a cycle later too), and a read in that cycle
+        # of the same word takes the registered data instead of the RAM's: reads still see every
+        # write of earlier cycles and none of their own cycle (read-before-write).
         m.d.comb += self.write.ready.eq(1)
         w_valid, w_addr, w_data = self.write.valid, self.write.payload.addr, self.write.payload.data
         for stage in range(int(tiled) + int(registered_address)):   # the write's register stages
-            nxt = Signal(name=f"w_valid{stage}"), Signal.like(w_addr, name=f"w_addr{stage}"), Signal.like(w_data, name=f"w_data{stage}")
+            nxt = (Signal(name=f"w_valid{stage}"), Signal.like(w_addr, name=f"w_addr{stage}"),
+                   Signal.like(w_data, name=f"w_data{stage}"))
             m.d.sync += [a.eq(b) for a, b in zip(nxt, (w_valid, w_addr, w_data))]
             w_valid, w_addr, w_data = nxt
         for b, row in enumerate(tiles):
