@@ -34,7 +34,7 @@ def test_match_rtl_equals_golden_across_ring_banks(heads, banks):
     cfg = MacUnitConfig(window=64, head_dim=64, heads=heads, lanes=8)
     assert (banks - 1) * RING_BANK_DEPTH < cfg.ring_words < banks * RING_BANK_DEPTH
     report = simulate("mac-match", cfg, "testbenches.tb.tb_mac_match", seed=SEED, name=f"banked{banks}",
-                      params={"vectors": 200 if banks == 2 else 12 * heads})
+                      params={"vectors": 200 if banks == 2 else 8 * heads})
     assert report["mismatches"] == 0 and report["hits"] > 20
 
 
