@@ -142,26 +142,6 @@ def score_of(dot, cfg: LadTileConfig):
     return saturate(round_shift(dot * cfg.scale_raw, cfg.score_shift), signed(cfg.sfm.x_width))
 
 
-SCORE_STAGES = 3   # registered stages of score_stages
-
-
-def score_stages(m, dot, cfg: LadTileConfig, name: str) -> Signal:
-    """:func:`score_of` of ``dot`` in ``SCORE_STAGES`` registered stages that never stall (the
-    partial products of ``dot * scale_raw``, in DSPs; their sum with the rounding half; the shift
-    and the saturation): the score of the dot of cycle ``c`` is in the returned register at
-    ``c + SCORE_STAGES``."""
-    from ..lib.pipe import csa_sum, partial_products, placed, register_partials
-    pieces = register_partials(m, 1, partial_products(dot, cfg.scale_raw), f"{name}_p")
-    tw = len(dot) + cfg.scale_raw.bit_length() + 2
-    half = (1 << (cfg.score_shift - 1)) if cfg.score_shift > 0 else 0
-    total = Signal(signed(tw), name=f"{name}_sum")
-    score = Signal(signed(cfg.sfm.x_width), name=f"{name}_score")
-    m.d.sync += [total.eq(csa_sum(placed(pieces) + [Const(half, tw)], tw).as_signed()),
-                 score.eq(saturate(total >> cfg.score_shift if cfg.score_shift >= 0 else total << -cfg.score_shift,
-                                   signed(cfg.sfm.x_width)))]
-    return score
-
-
 def mode_thresholds(m, m_load, load, cfg: LadTileConfig):
     """APID's test without the subtraction: ``x^ = sat(s^ - m)`` is outside the (guarded) bounds
     ``lo``, ``hi`` of interval ``mode`` iff ``s^ < lo + m`` or ``s^ >= hi + m``, because ``sat`` is

@@ -21,10 +21,11 @@ from golden.lad_tile import COS_FRAC, LadTileConfig
 from golden.vpu import VpuOp
 
 from ..lib.arith import incr, saturate, stall_all_enable
-from ..lib.pipe import csa_sum, delayed, greater, partial_products, placed, register_partials, split_sum
+from ..lib.pipe import (SCALED_STAGES, csa_sum, delayed, greater, partial_products, placed, register_partials,
+                        scaled_round, split_sum)
 from ..lib.sram import SramBank
 from ..lib.vpu import Vpu
-from .common import SCORE_STAGES, recip_resp_layout, score_stages, sram_banks, vector_layout
+from .common import recip_resp_layout, sram_banks, vector_layout
 
 
 def key_out_layout(cfg: LadTileConfig) -> data.StructLayout:
@@ -168,15 +169,15 @@ class Eas(wiring.Component):
         rho_raw = Signal(signed(pw + up_max))
 
         # the scaled score of each q.k dot (the new key's in SELF_WAIT: s_new; each center's in
-        # SCAN: to the score SRAM at its index), SCORE_STAGES registered stages behind the VPU
+        # SCAN: to the score SRAM at its index; common.score_of), registered stages behind the VPU
         score_in, score_in_self = Signal(), Signal()
         out_j = Signal(range(cfg.max_centers + 1))   # the index of the center whose dots leave the VPUs
-        score = score_stages(m, vpu_q.o.payload.dot, cfg, "score")
-        sc_valid = [Signal(name=f"score_valid{i}") for i in range(SCORE_STAGES)]
-        sc_self = [Signal(name=f"score_self{i}") for i in range(SCORE_STAGES)]
-        sc_j = [Signal.like(out_j, name=f"score_j{i}") for i in range(SCORE_STAGES)]
+        score = scaled_round(m, vpu_q.o.payload.dot, cfg.scale_raw, cfg.score_shift, signed(xw), "score")
+        sc_valid = [Signal(name=f"score_valid{i}") for i in range(SCALED_STAGES)]
+        sc_self = [Signal(name=f"score_self{i}") for i in range(SCALED_STAGES)]
+        sc_j = [Signal.like(out_j, name=f"score_j{i}") for i in range(SCALED_STAGES)]
         m.d.sync += [sc_valid[0].eq(score_in), sc_self[0].eq(score_in_self), sc_j[0].eq(out_j)]
-        m.d.sync += [x[i + 1].eq(x[i]) for x in (sc_valid, sc_self, sc_j) for i in range(SCORE_STAGES - 1)]
+        m.d.sync += [x[i + 1].eq(x[i]) for x in (sc_valid, sc_self, sc_j) for i in range(SCALED_STAGES - 1)]
         m.d.comb += [smem.write.valid.eq(sc_valid[-1] & ~sc_self[-1]), smem.write.payload.addr.eq(sc_j[-1]),
                      smem.write.payload.data.eq(score)]
         with m.If(sc_valid[-1] & sc_self[-1]):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from amaranth import Cat, Const, Mux, Signal, Value, signed, unsigned
 
+from .arith import saturate
+
 CHUNK = 17  # low chunks are unsigned 17 bits: with a sign bit they fit the DSP's 18
 
 
@@ -192,3 +194,21 @@ def greater(a: Value, b: Value, chunk: int = 24) -> Value:
         hi = min(width, lo + chunk)
         result = (a[lo:hi] > b[lo:hi]) | ((a[lo:hi] == b[lo:hi]) & result)
     return result
+
+
+SCALED_STAGES = 3   # registered stages of scaled_round
+
+
+def scaled_round(m, value: Value, scale: int, shift: int, shape, name: str) -> Signal:
+    """``saturate(round_shift(value * scale, shift), shape)`` (arith's rounding) in
+    ``SCALED_STAGES`` registered stages that never stall: the partial products of
+    ``value * scale`` (DSPs); their sum with the rounding half; the shift and the saturation. The
+    result of cycle ``c``'s ``value`` is in the returned register at ``c + SCALED_STAGES``."""
+    pieces = register_partials(m, 1, partial_products(value, scale), f"{name}_p")
+    width = len(value) + scale.bit_length() + 2
+    half = (1 << (shift - 1)) if shift > 0 else 0
+    total = Signal(signed(width), name=f"{name}_sum")
+    out = Signal(shape, name=name)
+    m.d.sync += [total.eq(csa_sum(placed(pieces) + [Const(half, width)], width).as_signed()),
+                 out.eq(saturate(total >> shift if shift >= 0 else total << -shift, shape))]
+    return out

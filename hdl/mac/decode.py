@@ -52,7 +52,7 @@ from golden.sram import SramConfig
 from golden.vpu import VpuConfig, VpuOp
 
 from ..lib.arith import incr, index_width, round_shift, saturate
-from ..lib.pipe import csa_sum, partial_products, placed, register_partials
+from ..lib.pipe import csa_sum, partial_products, placed, register_partials, scaled_round
 from ..lib.sfm import Sfm
 from ..lib.sram import SramBank
 from ..lib.vpu import Vpu
@@ -189,16 +189,8 @@ class MacDecodeEngine(wiring.Component):
         s_pos, scored = Signal(pos_t), Signal(pos_t)
         k_in = Signal()
         k1_valid, k2_valid, k3_valid = Signal(), Signal(), Signal()
-        k1_pp = register_partials(m, 1, partial_products(vpu.o.payload.dot, cfg.scale_raw), "k1")
-        kw = aw + cfg.scale_raw.bit_length() + 2
-        k2_t = Signal(signed(kw))
-        k3_score = Signal(signed(sw))
-        score_half = (1 << (cfg.score_shift - 1)) if cfg.score_shift > 0 else 0
-        m.d.sync += [k1_valid.eq(k_in), k2_valid.eq(k1_valid), k3_valid.eq(k2_valid),
-                     k2_t.eq(csa_sum(placed(k1_pp) + [Const(score_half, kw)],
-                                     kw).as_signed()),
-                     k3_score.eq(saturate(k2_t >> cfg.score_shift if cfg.score_shift >= 0
-                                          else k2_t << -cfg.score_shift, signed(sw)))]
+        k3_score = scaled_round(m, vpu.o.payload.dot, cfg.scale_raw, cfg.score_shift, signed(sw), "k3_score")
+        m.d.sync += [k1_valid.eq(k_in), k2_valid.eq(k1_valid), k3_valid.eq(k2_valid)]
 
         # -- range attention: parameters, V pass counters, numerator, output pipeline
         r_lo, r_hi, r_m, r_dst = Signal(pos_t), Signal(pos_t), Signal(signed(sw)), Signal(3)

@@ -1,9 +1,9 @@
 """Match unit: ring windows of pre-RoPE queries, best earlier query by squared L2 distance.
 
 Implements golden.mac_unit.MatchModel bit for bit (docs/algorithms.md §2, "Match"). A query
-arrives as ``head_dim/lanes`` beats on ``query`` (its head taken from the first); the unit streams every valid slot of
-that head's ring from an SRAM bank (oldest position first) through the VPU's SQDIST,
-keeps the strict minimum (so ties go to the lower position), emits
+arrives as ``head_dim/lanes`` beats on ``query`` (its head taken from the first); the unit
+streams every valid slot of that head's ring from an SRAM bank (oldest position first) through
+the VPU's SQDIST, keeps the strict minimum (so ties go to the lower position), emits
 ``(hit, slot, position, distance)`` on ``result`` and then writes the query into the
 ring at slot ``position mod window``. Cycles per match ~ ``valid_slots * d/lanes``
 plus a few for load, result and write-back.
