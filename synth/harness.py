@@ -14,11 +14,14 @@
 ``BoardTop`` places that on the ULX3S: the 25 MHz board clock feeds an ECP5 PLL
 (EHXPLLL) set to the target frequency, the PLL lock releases a synchronised reset, and
 ``din``/``shift``/``capture``/``dout`` sit on pins of the board's ``gpio`` connector. The
-PLL output clock then carries a derived constraint and nextpnr reports Fmax for it.
+PLL output clock then carries a derived constraint and nextpnr reports Fmax for it. The
+synchronised reset reaches the design's flip-flops over a global network (a DCCA buffer, as a
+board design would distribute a reset of thousands of loads): nextpnr promotes only clocks
+itself, and through fabric routing the reset of mac-unit's ~10k flip-flops took 13.2 ns.
 """
 from __future__ import annotations
 
-from amaranth import Cat, ClockDomain, ClockSignal, Const, Elaboratable, Instance, Module, Signal, Value
+from amaranth import Cat, ClockDomain, ClockSignal, Const, Elaboratable, Instance, Module, ResetSignal, Signal, Value
 from amaranth.build import Attrs, Pins, Resource
 from amaranth.lib import io, wiring
 from amaranth.lib.cdc import ResetSynchronizer
@@ -162,8 +165,11 @@ class BoardTop(Elaboratable):
             i_PHASESEL0=0, i_PHASESEL1=0, i_PHASEDIR=1, i_PHASESTEP=1, i_PHASELOADREG=1,
             i_PLLWAKESYNC=0, i_ENCLKOP=0, o_LOCK=lock)
         m.domains.sync = ClockDomain("sync")
-        m.d.comb += ClockSignal("sync").eq(clk)
-        m.submodules.reset_sync = ResetSynchronizer(~lock, domain="sync")
+        m.domains.reset_sync = ClockDomain("reset_sync")   # the synchroniser's own flip-flops
+        m.d.comb += [ClockSignal("sync").eq(clk), ClockSignal("reset_sync").eq(clk)]
+        m.submodules.reset_sync = ResetSynchronizer(~lock, domain="reset_sync")
+        m.submodules.reset_global = Instance("DCCA", i_CLKI=ResetSignal("reset_sync"), i_CE=Const(1),
+                                             o_CLKO=ResetSignal("sync"))
 
         h = self.harness
         m.submodules.harness = h
