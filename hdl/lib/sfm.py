@@ -6,7 +6,8 @@ Six pipeline stages that stall together (one result per cycle, latency 6): 1. co
 of ``x`` against the interval boundaries, the leading one of ``z``, ``|x|`` for EXP2;
 2. the interval index, normalise ``z``, the partial products of ``|x| log2 e`` (each one
 MULT18X18D, registered); 3. sum and round ``u``, slice exponent, table index and offset;
-4. look up the coefficients (the line intercept pre-shifted with the rounding folded in);
+4. look up the coefficients (the line intercept pre-shifted with the rounding folded in; EXP's
+slope a stage earlier, so both multiplier operands of stage 5 come straight from registers);
 5. the one multiply; 6. one add or subtract, then saturate. Each stage
 holds at most one multiplier or one long carry chain (docs/synthesis.md).
 """
@@ -119,10 +120,15 @@ class Sfm(wiring.Component):
         m.d.comb += u.eq(u_full >> cfg.exp2_shift if cfg.exp2_shift >= 0 else u_full << -cfg.exp2_shift)
         u_int = u[cfg.table_offset_shift:]
         over = u_int[EXPONENT_WIDTH:].any()
+        # (EXP's slope is looked up here, a stage early: stage 4 then loads both of stage 5's
+        # multiplier operands straight from flip-flops, so synth/absorb.py moves them into the DSP)
+        coef = unsigned(cfg.coef_frac + 1)
+        slopes = Array(Const(v, coef) for v in cfg.exp_slopes_raw)
         s3 = stage("s3", valid=1, op=2, x=signed(cfg.x_width), interval=cfg.interval_width,
-                   exponent=EXPONENT_WIDTH, special=1, index=cfg.table_index_bits, offset=offset_width)
+                   exponent=EXPONENT_WIDTH, special=1, index=cfg.table_index_bits, offset=offset_width, slope=coef)
         with m.If(ce):
             m.d.sync += carry(s3, s2, "valid", "op", "x", "interval")
+            m.d.sync += s3["slope"].eq(slopes[s2["interval"]])
             with m.If(s2["op"] == SfmOp.EXP2):
                 m.d.sync += [
                     s3["exponent"].eq(Mux(over, kmax, u_int[:EXPONENT_WIDTH])), s3["special"].eq(over),
@@ -135,8 +141,6 @@ class Sfm(wiring.Component):
 
         # Stage 4: coefficient look-up (PWL line of the interval, or table line).
         mant = unsigned(cfg.mantissa_frac + 1)
-        coef = unsigned(cfg.coef_frac + 1)
-        slopes = Array(Const(v, coef) for v in cfg.exp_slopes_raw)
         # c0 - round_shift(c1 * offset, k) == (c0' - c1 * offset) >> k (floor) with
         # c0' = (c0 << k) + 2^k - 1 - 2^(k-1): the line's intercept comes pre-shifted with the
         # rounding folded in, so stage 6 is one subtract (not an add, then a subtract)
@@ -158,8 +162,8 @@ class Sfm(wiring.Component):
                    c0=c0_shape, c1=mant)
         is_exp2 = s3["op"] == SfmOp.EXP2
         with m.If(ce):
-            m.d.sync += carry(s4, s3, "valid", "op", "x", "interval", "exponent", "special", "offset")
-            m.d.sync += [s4["slope"].eq(slopes[s3["interval"]]), s4["intercept"].eq(biases[s3["interval"]]),
+            m.d.sync += carry(s4, s3, "valid", "op", "x", "interval", "exponent", "special", "offset", "slope")
+            m.d.sync += [s4["intercept"].eq(biases[s3["interval"]]),
                          s4["c0"].eq(Mux(is_exp2, exp2_c0[s3["index"]], recip_c0[s3["index"]])),
                          s4["c1"].eq(Mux(is_exp2, exp2_c1[s3["index"]], recip_c1[s3["index"]]))]
 
