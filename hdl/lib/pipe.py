@@ -159,6 +159,14 @@ def csa_reduce(terms, width: int) -> list[Value]:
     return terms
 
 
+def constant_product(x, c: int, width: int) -> list[Value]:
+    """``x * c`` for unsigned ``x`` and a constant ``c >= 0`` as at most two terms whose sum
+    modulo ``2**width`` is the product: a shifted copy of ``x`` per set bit of ``c``, reduced by
+    :func:`csa_reduce` (LUTs only, no DSP and no carry chain; the caller adds the two)."""
+    x = Value.cast(x).as_unsigned()
+    return csa_reduce([x << i for i in range(c.bit_length()) if c >> i & 1] or [Const(0, 1)], width)
+
+
 def csa_sum(terms, width: int) -> Value:
     """Sum of ``terms`` modulo ``2**width`` (exact where the sum fits ``width`` bits, signed or
     unsigned; the result is unsigned, ``.as_signed()`` it for signed sums): :func:`csa_reduce`

@@ -4,8 +4,9 @@ Implements golden/sfm.py bit for bit; the interval boundaries, PWL coefficients 
 reciprocal line table are computed there (docs/algorithms.md §1.1) and become constants here.
 Six pipeline stages that stall together (one result per cycle, latency 6): 1. compares
 of ``x`` against the interval boundaries, the leading one of ``z``, ``|x|`` for EXP2;
-2. the interval index, normalise ``z``, the partial products of ``|x| log2 e`` (each one
-MULT18X18D, registered); 3. sum and round ``u``, slice exponent, table index and offset;
+2. the interval index, normalise ``z``, ``|x| log2 e`` as two carry-save terms (the constant's
+shift-and-add in LUTs, ``pipe.constant_product``: no DSP, no carry chain), registered;
+3. sum and round ``u``, slice exponent, table index and offset;
 4. look up the coefficients (the line intercept pre-shifted with the rounding folded in; EXP's
 slope a stage earlier, so both multiplier operands of stage 5 come straight from registers);
 5. the one multiply; 6. one add or subtract, then saturate. Each stage
@@ -20,7 +21,7 @@ from amaranth.lib.wiring import In, Out
 from golden.sfm import EXPONENT_WIDTH, LOG2E_FRAC, SfmConfig, SfmOp
 
 from .arith import round_shift, saturate, stall_all_enable
-from .pipe import csa_sum, leading_one, partial_products, placed, register_partials, sum_partials
+from .pipe import constant_product, csa_sum, leading_one, partial_products, placed, register_partials
 
 
 def sfm_in_layout(cfg: SfmConfig) -> data.StructLayout:
@@ -93,8 +94,8 @@ class Sfm(wiring.Component):
                          s1["ax"].eq(Mux(p.x >= 0, 0, Mux(p.x <= -amax, amax, neg_x)))]
             m.d.sync += [s1["lt"][n].eq(p.x < e) for n, e in enumerate(bounds)]
 
-        # Stage 2: interval index (boundaries above x), normalised z, the partial products
-        # of |x| * log2(e) (one DSP each; summed in stage 3).
+        # Stage 2: interval index (boundaries above x), normalised z, |x| * log2(e) as two
+        # carry-save terms (the constant's shifted copies of |x| in LUTs; summed in stage 3).
         s2 = stage("s2", valid=1, op=2, x=signed(cfg.x_width), interval=cfg.interval_width, lead=range(w),
                    zero=1, norm=w)
         shift = Signal(range(w))
@@ -103,7 +104,11 @@ class Sfm(wiring.Component):
             m.d.sync += carry(s2, s1, "valid", "op", "x", "lead", "zero")
             m.d.sync += [s2["norm"].eq(s1["z"] << shift),
                          s2["interval"].eq(sum(s1["lt"][n].as_unsigned() for n in range(len(bounds))))]
-        scaled = register_partials(m, ce, partial_products(s1["ax"], cfg.log2e_raw), "s2_scaled")
+        u_width = amax.bit_length() + LOG2E_FRAC + 3
+        scaled_terms = constant_product(s1["ax"], cfg.log2e_raw, u_width)
+        scaled = [Signal(u_width, name=f"s2_scaled{n}") for n in range(len(scaled_terms))]
+        with m.If(ce):
+            m.d.sync += [r.eq(t) for r, t in zip(scaled, scaled_terms)]
 
         # Stage 3: EXP2 sums and rounds u = -x log2(e); RECIP slices the normalised z;
         # both give the exponent, the table index and the offset.
@@ -114,8 +119,8 @@ class Sfm(wiring.Component):
         recip_index = frac[w - 1 - cfg.table_index_bits:]
         recip_offset = rest[low:] if low >= 0 else rest << -low
         half = (1 << (cfg.exp2_shift - 1)) if cfg.exp2_shift > 0 else None
-        u_full = Signal(amax.bit_length() + LOG2E_FRAC + 3)
-        m.d.comb += u_full.eq(sum_partials(scaled, half))
+        u_full = Signal(u_width)
+        m.d.comb += u_full.eq(csa_sum(scaled + ([Const(half, u_width)] if half else []), u_width))
         u = Signal(len(u_full))
         m.d.comb += u.eq(u_full >> cfg.exp2_shift if cfg.exp2_shift >= 0 else u_full << -cfg.exp2_shift)
         u_int = u[cfg.table_offset_shift:]
