@@ -119,7 +119,7 @@ class Eas(wiring.Component):
         result = Signal(key_out_layout(cfg))
 
         # t_j of each center behind its recip's read, a pipeline that never stalls (one center a
-        # cycle at most): the partial products of (k_n.c_j)^2 (DSPs); their sum in two stages; its
+        # cycle at most): the partial products of (k_n.c_j)^2 (DSPs), registered twice; their sum in two stages; its
         # operands copied, its partial products with rc_j and the rounding half 2^(mf+e_j-1); their sum in two stages;
         # the shift by mf + e_j; the compare (in carry chains side by side). Centers reach the
         # compare in order, so the first maximum wins as in the model.
@@ -127,27 +127,29 @@ class Eas(wiring.Component):
         dot, dot_j = kdot, kdot_j   # k_n.c_j waits for its recip's read
         for i in range(banks["eas.center_recips"].read_latency - 1):
             dot, dot_j = delayed(m, dot, f"kdot_d{i}"), delayed(m, dot_j, f"kdot_j_d{i}")
-        T_STAGES = 8
+        T_STAGES = 9
         t_valid = [Signal(name=f"t_valid{i}") for i in range(T_STAGES)]
         side = data.StructLayout({"dot": signed(cfg.eas_vpu.acc_width), "j": unsigned(cfg.center_width), "rc": rl})
         t_side = [Signal(side, name=f"t_side{i}") for i in range(T_STAGES)]
         m.d.sync += [t_valid[0].eq(r_resp.valid), t_side[0].dot.eq(dot), t_side[0].j.eq(dot_j), t_side[0].rc.eq(r_resp.payload)]
         m.d.sync += [x[i + 1].eq(x[i]) for x in (t_valid, t_side) for i in range(T_STAGES - 1)]
         sq_pieces = register_partials(m, 1, partial_products(dot, dot), "sq")                   # stage 0
-        sq = split_sum(m, placed(sq_pieces), 2 * cfg.eas_vpu.acc_width, "sq")                 # stages 1, 2
-        # stage 3: both operands of rc_j's multiply copied straight from registers (read only by
+        # registered twice (stage 1): synth/absorb.py moves the first register into the DSPs
+        sq_pieces = [(delayed(m, p, f"sq_pp{n}_d"), sh) for n, (p, sh) in enumerate(sq_pieces)]
+        sq = split_sum(m, placed(sq_pieces), 2 * cfg.eas_vpu.acc_width, "sq")                 # stages 2, 3
+        # stage 4: both operands of rc_j's multiply copied straight from registers (read only by
         # the DSPs, synth/absorb.py moves them into their input registers)
-        sq_op, rc_op = delayed(m, sq, "sq_op"), delayed(m, t_side[2].rc.mantissa, "rc_op")
-        prod_pieces = register_partials(m, 1, partial_products(sq_op, rc_op), "prod")          # stage 4
+        sq_op, rc_op = delayed(m, sq, "sq_op"), delayed(m, t_side[3].rc.mantissa, "rc_op")
+        prod_pieces = register_partials(m, 1, partial_products(sq_op, rc_op), "prod")          # stage 5
         t_half = Signal(2 * cfg.eas_vpu.acc_width + mf + 2)
-        m.d.sync += t_half.eq((Const(1, 1) << (mf + t_side[3].rc.exponent)) >> 1)
-        prod = split_sum(m, placed(prod_pieces) + [t_half], len(t_half), "prod")              # stages 5, 6
+        m.d.sync += t_half.eq((Const(1, 1) << (mf + t_side[4].rc.exponent)) >> 1)
+        prod = split_sum(m, placed(prod_pieces) + [t_half], len(t_half), "prod")              # stages 6, 7
         t_now = Signal.like(best_t)
-        m.d.sync += t_now.eq(prod >> (mf + t_side[6].rc.exponent))                             # stage 7
-        with m.If(t_valid[7]):
+        m.d.sync += t_now.eq(prod >> (mf + t_side[7].rc.exponent))                             # stage 8
+        with m.If(t_valid[8]):
             with m.If(~best_valid | greater(t_now, best_t)):
-                m.d.sync += [best_valid.eq(1), best_t.eq(t_now), best_j.eq(t_side[7].j), best_dot.eq(t_side[7].dot),
-                             best_rc.eq(t_side[7].rc)]
+                m.d.sync += [best_valid.eq(1), best_t.eq(t_now), best_j.eq(t_side[8].j), best_dot.eq(t_side[8].dot),
+                             best_rc.eq(t_side[8].rc)]
             m.d.sync += done_j.eq(done_j + 1)
 
         # the decision, a state per stage: the two products' partials (DSPs, loaded every cycle:
