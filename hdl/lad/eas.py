@@ -140,6 +140,9 @@ class Eas(wiring.Component):
         # stage 4: both operands of rc_j's multiply copied straight from registers (read only by
         # the DSPs, synth/absorb.py moves them into their input registers)
         sq_op, rc_op = delayed(m, sq, "sq_op"), delayed(m, t_side[3].rc.mantissa, "rc_op")
+        # from stage 4 on t_side carries the mantissa inverted: a plain copy would have rc_op's
+        # input, and Yosys merges flip-flops with the same input (rc_op must feed only the DSPs)
+        m.d.sync += t_side[4].rc.mantissa.eq(~t_side[3].rc.mantissa)
         prod_pieces = register_partials(m, 1, partial_products(sq_op, rc_op), "prod")          # stage 5
         t_half = Signal(2 * cfg.eas_vpu.acc_width + mf + 2)
         m.d.sync += t_half.eq((Const(1, 1) << (mf + t_side[4].rc.exponent)) >> 1)
@@ -149,7 +152,7 @@ class Eas(wiring.Component):
         with m.If(t_valid[8]):
             with m.If(~best_valid | greater(t_now, best_t)):
                 m.d.sync += [best_valid.eq(1), best_t.eq(t_now), best_j.eq(t_side[8].j), best_dot.eq(t_side[8].dot),
-                             best_rc.eq(t_side[8].rc)]
+                             best_rc.exponent.eq(t_side[8].rc.exponent), best_rc.mantissa.eq(~t_side[8].rc.mantissa)]
             m.d.sync += done_j.eq(done_j + 1)
 
         # the decision, a state per stage: the two products' partials (DSPs, loaded every cycle:
