@@ -141,12 +141,25 @@ class SramBank(wiring.Component):
             nxt = (Signal(name=f"w_valid{stage}"), Signal.like(w_addr, name=f"w_addr{stage}"),
                    Signal.like(w_data, name=f"w_data{stage}"))
             m.d.sync += [a.eq(b) for a, b in zip(nxt, (w_valid, w_addr, w_data))]
-            w_valid, w_addr, w_data = nxt
+            w_prev, (w_valid, w_addr, w_data) = (w_valid, w_addr, w_data), nxt
         for b, row in enumerate(tiles):
+            if tiled and banked:
+                # each bank's write from its own copy of the last stage, loaded only for that bank
+                # (so Yosys keeps the copies apart): its tiles' enable, address and data come
+                # straight from a register, not from one decode and one address fanned out to
+                # every tile of every bank (lad-eas's 125 DP16KD: 8.7 ns of routing to one WEA)
+                prev_valid, prev_addr, prev_data = w_prev
+                b_en, b_addr, b_data = (Signal(name=f"w_en_bank{b}"), Signal(low, name=f"w_addr_bank{b}"),
+                                        Signal.like(w_data, name=f"w_data_bank{b}"))
+                hit = prev_valid & (prev_addr[low:] == b)
+                m.d.sync += b_en.eq(hit)
+                with m.If(hit):
+                    m.d.sync += [b_addr.eq(prev_addr[:low]), b_data.eq(prev_data)]
+            else:
+                b_en, b_addr, b_data = w_valid & ((w_addr[low:] == b) if banked else 1), w_addr[:low], w_data
             for t, tile in enumerate(row):
                 wp = tile.write_port()
-                m.d.comb += [wp.en.eq(w_valid & ((w_addr[low:] == b) if banked else 1)), wp.addr.eq(w_addr[:low]),
-                             wp.data.eq(w_data[t * tile_width:][:tile.shape.width])]
+                m.d.comb += [wp.en.eq(b_en), wp.addr.eq(b_addr), wp.data.eq(b_data[t * tile_width:][:tile.shape.width])]
 
         for n in range(cfg.read_ports):
             req, resp = self.read_port(n)
