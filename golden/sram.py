@@ -39,10 +39,7 @@ class SramConfig(BlockConfig):
 
 
 PRESETS = {
-    # the block RAM's read data registered (the DP16KD's output register, synth/absorb.py): the
-    # read at 1 cycle starts its paths at the RAM's 5.8 ns clock-to-out (about 122 MHz on the ECP5)
-    "default": SramConfig(read_latency=2),
-    "unregistered": SramConfig(),
+    "default": SramConfig(),
     "dual": SramConfig(depth=100, width=20, read_ports=2, read_latency=2),
     "deep": SramConfig(depth=4096, width=64, read_ports=1, read_latency=3),
     # five block-RAM banks of 1024 x 18 (the last one 904 words): the bank select after the

@@ -8,7 +8,7 @@ from testbenches.runner import simulate
 SEED = 11
 
 
-@pytest.mark.parametrize("preset", ["default", "unregistered", "dual", "deep", "banked", "tree", "registered-address",
+@pytest.mark.parametrize("preset", ["default", "dual", "deep", "banked", "tree", "registered-address",
                                     "registered-address-one-bank"])
 def test_sram_rtl_equals_model(preset):
     report = simulate("sram", PRESETS[preset], "testbenches.tb.tb_sram", seed=SEED, name=preset,
