@@ -171,10 +171,11 @@ class Md(wiring.Component):
                 m.d.comb += tags.r_en.eq(1)
 
         # the score pipeline (stops as a whole when its output waits): the VPU's dot -> the
-        # partial products of dot * scale -> the scaled score (their sum, rounded and saturated,
-        # as score_of) -> x = sat(score - m) -> its interval r, one carry chain per stage
+        # partial products of dot * scale -> their sum with the rounding half -> the scaled score
+        # (shifted and saturated, as score_of) -> x = sat(score - m) -> its interval r, one carry
+        # chain per stage
         take_score = Signal()           # the decision FSM takes (x, r)
-        SP_STAGES = 5
+        SP_STAGES = 6
         sp_valid = [Signal(name=f"score{i}_valid") for i in range(SP_STAGES)]
         sp_score, sp_x1, sp_x2, sp_x = (Signal(signed(xw), name=n) for n in ("sp_score", "sp_x1", "sp_x2", "sp_x"))
         sp_below = Signal(len(cfg.sfm.exp_boundaries_raw))   # boundary_tests of x
@@ -184,9 +185,10 @@ class Md(wiring.Component):
         sp_pieces = register_partials(m, sp_ce, partial_products(vpu.o.payload.dot, cfg.scale_raw), "sp_dot_scale")
         sp_width = len(vpu.o.payload.dot) + cfg.scale_raw.bit_length() + 2
         sp_half = (1 << (cfg.score_shift - 1)) if cfg.score_shift > 0 else 0
-        sp_sum = csa_sum(placed(sp_pieces) + [Const(sp_half, sp_width)], sp_width).as_signed()
+        sp_sum = Signal(signed(sp_width))
         with m.If(sp_ce):
             m.d.sync += [sp_valid[0].eq(vpu.o.valid), *(sp_valid[i + 1].eq(sp_valid[i]) for i in range(SP_STAGES - 1)),
+                         sp_sum.eq(csa_sum(placed(sp_pieces) + [Const(sp_half, sp_width)], sp_width).as_signed()),
                          sp_score.eq(saturate(sp_sum >> cfg.score_shift if cfg.score_shift >= 0
                                               else sp_sum << -cfg.score_shift, signed(xw))),
                          sp_x1.eq(saturate(sp_score - self.m, signed(xw))),
