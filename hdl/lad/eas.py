@@ -119,10 +119,11 @@ class Eas(wiring.Component):
         result = Signal(key_out_layout(cfg))
 
         # t_j of each center behind its recip's read, a pipeline that never stalls (one center a
-        # cycle at most): the partial products of (k_n.c_j)^2 (DSPs), registered twice; their sum in two stages; its
-        # operands copied, its partial products with rc_j and the rounding half 2^(mf+e_j-1); their sum in two stages;
-        # the shift by mf + e_j; the compare (in carry chains side by side). Centers reach the
-        # compare in order, so the first maximum wins as in the model.
+        # cycle at most): the partial products of (k_n.c_j)^2 (DSPs), registered twice; their sum
+        # in two stages; the sum and rc_j copied, their partial products and the rounding half
+        # 2^(mf+e_j-1); their sum in two stages; the shift by mf + e_j; the compare (in carry
+        # chains side by side). Centers reach the compare in order, so the first maximum wins as
+        # in the model.
         m.d.comb += r_resp.ready.eq(1)
         dot, dot_j = kdot, kdot_j   # k_n.c_j waits for its recip's read
         for i in range(banks["eas.center_recips"].read_latency - 1):
