@@ -134,9 +134,8 @@ class Eas(wiring.Component):
         t_side = [Signal(side, name=f"t_side{i}") for i in range(T_STAGES)]
         m.d.sync += [t_valid[0].eq(r_resp.valid), t_side[0].dot.eq(dot), t_side[0].j.eq(dot_j), t_side[0].rc.eq(r_resp.payload)]
         m.d.sync += [x[i + 1].eq(x[i]) for x in (t_valid, t_side) for i in range(T_STAGES - 1)]
-        sq_pieces = register_partials(m, 1, partial_products(dot, dot), "sq")                   # stage 0
-        # registered twice (stage 1): synth/absorb.py moves the first register into the DSPs
-        sq_pieces = [(delayed(m, p, f"sq_pp{n}_d"), sh) for n, (p, sh) in enumerate(sq_pieces)]
+        # registered twice (stages 0, 1): synth/absorb.py moves the first register into the DSPs
+        sq_pieces = register_partials(m, 1, register_partials(m, 1, partial_products(dot, dot), "sq"), "sq_f")
         sq = split_sum(m, placed(sq_pieces), 2 * cfg.eas_vpu.acc_width, "sq")                 # stages 2, 3
         # stage 4: both operands of rc_j's multiply copied straight from registers (read only by
         # the DSPs, synth/absorb.py moves them into their input registers)

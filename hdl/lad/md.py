@@ -30,7 +30,7 @@ from golden.lad_tile import LadTileConfig
 from golden.vpu import VpuOp
 
 from ..lib.arith import incr, saturate, stall_all_enable
-from ..lib.pipe import csa_sum, partial_products, placed, register_partials
+from ..lib.pipe import SCALED_STAGES, csa_sum, partial_products, placed, register_partials, scaled_round
 from ..lib.vpu import Vpu
 from .dense import kv_request_layout
 from .common import (AcOp, ac_command_layout, beat_layout, boundary_tests, bump_terms, bump_terms_width, bumped_counters, candidate_layout, interval_count,
@@ -175,22 +175,16 @@ class Md(wiring.Component):
         # (shifted and saturated, as score_of) -> x = sat(score - m) -> its interval r, one carry
         # chain per stage
         take_score = Signal()           # the decision FSM takes (x, r)
-        SP_STAGES = 6
+        SP_STAGES = SCALED_STAGES + 3
         sp_valid = [Signal(name=f"score{i}_valid") for i in range(SP_STAGES)]
-        sp_score, sp_x1, sp_x2, sp_x = (Signal(signed(xw), name=n) for n in ("sp_score", "sp_x1", "sp_x2", "sp_x"))
+        sp_x1, sp_x2, sp_x = (Signal(signed(xw), name=n) for n in ("sp_x1", "sp_x2", "sp_x"))
         sp_below = Signal(len(cfg.sfm.exp_boundaries_raw))   # boundary_tests of x
         sp_r = Signal(sfm.interval_width)
         sp_ce = ~sp_valid[-1] | take_score
         m.d.comb += vpu.o.ready.eq(sp_ce)
-        sp_pieces = register_partials(m, sp_ce, partial_products(vpu.o.payload.dot, cfg.scale_raw), "sp_dot_scale")
-        sp_width = len(vpu.o.payload.dot) + cfg.scale_raw.bit_length() + 2
-        sp_half = (1 << (cfg.score_shift - 1)) if cfg.score_shift > 0 else 0
-        sp_sum = Signal(signed(sp_width))
+        sp_score = scaled_round(m, vpu.o.payload.dot, cfg.scale_raw, cfg.score_shift, signed(xw), "sp_score", sp_ce)
         with m.If(sp_ce):
             m.d.sync += [sp_valid[0].eq(vpu.o.valid), *(sp_valid[i + 1].eq(sp_valid[i]) for i in range(SP_STAGES - 1)),
-                         sp_sum.eq(csa_sum(placed(sp_pieces) + [Const(sp_half, sp_width)], sp_width).as_signed()),
-                         sp_score.eq(saturate(sp_sum >> cfg.score_shift if cfg.score_shift >= 0
-                                              else sp_sum << -cfg.score_shift, signed(xw))),
                          sp_x1.eq(saturate(sp_score - self.m, signed(xw))),
                          sp_x2.eq(sp_x1), sp_below.eq(boundary_tests(sp_x1, cfg)),
                          sp_x.eq(sp_x2), sp_r.eq(interval_count(sp_below))]

@@ -207,16 +207,18 @@ def greater(a: Value, b: Value, chunk: int = 24) -> Value:
 SCALED_STAGES = 3   # registered stages of scaled_round
 
 
-def scaled_round(m, value: Value, scale: int, shift: int, shape, name: str) -> Signal:
+def scaled_round(m, value: Value, scale: int, shift: int, shape, name: str, ce=1) -> Signal:
     """``saturate(round_shift(value * scale, shift), shape)`` (arith's rounding) in
-    ``SCALED_STAGES`` registered stages that never stall: the partial products of
-    ``value * scale`` (DSPs); their sum with the rounding half; the shift and the saturation. The
-    result of cycle ``c``'s ``value`` is in the returned register at ``c + SCALED_STAGES``."""
-    pieces = register_partials(m, 1, partial_products(value, scale), f"{name}_p")
+    ``SCALED_STAGES`` registered stages, each loaded when ``ce`` (always by default: a pipeline
+    that never stalls): the partial products of ``value * scale`` (DSPs); their sum with the
+    rounding half; the shift and the saturation. The result of ``value`` at the ``c``-th cycle
+    with ``ce`` is in the returned register ``SCALED_STAGES`` such cycles later."""
+    pieces = register_partials(m, ce, partial_products(value, scale), f"{name}_p")
     width = len(value) + scale.bit_length() + 2
     half = (1 << (shift - 1)) if shift > 0 else 0
     total = Signal(signed(width), name=f"{name}_sum")
     out = Signal(shape, name=name)
-    m.d.sync += [total.eq(csa_sum(placed(pieces) + [Const(half, width)], width).as_signed()),
-                 out.eq(saturate(total >> shift if shift >= 0 else total << -shift, shape))]
+    with m.If(ce):
+        m.d.sync += [total.eq(csa_sum(placed(pieces) + [Const(half, width)], width).as_signed()),
+                     out.eq(saturate(total >> shift if shift >= 0 else total << -shift, shape))]
     return out
