@@ -17,7 +17,8 @@ class SramConfig(BlockConfig):
     depth: int = param(256, "words")
     width: int = param(32, "bits per word")
     read_ports: int = param(1, "independent read ports (request/response streams)")
-    read_latency: int = param(1, "cycles from accepted request to response (1..5)")
+    read_latency: int = param(2, "cycles from accepted request to response (1..5); from 2 the read data is "
+                                 "registered (the block RAM's output register)")
     address_register: bool = param(False, "read address from a register: a fixed-latency read into an output FIFO "
                                           "(read_latency >= 4)")
 
@@ -40,6 +41,8 @@ class SramConfig(BlockConfig):
 
 PRESETS = {
     "default": SramConfig(),
+    # the read data straight from the RAM (the LAD tile's AC caches, the MAC decode's states)
+    "unregistered": SramConfig(read_ports=2, read_latency=1),
     "dual": SramConfig(depth=100, width=20, read_ports=2, read_latency=2),
     "deep": SramConfig(depth=4096, width=64, read_ports=1, read_latency=3),
     # five block-RAM banks of 1024 x 18 (the last one 904 words): the bank select after the

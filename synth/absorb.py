@@ -110,7 +110,8 @@ def _brams(module: dict) -> int:
     cells, loads, moved = module.get("cells", {}), _loads(module), 0
     for ram in [c for c in cells.values() if c["type"] == "DP16KD"]:
         if _int_param(ram, "DATA_WIDTH_A", 18) == 36:
-            continue                        # pseudo dual port: both ports' pins are one word
+            moved += _pseudo_dual_port(ram, loads, cells)
+            continue
         for port in "AB":
             if _param(ram, f"REGMODE_{port}") != "NOREG" or ram["connections"].get(f"RST{port}") != ["0"]:
                 continue
@@ -124,6 +125,29 @@ def _brams(module: dict) -> int:
                 ram["connections"][pin] = cells.pop(ff)["connections"]["Q"]
             moved += len(pairs)
     return moved
+
+
+def _pseudo_dual_port(ram: dict, loads: dict, cells: dict) -> int:
+    """A DP16KD in the 512 x 36 pseudo dual-port mode as Yosys maps it (port A writes, port B
+    reads; the 36-bit word on DOA and DOB, on port B's clock): its output register as the vendor
+    tools set it (``REGMODE_A`` and ``REGMODE_B`` both ``OUTREG``), the one enable on both ``OCE``."""
+    if (any(_param(ram, f"REGMODE_{p}") != "NOREG" or ram["connections"].get(f"RST{p}") != ["0"] for p in "AB")
+            or ram["connections"].get("CLKA") != ram["connections"].get("CLKB")):
+        return 0
+    found = [_registered_outputs(ram, f"DO{p}", loads, cells) for p in "AB"]
+    found = [f for f in found if f is not None]
+    if not found or len({f[1] for f in found}) != 1:
+        return 0
+    pairs = [pair for f in found for pair in f[0]]
+    clock, enable, reset = found[0][1]
+    if list(clock) != ram["connections"]["CLKB"] or reset != ("0",):
+        return 0
+    for p in "AB":
+        ram["parameters"][f"REGMODE_{p}"] = "OUTREG"
+        ram["connections"][f"OCE{p}"] = list(enable)
+    for pin, ff in pairs:
+        ram["connections"][pin] = cells.pop(ff)["connections"]["Q"]
+    return len(pairs)
 
 
 def _plain_dsp(dsp: dict) -> bool:

@@ -8,7 +8,7 @@ from testbenches.runner import simulate
 SEED = 11
 
 
-@pytest.mark.parametrize("preset", ["default", "dual", "deep", "banked", "tree", "registered-address",
+@pytest.mark.parametrize("preset", ["default", "unregistered", "dual", "deep", "banked", "tree", "registered-address",
                                     "registered-address-one-bank"])
 def test_sram_rtl_equals_model(preset):
     report = simulate("sram", PRESETS[preset], "testbenches.tb.tb_sram", seed=SEED, name=preset,
@@ -30,9 +30,21 @@ def test_sram_config_rejects_bad_values():
     (4096, 16, (4096, 4)),    # four tiles three ways (4096 x 4, 2048 x 9, 1024 x 18): the deepest
     (3000, 5, (4096, 4)),     # two tiles two ways (4096 x 4, 2048 x 9): the deepest
     (16384, 1, (16384, 1)),
+    (256, 32, (1024, 18)),    # two read ports: two 1024 x 18 side by side
 ])
 def test_bram_tile_is_fewest_then_deepest(depth, width, tile):
     """A registered bank's block-RAM geometry: the fewest DP16KD tiles, the deepest among equals
     (hdl/lib/sram.py ``bram_tile``; docs/architecture.md, SRAM banks)."""
     from hdl.lib.sram import bram_tile
     assert bram_tile(depth, width) == tile
+
+
+@pytest.mark.parametrize("depth, width, tile", [
+    (256, 32, (512, 36)),     # one pseudo dual-port block RAM, not two 1024 x 18
+    (512, 20, (512, 36)),     # one, not two 1024 x 18 (or three 2048 x 9)
+    (4096, 64, (4096, 4)),    # sixteen either way: the true dual-port geometry (the deepest)
+    (1024, 18, (1024, 18)),
+])
+def test_bram_tile_with_one_read_port_may_be_pseudo_dual_port(depth, width, tile):
+    from hdl.lib.sram import bram_tile
+    assert bram_tile(depth, width, read_ports=1) == tile

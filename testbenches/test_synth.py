@@ -39,6 +39,7 @@ def test_sram_end_to_end_report_and_cache(cache_dir, tmp_path, capsys):
     core = e["core"]
     assert core["LUT4"] > 0 and core["FF"] > 0
     assert core["DP16KD"] == 1 and core["MULT18X18D"] == 0  # 256 x 32 bits is one block RAM
+    assert e["absorbed_ffs"]["bram"] == 32                 # its read data in the RAM's output register
     # the harness adds its registers around the core, and nextpnr placed all of it
     assert e["design"]["FF"] >= core["FF"] + harness_ff_count(e["harness"]["in_bits"], e["harness"]["out_bits"]) - 8
     assert e["utilisation"]["TRELLIS_COMB"]["used"] >= e["design"]["LUT4"] // 2
@@ -302,6 +303,28 @@ def test_bram_output_register_left_when_not_equivalent(tmp_path, changes, extra_
     assert absorb.absorb(path) == {"bram": 0, "dsp": 0}
     cells = json.loads(path.read_text())["modules"]["core"]["cells"]
     assert cells["ram"]["parameters"]["REGMODE_B"] == "NOREG" and "ff0" in cells and "ff1" in cells
+
+
+def test_pseudo_dual_port_output_register_absorbed(tmp_path):
+    """The 512 x 36 mode: the word on DOA and DOB (port B's read): both ports' output registers,
+    as the vendor tools set them, on the flip-flops' one enable."""
+    from synth import absorb
+    net = _ram_netlist()
+    ram = net["modules"]["core"]["cells"]["ram"]
+    wide = "00000000000000000000000000100100"
+    ram["parameters"].update({"DATA_WIDTH_A": wide, "DATA_WIDTH_B": wide})
+    ram["port_directions"].update({"CLKA": "input", "RSTA": "input", "OCEA": "input", "DOA0": "output"})
+    ram["connections"].update({"CLKA": [2], "RSTA": ["0"], "OCEA": ["0"], "DOA0": [20], "DOB0": [23]})
+    net["modules"]["core"]["cells"]["ff0"]["connections"]["DI"] = [20]   # DOA0 -> ff0, DOB1 -> ff1
+    path = tmp_path / "top.json"
+    path.write_text(json.dumps(net))
+    assert absorb.absorb(path) == {"bram": 2, "dsp": 0}
+    cells = json.loads(path.read_text())["modules"]["core"]["cells"]
+    ram = cells["ram"]
+    assert set(cells) == {"ram"}
+    assert ram["parameters"]["REGMODE_A"] == ram["parameters"]["REGMODE_B"] == "OUTREG"
+    assert ram["connections"]["OCEA"] == ram["connections"]["OCEB"] == [9]
+    assert ram["connections"]["DOA0"] == [30] and ram["connections"]["DOB1"] == [31]
 
 
 def _ff(clk, ce, di, q, lsr="0"):

@@ -67,6 +67,18 @@ def delayed(m, value: Value, name: str) -> Signal:
     return reg
 
 
+def masked_copies(m, next_word: Value, n: int, name: str) -> list[Value]:
+    """``n`` registered copies of ``next_word`` taken every cycle (no latency beyond the one
+    register: unlike :func:`lane_copies`), one per far-apart group of consumers. Yosys merges
+    flip-flops with the same input, so copy ``i`` holds ``next_word ^ i`` (distinct inputs) and
+    is returned as ``reg ^ i`` (a constant, folded into the consumers). At most
+    ``2 ** len(next_word)`` copies: the consumers ``c`` share ``copies[c % len(copies)]``."""
+    count = min(n, 1 << len(next_word))
+    regs = [Signal(len(next_word), name=f"{name}_c{i}") for i in range(count)]
+    m.d.sync += [reg.eq(next_word ^ i) for i, reg in enumerate(regs)]
+    return [reg ^ i for i, reg in enumerate(regs)]
+
+
 def lane_copies(m, word: Value, load: Value, n: int, name: str) -> list[Value]:
     """``n`` registered copies of ``word`` (taken when ``load``), one per consumer, so that no
     register drives the logic of every consumer. Yosys merges flip-flops with the same input,

@@ -3,8 +3,8 @@
 Implements golden/sfm.py bit for bit; the interval boundaries, PWL coefficients and
 reciprocal line table are computed there (docs/algorithms.md §1.1) and become constants here.
 Six pipeline stages that stall together (one result per cycle, latency 6): 1. compares
-of ``x`` against the interval boundaries, the leading one of ``z``, ``|x|`` for EXP2;
-2. the interval index, normalise ``z``, ``|x| log2 e`` as two carry-save terms (the constant's
+of ``x`` against the interval boundaries, the leading one of ``z``, ``-x`` and its clamp compares;
+2. the interval index, normalise ``z``, ``|x|`` (clamped) times ``log2 e`` as two carry-save terms (the constant's
 shift-and-add in LUTs, ``pipe.constant_product``: no DSP, no carry chain), registered;
 3. sum and round ``u``, slice exponent, table index and offset;
 4. look up the coefficients (the line intercept pre-shifted with the rounding folded in; EXP's
@@ -78,21 +78,26 @@ class Sfm(wiring.Component):
         def carry(dst, src, *names):
             return [dst[k].eq(src[k]) for k in names]
 
-        # Stage 1: compares of x against the boundaries, leading one of z, |x| for EXP2
-        # (0 for x >= 0, clamped at exp2_clamp: every larger |x| gives the same result).
+        # Stage 1: compares of x against the boundaries, leading one of z, -x and the two compares
+        # that clamp it for EXP2 (|x| is 0 for x >= 0 and exp2_clamp for x <= -exp2_clamp: every
+        # larger |x| gives the same result); the clamp's select is applied in stage 2, from a
+        # register (applied here, the compare's carry chain fanned out to every bit of |x|).
         bounds = cfg.exp_boundaries_raw
         amax = exp2_clamp(cfg)
+        ax_width = max(1, amax.bit_length())
         s1 = stage("s1", valid=1, op=2, x=signed(cfg.x_width), z=w, lt=max(1, len(bounds)), lead=range(w),
-                   zero=1, ax=max(1, amax.bit_length()))
+                   zero=1, neg_x=ax_width, clamp=1, negative=1)
         lead = Signal(range(w))
         m.d.comb += lead.eq(leading_one(p.z))
         neg_x = Signal(cfg.x_width + 1)
         m.d.comb += neg_x.eq(-p.x)
         with m.If(ce):
             m.d.sync += [s1["valid"].eq(self.i.valid), s1["op"].eq(p.op), s1["x"].eq(p.x), s1["z"].eq(p.z),
-                         s1["lead"].eq(lead), s1["zero"].eq(p.z == 0),
-                         s1["ax"].eq(Mux(p.x >= 0, 0, Mux(p.x <= -amax, amax, neg_x)))]
+                         s1["lead"].eq(lead), s1["zero"].eq(p.z == 0), s1["neg_x"].eq(neg_x[:ax_width]),
+                         s1["clamp"].eq((p.x >= 0) | (p.x <= -amax)), s1["negative"].eq(p.x < 0)]
             m.d.sync += [s1["lt"][n].eq(p.x < e) for n, e in enumerate(bounds)]
+        ax = Signal(ax_width)
+        m.d.comb += ax.eq(Mux(s1["clamp"], Mux(s1["negative"], amax, 0), s1["neg_x"]))
 
         # Stage 2: interval index (boundaries above x), normalised z, |x| * log2(e) as two
         # carry-save terms (the constant's shifted copies of |x| in LUTs; summed in stage 3).
@@ -105,7 +110,7 @@ class Sfm(wiring.Component):
             m.d.sync += [s2["norm"].eq(s1["z"] << shift),
                          s2["interval"].eq(sum(s1["lt"][n].as_unsigned() for n in range(len(bounds))))]
         u_width = amax.bit_length() + LOG2E_FRAC + 3
-        scaled_terms = constant_product(s1["ax"], cfg.log2e_raw, u_width)
+        scaled_terms = constant_product(ax, cfg.log2e_raw, u_width)
         scaled = [Signal(u_width, name=f"s2_scaled{n}") for n in range(len(scaled_terms))]
         with m.If(ce):
             m.d.sync += [r.eq(t) for r, t in zip(scaled, scaled_terms)]

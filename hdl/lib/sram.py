@@ -78,12 +78,21 @@ _emit_without_zero_init()
 # each maps onto one block RAM with no depth-cascade mux between its output pins and the
 # register that follows them.
 DP16KD_GEOMETRIES = ((16384, 1), (8192, 2), (4096, 4), (2048, 9), (1024, 18))
+# The pseudo dual-port mode (one write port, one read port): 512 x 36.
+DP16KD_PSEUDO_DUAL_PORT = (512, 36)
 
 
-def bram_tile(depth: int, width: int) -> tuple[int, int]:
+def bram_tile(depth: int, width: int, read_ports: int = 2) -> tuple[int, int]:
     """The (depth, width) of the block-RAM tiles of a ``depth x width`` bank: the geometry
-    needing the fewest tiles, the deepest among equals (fewer banks to select from)."""
-    return min(DP16KD_GEOMETRIES, key=lambda g: (-(-depth // g[0]) * -(-width // g[1]), -g[0]))
+    needing the fewest tiles, the deepest among equals (fewer banks to select from); a bank
+    with one read port may also use the 512 x 36 pseudo dual-port mode, where that needs fewer
+    tiles (256 x 32: one block RAM, not two 1024 x 18)."""
+    def tiles(g):
+        return -(-depth // g[0]) * -(-width // g[1])
+    best = min(DP16KD_GEOMETRIES, key=lambda g: (tiles(g), -g[0]))
+    if read_ports == 1 and tiles(DP16KD_PSEUDO_DUAL_PORT) < tiles(best):
+        return DP16KD_PSEUDO_DUAL_PORT
+    return best
 
 
 def sram_write_layout(cfg: SramConfig) -> data.StructLayout:
@@ -111,7 +120,7 @@ class SramBank(wiring.Component):
     def elaborate(self, platform):
         cfg, m = self.cfg, Module()
         tiled = cfg.read_latency >= 2
-        tile_depth, tile_width = bram_tile(cfg.depth, cfg.width) if tiled else (cfg.depth, cfg.width)
+        tile_depth, tile_width = bram_tile(cfg.depth, cfg.width, cfg.read_ports) if tiled else (cfg.depth, cfg.width)
         # a tiled bank handles reads that meet a write itself (below), so Yosys may leave
         # them undefined in the block RAMs (synth/flow.py: COLLISION_X_MASK)
         attrs = {UNDEFINED_INIT: 1, **({COLLISION_X: cfg.read_ports} if tiled else {})}
