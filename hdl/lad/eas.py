@@ -4,7 +4,8 @@
 position's exact score) and ``|k_n|^2``, then read every center ``c_j`` once from the centers SRAM,
 ``eas_lanes`` elements per cycle (a center is ``eas_beats`` words; ``eas_beats`` cycles per center), computing ``q.c_j`` (its scaled score goes to the center-score SRAM) and ``k_n.c_j``
 in lockstep; ``t_j = round_shift((k_n.c_j)^2 rc_j, mf + e_j)`` with ``(rc_j, e_j)`` the stored
-RECIP of ``|c_j|^2`` picks the best center (first maximum). ``k_n`` joins it when
+RECIP of ``|c_j|^2`` picks the best center (first maximum; a running maximum in two registered
+steps, compare then load). ``k_n`` joins it when
 ``t_j 2^16 >= cos^2 |k_n|^2`` (or the table is full), with
 ``rho = round_shift((k_n.c_j) rc_j, mf + e_j - rho_frac)``; otherwise it becomes a new center
 (its RECIP through the ``recip_*`` ports). The result leaves on ``key_out``.
@@ -149,10 +150,21 @@ class Eas(wiring.Component):
         prod = split_sum(m, placed(prod_pieces) + [t_half], len(t_half), "prod")              # stages 6, 7
         t_now = Signal.like(best_t)
         m.d.sync += t_now.eq(prod >> (mf + t_side[7].rc.exponent))                             # stage 8
-        with m.If(t_valid[8]):
-            with m.If(~best_valid | greater(t_now, best_t)):
-                m.d.sync += [best_valid.eq(1), best_t.eq(t_now), best_j.eq(t_side[8].j), best_dot.eq(t_side[8].dot),
-                             best_rc.exponent.eq(t_side[8].rc.exponent), best_rc.mantissa.eq(~t_side[8].rc.mantissa)]
+        # the running maximum in two steps (the first maximum wins, as in the model). Stage 8
+        # compares t_j with the maximum so far, which is the pending center when that one won
+        # (best_* do not hold it yet), else best_*, and registers the verdict (pending_won) with
+        # the center (pending_*); stage 9 loads best_* from pending_* when it won. The compare's
+        # carry chains end at one flip-flop, and best_*'s enables come from that flip-flop (in one
+        # step, the compare fanned out to them: lad-eas's critical path, 112 MHz).
+        pending_won, pending_t, pending = Signal(), Signal.like(best_t, name="pending_t"), Signal(side, name="pending")
+        beats_pending = greater(t_now, pending_t)
+        beats_best = ~best_valid | greater(t_now, best_t)
+        m.d.sync += [pending_won.eq(t_valid[8] & Mux(pending_won, beats_pending, beats_best)),
+                     pending_t.eq(t_now), pending.eq(t_side[8])]
+        with m.If(pending_won):
+            m.d.sync += [best_valid.eq(1), best_t.eq(pending_t), best_j.eq(pending.j), best_dot.eq(pending.dot),
+                         best_rc.exponent.eq(pending.rc.exponent), best_rc.mantissa.eq(~pending.rc.mantissa)]
+        with m.If(delayed(m, t_valid[8], "t_valid9")):    # counted once best_* hold the center's verdict
             m.d.sync += done_j.eq(done_j + 1)
 
         # the decision, a state per stage: the two products' partials (DSPs, loaded every cycle:
