@@ -120,6 +120,9 @@ class DenseAttention(wiring.Component):
         first_pos_l = [Signal(name=f"first_pos_l{l}") for l in range(cfg.lanes)]
         done_pos = Signal(cfg.position_width)   # results (scores, or AXPY positions) completed
         done_beat = Signal(range(nb))
+        # per lane: a copy of done_beat (N's write address), counted as the original: one counter
+        # driving every lane's LUT RAM write address took 10.7 ns of routing
+        done_beat_l = [Signal(range(nb), name=f"done_beat_l{l}") for l in range(cfg.lanes)]
         # done_pos == length - 1, registered (one cycle behind done_pos: read only at a completed
         # score or a position's last AXPY beat, at least min_beats cycles after done_pos last
         # changed): the compare's carry chain is not in the path to the phase-end resets
@@ -183,7 +186,7 @@ class DenseAttention(wiring.Component):
                      scores.write.payload.addr.eq(done_pos), scores.write.payload.data.eq(k3_score),
                      score_req.payload.addr.eq(score_pos), sfm.i.payload.x.eq(x_reg), sfm.i.payload.z.eq(z_copy),
                      p_fifo.w_data.eq(sfm.o.payload.value), vpu.i.payload.scalar.eq(p_fifo.r_data),
-                     *(wp.addr.eq(done_beat) for wp in numer_write)]
+                     *(wp.addr.eq(d) for wp, d in zip(numer_write, done_beat_l))]
         # N is written with every VPU result, not only in VALUES: the state decode then does not reach
         # the write enables of all of N's LUT RAM. Exact: in KEYS done_beat is 0 and N's beat 0 is
         # first read by the first position's AXPY, which takes acc = 0 and writes it
@@ -202,7 +205,8 @@ class DenseAttention(wiring.Component):
                 # output has left), on the state alone, not on the query's handshake
                 m.d.sync += [running_max.eq(sfm_cfg.x_format.min_raw), z_sum.eq(0), kv_beats.eq(0),
                              cycles.eq(0), req_pos.eq(0), req_beat.eq(0), resp_beat.eq(0),
-                             done_pos.eq(0), done_beat.eq(0), score_pos.eq(0), *(r.eq(0) for r in resp_beat_l)]
+                             done_pos.eq(0), done_beat.eq(0), score_pos.eq(0),
+                             *(r.eq(0) for r in (*resp_beat_l, *done_beat_l))]
                 with m.If(self.query.valid):
                     m.d.comb += q_we_next.eq(1 << load_beat)
                     m.d.sync += load_beat.eq(incr(load_beat, nb))
@@ -272,7 +276,7 @@ class DenseAttention(wiring.Component):
                 m.d.sync += inflight.eq(inflight + (vpu.i.valid & vpu.i.ready) - vpu.o.valid)
                 # the AXPY results -> beat done_beat of N (the write enable: outside the FSM)
                 with m.If(vpu.o.valid):
-                    m.d.sync += done_beat.eq(incr(done_beat, nb))
+                    m.d.sync += [r.eq(incr(r, nb)) for r in (done_beat, *done_beat_l)]
                     with m.If(done_beat == nb - 1):
                         m.d.sync += done_pos.eq(done_pos + 1)
                         with m.If(done_last):
@@ -310,18 +314,18 @@ class DenseAttention(wiring.Component):
         m.d.comb += [numer_out[l].addr.eq(out_beat_l[l]) for l in range(cfg.lanes)]   # beat out_beat of N
         o0_valid, o0_last = Signal(), Signal()
         o0_lane = [Signal(signed(aw), name=f"o0_lane{l}") for l in range(cfg.lanes)]
-        # N's beat (read from the LUT RAM) and r registered, and the products registered twice: every
-        # multiplier's operand and product registers go into the MULT18X18D (synth/absorb.py; r's
-        # register, read by every lane, as a copy in each)
-        o0_recip = Signal(sfm_cfg.value_width)
+        # N's beat (read from the LUT RAM) and r registered, and the products registered twice (the
+        # product registers go into the MULT18X18D, synth/absorb.py); r registered once per lane
+        # (masked_copies): one register read by every lane's multipliers took 5.8 ns of routing
+        o0_recip = masked_copies(m, recip_m, cfg.lanes, "o0_recip")
         o1_valid, o1_last, o1b_valid, o1b_last = Signal(), Signal(), Signal(), Signal()
-        o1_pp = [register_partials(m, 1, partial_products(o0_lane[l], o0_recip), f"o1_{l}")
+        o1_pp = [register_partials(m, 1, partial_products(o0_lane[l], o0_recip[l % len(o0_recip)]), f"o1_{l}")
                  for l in range(cfg.lanes)]
         o1b_pp = [register_partials(m, 1, o1_pp[l], f"o1b_{l}") for l in range(cfg.lanes)]
         pw = o_width
         o2_valid, o2_last = Signal(), Signal()
         o2_t = [Signal(signed(pw + 1), name=f"o2_t{l}") for l in range(cfg.lanes)]
-        m.d.sync += [o0_valid.eq(o_issue), o0_last.eq(out_beat == nb - 1), o0_recip.eq(recip_m)]
+        m.d.sync += [o0_valid.eq(o_issue), o0_last.eq(out_beat == nb - 1)]
         m.d.sync += [o0_lane[l].eq(numer_out[l].data) for l in range(cfg.lanes)]
         m.d.sync += [o1_valid.eq(o0_valid), o1_last.eq(o0_last), o1b_valid.eq(o1_valid), o1b_last.eq(o1_last),
                      o2_valid.eq(o1b_valid), o2_last.eq(o1b_last)]

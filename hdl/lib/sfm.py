@@ -82,19 +82,24 @@ class Sfm(wiring.Component):
         # that clamp it for EXP2 (|x| is 0 for x >= 0 and exp2_clamp for x <= -exp2_clamp: every
         # larger |x| gives the same result); the clamp's select is applied in stage 2, from a
         # register (applied here, the compare's carry chain fanned out to every bit of |x|).
+        # The clamp is at 2^clamp_bits >= exp2_clamp (the same result there), so that its compare
+        # x < -2^clamp_bits is the sign and an AND of the bits above (LUTs, no carry chain).
         bounds = cfg.exp_boundaries_raw
-        amax = exp2_clamp(cfg)
-        ax_width = max(1, amax.bit_length())
+        clamp_bits = (exp2_clamp(cfg) - 1).bit_length()
+        amax = 1 << clamp_bits
+        ax_width = clamp_bits + 1
         s1 = stage("s1", valid=1, op=2, x=signed(cfg.x_width), z=w, lt=max(1, len(bounds)), lead=range(w),
                    zero=1, neg_x=ax_width, clamp=1, negative=1)
         lead = Signal(range(w))
         m.d.comb += lead.eq(leading_one(p.z))
         neg_x = Signal(cfg.x_width + 1)
         m.d.comb += neg_x.eq(-p.x)
+        sign = p.x[-1]
+        below = sign & ~p.x[clamp_bits:cfg.x_width - 1].all() if clamp_bits < cfg.x_width - 1 else Const(0)
         with m.If(ce):
             m.d.sync += [s1["valid"].eq(self.i.valid), s1["op"].eq(p.op), s1["x"].eq(p.x), s1["z"].eq(p.z),
                          s1["lead"].eq(lead), s1["zero"].eq(p.z == 0), s1["neg_x"].eq(neg_x[:ax_width]),
-                         s1["clamp"].eq((p.x >= 0) | (p.x <= -amax)), s1["negative"].eq(p.x < 0)]
+                         s1["clamp"].eq(~sign | below), s1["negative"].eq(sign)]
             m.d.sync += [s1["lt"][n].eq(p.x < e) for n, e in enumerate(bounds)]
         ax = Signal(ax_width)
         m.d.comb += ax.eq(Mux(s1["clamp"], Mux(s1["negative"], amax, 0), s1["neg_x"]))
