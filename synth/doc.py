@@ -95,7 +95,8 @@ def render(results: list[dict], command: str | None = None) -> str:
       "`yowasp-ecppack` for `--bitstream`. "
       + ", ".join(f"{k} {v}" for k, v in tools.items()) + ".")
     w("- Hard-block registers (`synth/absorb.py`, on Yosys's JSON before nextpnr): a block RAM read port whose "
-      "bits each feed one plain flip-flop gets the DP16KD's output register (`REGMODE OUTREG`; SRAM banks with "
+      "bits each feed one plain flip-flop gets the DP16KD's output register (`REGMODE OUTREG`; in the 512 x 36 "
+      "pseudo dual-port mode both ports' `REGMODE`, as the vendor tools set it; SRAM banks with "
       "`read_latency >= 2` are built for it, `hdl/lib/sram.py`), and a multiplier whose product bits each feed "
       "one plain flip-flop read only by another flip-flop (a product the RTL registers twice, `hdl/lib/pipe.py`) "
       "gets the MULT18X18D's output register, and an operand register loaded straight from another flip-flop "
