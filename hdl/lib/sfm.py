@@ -42,8 +42,9 @@ def sfm_out_layout(cfg: SfmConfig) -> data.StructLayout:
 
 def exp2_clamp(cfg: SfmConfig) -> int:
     """Smallest ``|x|`` (raw) whose EXP2 exponent exceeds ``kmax``: every larger ``|x|``
-    gives the same result (mantissa 0, exponent kmax), so the RTL clamps ``|x|`` here and
-    its multiplier is no wider than that (``|x| <= 2^(x_width-1)`` where that is smaller)."""
+    gives the same result (mantissa 0, exponent kmax), so the RTL clamps ``|x|`` at the power of
+    two at or above it (stage 1) and its constant product is no wider than that
+    (``|x| <= 2^(x_width-1)`` where that is smaller)."""
     limit = ((1 << EXPONENT_WIDTH) << cfg.table_offset_shift)  # u >= limit <=> k > kmax
     half = (1 << (cfg.exp2_shift - 1)) if cfg.exp2_shift > 0 else 0
     # round_shift(a * L, s) >= limit  <=>  a * L + half >= limit << s
