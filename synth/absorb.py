@@ -88,11 +88,12 @@ def _signal_pins(cell: dict, prefix: str) -> list[str]:
     return [pin for pin, bits in cell["connections"].items() if _is_pin(pin, prefix) and isinstance(bits[0], int)]
 
 
-def _registered_outputs(cell: dict, prefix: str, loads: dict, cells: dict):
-    """The (pin, flip-flop) pairs and the one (clock, enable) of every used output pin
-    ``prefix<digits>`` of ``cell``, when each drives exactly one plain flip-flop's DI; else None."""
+def _registered_outputs(cell: dict, prefixes: tuple[str, ...], loads: dict, cells: dict):
+    """The (pin, flip-flop) pairs and the one (clock, enable, reset) of every used output pin
+    ``<prefix><digits>`` of ``cell`` (over all ``prefixes``), when each drives exactly one plain
+    flip-flop's DI; else None."""
     pairs, controls = [], set()
-    for pin in _signal_pins(cell, prefix):
+    for pin in [pin for prefix in prefixes for pin in _signal_pins(cell, prefix)]:
         bits = cell["connections"][pin]
         if not loads[bits[0]]:
             continue
@@ -107,46 +108,35 @@ def _registered_outputs(cell: dict, prefix: str, loads: dict, cells: dict):
 
 
 def _brams(module: dict) -> int:
-    cells, loads, moved = module.get("cells", {}), _loads(module), 0
+    cells, loads = module.get("cells", {}), _loads(module)
+    moved = 0
     for ram in [c for c in cells.values() if c["type"] == "DP16KD"]:
-        if _int_param(ram, "DATA_WIDTH_A", 18) == 36:
-            moved += _pseudo_dual_port(ram, loads, cells)
-            continue
-        for port in "AB":
-            if _param(ram, f"REGMODE_{port}") != "NOREG" or ram["connections"].get(f"RST{port}") != ["0"]:
-                continue
-            found = _registered_outputs(ram, f"DO{port}", loads, cells)
-            if found is None or list(found[1][0]) != ram["connections"].get(f"CLK{port}") or found[1][2] != ("0",):
-                continue
-            pairs, (_, enable, _) = found
-            ram["parameters"][f"REGMODE_{port}"] = "OUTREG"
-            ram["connections"][f"OCE{port}"] = list(enable)
-            for pin, ff in pairs:
-                ram["connections"][pin] = cells.pop(ff)["connections"]["Q"]
-            moved += len(pairs)
+        # true dual port: each port's output register on its own; pseudo dual port (36 bits):
+        # the one word on DOA and DOB, read on port B's clock
+        groups = ["AB"] if _int_param(ram, "DATA_WIDTH_A", 18) == 36 else ["A", "B"]
+        moved += sum(_output_register(ram, ports, loads, cells) for ports in groups)
     return moved
 
 
-def _pseudo_dual_port(ram: dict, loads: dict, cells: dict) -> int:
-    """A DP16KD in the 512 x 36 pseudo dual-port mode as Yosys maps it (port A writes, port B
-    reads; the 36-bit word on DOA and DOB, on port B's clock): its output register as the vendor
-    tools set it (``REGMODE_A`` and ``REGMODE_B`` both ``OUTREG``), the one enable on both ``OCE``."""
-    if (any(_param(ram, f"REGMODE_{p}") != "NOREG" or ram["connections"].get(f"RST{p}") != ["0"] for p in "AB")
-            or ram["connections"].get("CLKA") != ram["connections"].get("CLKB")):
+def _output_register(ram: dict, ports: str, loads: dict, cells: dict) -> int:
+    """Give ``ram``'s read data on ``ports`` (``"A"``, ``"B"``, or ``"AB"`` for the 512 x 36 pseudo
+    dual-port mode as Yosys maps it: port A writes, port B reads, the word on DOA and DOB) the
+    DP16KD's output register, when every used bit feeds one plain flip-flop on the read clock with
+    one enable and no reset: ``REGMODE OUTREG`` on each of ``ports`` (both, in the pseudo dual-port
+    mode, as the vendor tools set it), that enable on their ``OCE``; the flip-flops are removed."""
+    conn, clock = ram["connections"], ram["connections"].get(f"CLK{ports[-1]}")
+    if any(_param(ram, f"REGMODE_{p}") != "NOREG" or conn.get(f"RST{p}") != ["0"] or conn.get(f"CLK{p}") != clock
+           for p in ports):
         return 0
-    found = [_registered_outputs(ram, f"DO{p}", loads, cells) for p in "AB"]
-    found = [f for f in found if f is not None]
-    if not found or len({f[1] for f in found}) != 1:
+    found = _registered_outputs(ram, tuple(f"DO{p}" for p in ports), loads, cells)
+    if found is None or list(found[1][0]) != clock or found[1][2] != ("0",):
         return 0
-    pairs = [pair for f in found for pair in f[0]]
-    clock, enable, reset = found[0][1]
-    if list(clock) != ram["connections"]["CLKB"] or reset != ("0",):
-        return 0
-    for p in "AB":
+    pairs, (_, enable, _) = found
+    for p in ports:
         ram["parameters"][f"REGMODE_{p}"] = "OUTREG"
-        ram["connections"][f"OCE{p}"] = list(enable)
+        conn[f"OCE{p}"] = list(enable)
     for pin, ff in pairs:
-        ram["connections"][pin] = cells.pop(ff)["connections"]["Q"]
+        conn[pin] = cells.pop(ff)["connections"]["Q"]
     return len(pairs)
 
 
@@ -210,7 +200,7 @@ def _dsps(module: dict) -> int:
     loads, drivers = _loads(module), _drivers(module)
     for dsp in dsps:
         control = None
-        found = _registered_outputs(dsp, "P", loads, cells)
+        found = _registered_outputs(dsp, ("P",), loads, cells)
         if found is not None and all(_only_registers_read(cells[ff], loads, cells) for _, ff in found[0]):
             control = found[1]
             _clock_register(dsp, "OUTPUT", control)

@@ -305,19 +305,29 @@ def test_bram_output_register_left_when_not_equivalent(tmp_path, changes, extra_
     assert cells["ram"]["parameters"]["REGMODE_B"] == "NOREG" and "ff0" in cells and "ff1" in cells
 
 
-def test_pseudo_dual_port_output_register_absorbed(tmp_path):
-    """The 512 x 36 mode: the word on DOA and DOB (port B's read): both ports' output registers,
-    as the vendor tools set them, on the flip-flops' one enable."""
-    from synth import absorb
+def _pdp_netlist(extra_load=False):
+    """_ram_netlist's RAM in the 512 x 36 mode: the word on DOA and DOB (port B's read), DOA0 -> ff0,
+    DOB1 -> ff1; ``extra_load``: DOA0 read by a LUT too."""
     net = _ram_netlist()
     ram = net["modules"]["core"]["cells"]["ram"]
     wide = "00000000000000000000000000100100"
     ram["parameters"].update({"DATA_WIDTH_A": wide, "DATA_WIDTH_B": wide})
     ram["port_directions"].update({"CLKA": "input", "RSTA": "input", "OCEA": "input", "DOA0": "output"})
     ram["connections"].update({"CLKA": [2], "RSTA": ["0"], "OCEA": ["0"], "DOA0": [20], "DOB0": [23]})
-    net["modules"]["core"]["cells"]["ff0"]["connections"]["DI"] = [20]   # DOA0 -> ff0, DOB1 -> ff1
+    net["modules"]["core"]["cells"]["ff0"]["connections"]["DI"] = [20]
+    if extra_load:
+        net["modules"]["core"]["cells"]["lut"] = {"type": "LUT4", "parameters": {},
+                                                  "port_directions": {"A": "input", "Z": "output"},
+                                                  "connections": {"A": [20], "Z": [40]}}
+    return net
+
+
+def test_pseudo_dual_port_output_register_absorbed(tmp_path):
+    """The 512 x 36 mode: the word on DOA and DOB (port B's read): both ports' output registers,
+    as the vendor tools set them, on the flip-flops' one enable."""
+    from synth import absorb
     path = tmp_path / "top.json"
-    path.write_text(json.dumps(net))
+    path.write_text(json.dumps(_pdp_netlist()))
     assert absorb.absorb(path) == {"bram": 2, "dsp": 0}
     cells = json.loads(path.read_text())["modules"]["core"]["cells"]
     ram = cells["ram"]
@@ -325,6 +335,18 @@ def test_pseudo_dual_port_output_register_absorbed(tmp_path):
     assert ram["parameters"]["REGMODE_A"] == ram["parameters"]["REGMODE_B"] == "OUTREG"
     assert ram["connections"]["OCEA"] == ram["connections"]["OCEB"] == [9]
     assert ram["connections"]["DOA0"] == [30] and ram["connections"]["DOB1"] == [31]
+
+
+def test_pseudo_dual_port_left_when_half_the_word_is_read_elsewhere(tmp_path):
+    """One output register serves the whole word: a bit of DOA read by logic too leaves DOB's
+    registered bits in the fabric as well."""
+    from synth import absorb
+    path = tmp_path / "top.json"
+    path.write_text(json.dumps(_pdp_netlist(extra_load=True)))
+    assert absorb.absorb(path) == {"bram": 0, "dsp": 0}
+    cells = json.loads(path.read_text())["modules"]["core"]["cells"]
+    assert cells["ram"]["parameters"]["REGMODE_A"] == cells["ram"]["parameters"]["REGMODE_B"] == "NOREG"
+    assert "ff0" in cells and "ff1" in cells
 
 
 def _ff(clk, ce, di, q, lsr="0"):
