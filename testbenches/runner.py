@@ -142,12 +142,13 @@ def build(block: str, cfg, waves: bool = False) -> Path:
     base_flags = os.environ.get("MAKEFLAGS", "")
     if "CFG_CXXFLAGS_PCH_I" not in base_flags:
         base_flags = (base_flags + " CFG_CXXFLAGS_PCH_I=-include").strip()
-    if "OPT_FAST" not in base_flags:
-        base_flags = f"{base_flags} {CXX_OPT}"
+    opt = next((w for w in base_flags.split() if w.startswith("OPT_FAST=")), None)
+    if opt is None:   # the models' optimisation level, unless MAKEFLAGS sets one (part of the build's key)
+        opt = CXX_OPT
+        base_flags = f"{base_flags} {opt}"
     os.environ["MAKEFLAGS"] = base_flags
     with _locked(BUILD_ROOT / "locks" / f"build-{block}-{cfg.key()}{'-waves' if waves else ''}.lock"):
         verilog = generate_verilog(block, cfg)
-        opt = next(w for w in base_flags.split() if w.startswith("OPT_FAST="))
         digest = hashlib.sha1((verilog + " ".join(args + [opt])).encode()).hexdigest()[:10]
         build_dir = BUILD_ROOT / "sim" / f"{block}-{cfg.key()}-{digest}"
         done = build_dir / "BUILT"

@@ -95,6 +95,7 @@ def test_masked_copies_equal_the_word_a_cycle_later_and_stay_apart():
     """hdl/lib/pipe.py ``masked_copies``: every copy equals the word one tick later (every 4-bit
     value in turn), 5 copies of a 2-bit word are 4 (consumers share them), and Yosys keeps the
     copies as separate flip-flops (it merges flip-flops with the same input)."""
+    import re
     import subprocess
     import tempfile
     from pathlib import Path
@@ -124,6 +125,5 @@ def test_masked_copies_equal_the_word_a_cycle_later_and_stay_apart():
                                "-l", "stat.log"], cwd=tmp, capture_output=True, text=True)
         log = (Path(tmp) / "stat.log").read_text()
     assert done.returncode == 0, done.stderr
-    import re
     ffs = sum(int(n) for n in re.findall(r"(\d+)\s+\$\w*dff\w*", log))
     assert ffs == 8, log          # one register per copy of word (small's copies are unread: removed)

@@ -22,13 +22,12 @@ def test_lad_tile_rtl_equals_golden_drift_past_the_end_full_centers():
     mode changes and counter halving; the 8-entry center table fills (later keys join their best
     center); past max_positions = 64 the exact pass (steps 64-67, the dense baseline over the KV
     memory), past kv_positions = 68 no output."""
-    cfg = SMALL
-    r = simulate("lad-tile", cfg, "testbenches.tb.tb_lad_tile", seed=SEED, name="drift",
+    r = simulate("lad-tile", SMALL, "testbenches.tb.tb_lad_tile", seed=SEED, name="drift",
                  params={"steps": 70, "kind": "drift"})
     assert r["mismatches"] == 0 and r["steps"] == 70
     assert r["positions"][0] == 0 and r["positions"][-1] == 68
     assert r["paths"] == [StepPath.LAD] * 64 + [StepPath.EXACT] * 4 + [StepPath.BEYOND] * 2
-    assert all(beats == 2 * (n + 1) * cfg.beats for n, beats in zip(r["positions"][64:68], r["kv_beats"][64:68]))
+    assert all(beats == 2 * (n + 1) * SMALL.beats for n, beats in zip(r["positions"][64:68], r["kv_beats"][64:68]))
     assert r["centers"] == SMALL.max_centers
     assert r["candidates"] > r["active"] > 0 and r["mode_changes"] > 0 and r["false_alarms"] > 0
     assert r["nonzero_outputs"] > r["beats"] // 2
