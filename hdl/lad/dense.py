@@ -329,7 +329,7 @@ class DenseAttention(wiring.Component):
         m.d.sync += [o0_lane[l].eq(numer_out[l].data) for l in range(cfg.lanes)]
         m.d.sync += [o1_valid.eq(o0_valid), o1_last.eq(o0_last), o1b_valid.eq(o1_valid), o1b_last.eq(o1_last),
                      o2_valid.eq(o1b_valid), o2_last.eq(o1b_last)]
-        m.d.sync += [o2_t[l].eq(csa_sum(placed(o1b_pp[l]) + [o_half], pw + 1).as_signed())
+        m.d.sync += [o2_t[l].eq(csa_sum(m, placed(o1b_pp[l]) + [o_half], pw + 1, f"o2_{l}").as_signed())
                      for l in range(cfg.lanes)]
         # the shift in two registered steps (by the shift's high bits, 0 if o_zero; then by its low
         # fine_bits bits), then the saturation: an arithmetic shift by a + b is the shift by a, then by b

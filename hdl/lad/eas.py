@@ -95,7 +95,7 @@ class Eas(wiring.Component):
         l_valid = [Signal(name=f"lookup_valid{i}") for i in range(self.LOOKUP_STAGES)]
         l_score, l_rho, l_approx = Signal(signed(xw)), Signal(signed(cfg.rho_width)), Signal(signed(xw))
         l_pieces = register_partials(m, lookup_en, partial_products(l_score, l_rho), "lookup")
-        l_sum = csa_sum(placed(l_pieces) + [Const(1 << (cfg.rho_frac - 1))], xw + cfg.rho_width + 1).as_signed()
+        l_sum = csa_sum(m, placed(l_pieces) + [Const(1 << (cfg.rho_frac - 1))], xw + cfg.rho_width + 1, "lookup").as_signed()
         with m.If(lookup_en):
             m.d.sync += [l_valid[0].eq(s_resp.valid), *(l_valid[i + 1].eq(l_valid[i]) for i in range(len(l_valid) - 1)),
                          l_score.eq(s_resp.payload), l_rho.eq(rho_fifo.r_data),

@@ -202,6 +202,8 @@ class Md(wiring.Component):
         # alpha x registered twice: in the MULT18X18D (synth/absorb.py), then in the fabric
         ax_pp = register_partials(m, 1, register_partials(m, 1, partial_products(alpha, x), "ax"), "ax_f")
         ww_full = cw + xw + 2      # alpha x + (beta << x_frac) + half, exact
+        half = (1 << (sfm.exp_shift - 1)) if sfm.exp_shift > 0 else 0
+        wsum = csa_sum(m, placed(ax_pp) + [beta << sfm.x_frac, Const(half)], ww_full, "wsum")
         with m.FSM():
             with m.State("SCORE"):
                 m.d.comb += take_score.eq(1)
@@ -218,8 +220,6 @@ class Md(wiring.Component):
             with m.State("PRODUCT_FABRIC"):
                 m.next = "WEIGHT"
             with m.State("WEIGHT"):     # round_shift(alpha x + (beta << x_frac), exp_shift), one carry chain
-                half = (1 << (sfm.exp_shift - 1)) if sfm.exp_shift > 0 else 0
-                wsum = csa_sum(placed(ax_pp) + [beta << sfm.x_frac, Const(half)], ww_full)
                 m.d.sync += w.eq(wsum.as_signed() >> sfm.exp_shift if sfm.exp_shift > 0 else wsum.as_signed() << -sfm.exp_shift)
                 m.next = "VERDICT"
             with m.State("VERDICT"):

@@ -156,11 +156,24 @@ def _extend(t: Value, width: int) -> Value:
     return Cat(t.as_unsigned(), fill)
 
 
-def csa_reduce(terms, width: int) -> list[Value]:
+def csa_reduce(m, terms, width: int, name: str) -> list[Value]:
     """``terms`` (sign- or zero-extended to ``width`` bits) reduced to at most two with the same
-    sum modulo ``2**width``: 3:2 carry-save compressors, one LUT level each, no carry chain."""
+    sum modulo ``2**width``: 3:2 carry-save compressors, one LUT level each, no carry chain.
+    Each level's terms are combinational signals (``name``): a compressor reads each input
+    three times, and Amaranth's lowering copies an expression per use, so a tree of
+    expressions grew 3x per level in the netlist (the same logic after Yosys merges it, but
+    1,858 shifters for the SFM's 16-bit constant product). Call it outside ``m.If`` and FSM
+    states: there its wires would be driven only under the condition (same results, one more
+    mux per bit)."""
+    def wires(level, values):
+        out = [Signal(width, name=f"{name}_csa{level}_{n}") for n in range(len(values))]
+        m.d.comb += [w.eq(v) for w, v in zip(out, values)]
+        return out
+
     terms = [_extend(t, width) for t in terms]
+    level = 0
     while len(terms) > 2:
+        terms = wires(level, terms)
         nxt = []
         for i in range(0, len(terms) - 2, 3):
             a, b, c = terms[i:i + 3]
@@ -168,22 +181,23 @@ def csa_reduce(terms, width: int) -> list[Value]:
             nxt.append(Cat(Const(0, 1), ((a & b) | (a & c) | (b & c))[:width - 1]))
         nxt.extend(terms[len(terms) - len(terms) % 3:])
         terms = nxt
+        level += 1
     return terms
 
 
-def constant_product(x, c: int, width: int) -> list[Value]:
+def constant_product(m, x, c: int, width: int, name: str) -> list[Value]:
     """``x * c`` for unsigned ``x`` and a constant ``c >= 0`` as at most two terms whose sum
     modulo ``2**width`` is the product: a shifted copy of ``x`` per set bit of ``c``, reduced by
     :func:`csa_reduce` (LUTs only, no DSP and no carry chain; the caller adds the two)."""
     x = Value.cast(x).as_unsigned()
-    return csa_reduce([x << i for i in range(c.bit_length()) if c >> i & 1] or [Const(0, 1)], width)
+    return csa_reduce(m, [x << i for i in range(c.bit_length()) if c >> i & 1] or [Const(0, 1)], width, name)
 
 
-def csa_sum(terms, width: int) -> Value:
+def csa_sum(m, terms, width: int, name: str) -> Value:
     """Sum of ``terms`` modulo ``2**width`` (exact where the sum fits ``width`` bits, signed or
     unsigned; the result is unsigned, ``.as_signed()`` it for signed sums): :func:`csa_reduce`
     to two terms, which one carry chain adds."""
-    terms = csa_reduce(terms, width)
+    terms = csa_reduce(m, terms, width, name)
     return (terms[0] + terms[1])[:width] if len(terms) == 2 else terms[0]
 
 
@@ -192,7 +206,7 @@ def split_sum(m, terms, width: int, name: str) -> Signal:
     terms): the terms reduced to two and their low halves added, the carry registered; then the
     high halves with that carry. Two carry chains of ``width / 2``, one per stage, instead of one
     of ``width``."""
-    terms = csa_reduce(terms, width)
+    terms = csa_reduce(m, terms, width, name)
     a, b = (terms + [Const(0, width)])[:2]
     half = width // 2
     lo = Signal(half + 1, name=f"{name}_lo")
@@ -230,7 +244,8 @@ def scaled_round(m, value: Value, scale: int, shift: int, shape, name: str, ce=1
     half = (1 << (shift - 1)) if shift > 0 else 0
     total = Signal(signed(width), name=f"{name}_sum")
     out = Signal(shape, name=name)
+    total_next = csa_sum(m, placed(pieces) + [Const(half, width)], width, f"{name}_sum")
     with m.If(ce):
-        m.d.sync += [total.eq(csa_sum(placed(pieces) + [Const(half, width)], width).as_signed()),
+        m.d.sync += [total.eq(total_next.as_signed()),
                      out.eq(saturate(total >> shift if shift >= 0 else total << -shift, shape))]
     return out

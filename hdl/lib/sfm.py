@@ -116,7 +116,7 @@ class Sfm(wiring.Component):
             m.d.sync += [s2["norm"].eq(s1["z"] << shift),
                          s2["interval"].eq(sum(s1["lt"][n].as_unsigned() for n in range(len(bounds))))]
         u_width = amax.bit_length() + LOG2E_FRAC + 3
-        scaled_terms = constant_product(ax, cfg.log2e_raw, u_width)
+        scaled_terms = constant_product(m, ax, cfg.log2e_raw, u_width, "s2_log2e")
         scaled = [Signal(u_width, name=f"s2_scaled{n}") for n in range(len(scaled_terms))]
         with m.If(ce):
             m.d.sync += [r.eq(t) for r, t in zip(scaled, scaled_terms)]
@@ -131,7 +131,7 @@ class Sfm(wiring.Component):
         recip_offset = rest[low:] if low >= 0 else rest << -low
         half = (1 << (cfg.exp2_shift - 1)) if cfg.exp2_shift > 0 else None
         u_full = Signal(u_width)
-        m.d.comb += u_full.eq(csa_sum(scaled + ([Const(half, u_width)] if half else []), u_width))
+        m.d.comb += u_full.eq(csa_sum(m, scaled + ([Const(half, u_width)] if half else []), u_width, "s3_u"))
         u = Signal(len(u_full))
         m.d.comb += u.eq(u_full >> cfg.exp2_shift if cfg.exp2_shift >= 0 else u_full << -cfg.exp2_shift)
         u_int = u[cfg.table_offset_shift:]
@@ -193,7 +193,7 @@ class Sfm(wiring.Component):
 
         # Stage 6: add, round, saturate.
         exp_width = max(cfg.coef_frac + 2 + cfg.x_width, bias_shape.width + 1) + 2
-        exp_sum = csa_sum(placed(exp_pieces) + [s5["intercept"]], exp_width).as_signed()
+        exp_sum = csa_sum(m, placed(exp_pieces) + [s5["intercept"]], exp_width, "s6_exp").as_signed()
         exp_value = saturate(exp_sum >> cfg.exp_shift if cfg.exp_shift > 0 else exp_sum << -cfg.exp_shift,
                              unsigned(cfg.out_width))
         mantissa = ((s5["c0"] - s5["line_product"]) >> k if k > 0

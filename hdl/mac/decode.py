@@ -225,8 +225,8 @@ class MacDecodeEngine(wiring.Component):
             n_l = word[l * aw:(l + 1) * aw].as_signed()
             o1_pp = register_partials(m, 1, partial_products(o0_lane[l], recip_m), f"ro1_{l}")
             m.d.sync += [o0_lane[l].eq(round_shift(n_l, pre)),
-                         o2_t[l].eq(csa_sum(placed(o1_pp) + [Const(out_half, pw + 1)],
-                                            pw + 1).as_signed()),
+                         o2_t[l].eq(csa_sum(m, placed(o1_pp) + [Const(out_half, pw + 1)],
+                                            pw + 1, f"ro2_{l}").as_signed()),
                          o3_lane[l].eq(saturate(o2_t[l] >> cfg.out_shift, signed(ow)))]
 
         # -- combine: operands, destination, target pointer, result flag

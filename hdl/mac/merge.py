@@ -107,14 +107,14 @@ class MergeUnit(wiring.Component):
             return [shift.eq(value), half.eq(Mux((value >= 1) & (value <= 64), Const(1, 64) << (value - 1).as_unsigned()[:6], 0))]
 
         def rounding(pieces, width, name):
-            """(t, zero, sh): t = the product's registered pieces plus the rounding half, in one
-            carry chain after carry-save compressors; round_shift(product, shift) is
-            ``t >> sh``, or 0 where ``zero`` (shift > width: product < 2^width)."""
+            """(t, zero, sh, load): the statements ``load`` set t = the product's registered pieces
+            plus the rounding half, in one carry chain after carry-save compressors;
+            round_shift(product, shift) is ``t >> sh``, or 0 where ``zero`` (shift > width:
+            product < 2^width)."""
             t = Signal(width + 1, name=f"{name}_t")
             zero = Signal(name=f"{name}_zero")
-            terms = placed(pieces) + [half[:width]]
-            m.d.sync += [t.eq(csa_sum(terms, width + 1)), zero.eq(shift > width)]
-            return t, zero, shift[:width.bit_length()]
+            total = csa_sum(m, placed(pieces) + [half[:width]], width + 1, name)
+            return t, zero, shift[:width.bit_length()], [t.eq(total), zero.eq(shift > width)]
 
         # The scalar products' pieces, registered twice: when the SFM answers (the register
         # synth/absorb.py moves into the MULT18X18D) and in the next cycle (a fabric register
@@ -150,6 +150,9 @@ class MergeUnit(wiring.Component):
         with m.If(peek):
             m.d.sync += recip.eq(0)
 
+        scale_t, scale_zero, scale_sh, scale_load = rounding(scale_pp, cfg.sum_width + len(mant), "scale")
+        w1_t, w1_zero, w1_sh, w1_load = rounding(w1_pp, cfg.sum_width + 1 + len(mant), "w1")
+        w2_t, w2_zero, w2_sh, w2_load = rounding(w2_pp, cfg.sum_width + 1 + len(mant), "w2")
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += peek.eq(self.i.valid & ~pending & ~loaded)
@@ -167,7 +170,7 @@ class MergeUnit(wiring.Component):
             with m.State("SCALE_PRODUCT"):   # the products move from the DSPs to the fabric
                 m.next = "SCALE_SUM"
             with m.State("SCALE_SUM"):
-                scale_t, scale_zero, scale_sh = rounding(scale_pp, cfg.sum_width + len(mant), "scale")
+                m.d.sync += scale_load
                 m.next = "SCALE_SHIFT"
             with m.State("SCALE_SHIFT"):
                 scaled = Mux(exp_one, small, Mux(scale_zero, 0, scale_t >> scale_sh))  # exp(0) = 1 exactly
@@ -194,8 +197,7 @@ class MergeUnit(wiring.Component):
             with m.State("WEIGHT_PRODUCT"):
                 m.next = "WEIGHT_SUM"
             with m.State("WEIGHT_SUM"):
-                w1_t, w1_zero, w1_sh = rounding(w1_pp, cfg.sum_width + 1 + len(mant), "w1")
-                w2_t, w2_zero, w2_sh = rounding(w2_pp, cfg.sum_width + 1 + len(mant), "w2")
+                m.d.sync += w1_load + w2_load
                 m.next = "WEIGHT_SHIFT"
             with m.State("WEIGHT_SHIFT"):
                 m.d.sync += [w1.eq(Mux(w1_zero, 0, w1_t >> w1_sh)), w2.eq(Mux(w2_zero, 0, w2_t >> w2_sh))]
@@ -243,15 +245,15 @@ class MergeUnit(wiring.Component):
         v2_m, v2_s, v2_flagged = Signal(signed(cfg.score_width)), Signal(cfg.sum_width), Signal()
         v2_sum = [Signal(signed(ww + ow + 2), name=f"v2_sum{l}") for l in range(lanes)]   # w1 o1 + w2 o2 + half
         half_frac = (1 << (frac - 1)) if frac > 0 else 0
+        v2_next = [csa_sum(m, placed(vb_pp[l]) + [Const(half_frac, len(v2_sum[l]))], len(v2_sum[l]), f"v2_{l}")
+                   for l in range(lanes)]
         with m.If(ce):
             m.d.sync += [v1_valid.eq(va_valid), v1_m.eq(va_m), v1_s.eq(va_s), v1_flagged.eq(va_flagged)]
             m.d.sync += [vb_valid.eq(v1_valid), vb_m.eq(v1_m), vb_s.eq(v1_s), vb_flagged.eq(v1_flagged)]
             m.d.sync += [v2_valid.eq(vb_valid), v2_m.eq(vb_m), v2_s.eq(vb_s), v2_flagged.eq(vb_flagged)]
             # the rounding half of round_shift(., frac) is one more carry-save term, so the
             # last stage is a shift and a saturate (no second carry chain)
-            m.d.sync += [v2_sum[l].eq(csa_sum(placed(vb_pp[l]) + [Const(half_frac, len(v2_sum[l]))],
-                                              len(v2_sum[l])).as_signed())
-                         for l in range(lanes)]
+            m.d.sync += [v2_sum[l].eq(v2_next[l].as_signed()) for l in range(lanes)]
             m.d.sync += [self.o.valid.eq(v2_valid), self.o.payload.m.eq(v2_m), self.o.payload.s.eq(v2_s),
                          self.o.payload.flagged.eq(v2_flagged)]
             m.d.sync += [self.o.payload.o[l].eq(saturate(v2_sum[l] >> frac, signed(ow))) for l in range(lanes)]
