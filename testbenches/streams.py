@@ -128,13 +128,20 @@ class _StreamPort:
 
 
 class StreamSource(_StreamPort):
-    """Sends queued items with random idle gaps (probability ``gap`` per cycle)."""
+    """Sends queued items with random idle gaps (probability ``gap`` per cycle). When ``valid``
+    drops, the payload becomes random bits (a block must not use it without ``valid``: the
+    SRAM's write enable ORed with its valid wrote them and survived a bench that left the
+    last item on the payload); drawn from a generator of its own, so the bench's stream of
+    random choices is the same with or without it."""
 
     _current = None
+    _held = False                     # valid was high in the last cycle
 
     def __init__(self, dut, prefix, shape, cycles: Cycles, rng: random.Random, gap: float = 0.3):
         self.gap = gap
         self.queue: deque = deque()
+        self.width = Shape.cast(shape).width if not isinstance(shape, data.Layout) else shape.size
+        self.noise = random.Random(f"{prefix}:{sum(rng.getstate()[1])}")
         super().__init__(dut, prefix, shape, cycles, rng)
         self.valid.value = 0
 
@@ -154,8 +161,10 @@ class StreamSource(_StreamPort):
             self._current = self.queue.popleft()
             self.payload.value = pack(self.shape, self._current)
             self.valid.value = 1
-        elif self._current is None:
+        elif self._current is None and self._held:
             self.valid.value = 0
+            self.payload.value = self.noise.getrandbits(self.width)
+        self._held = self._current is not None
 
     def _sample(self):
         item = self._current
