@@ -194,7 +194,12 @@ class Md(wiring.Component):
         x = Signal(signed(xw))
         r = Signal(sfm.interval_width)
         change = Signal()
-        alpha, beta = Signal(signed(cw)), Signal(signed(cw))
+        alpha, beta = Signal(signed(cw), name="alpha"), Signal(signed(cw), name="beta")
+        # the tables' entries at r and at the slot's mode, looked up as r and mode load (SCORE):
+        # DECIDE subtracts registers (mode -> slopes[mode] -> the subtraction's carry chain was
+        # lad-md's critical path, 12 levels)
+        slope_r, slope_mode = Signal(signed(cw), name="slope_r"), Signal(signed(cw), name="slope_mode")
+        intercept_r, intercept_mode = Signal(signed(cw), name="intercept_r"), Signal(signed(cw), name="intercept_mode")
         w = Signal(signed(w_width(cfg)))
         terms = Signal(bump_terms_width(cfg))   # bump_terms, registered with r (SCORE)
         bumped = bumped_counters(m, terms, cfg, "md_counters")
@@ -209,10 +214,12 @@ class Md(wiring.Component):
                 m.d.comb += take_score.eq(1)
                 with m.If(sp_valid[-1]):
                     m.d.sync += [x.eq(sp_x), r.eq(sp_r), mode.eq(slot_mode[dptr]),
-                                 terms.eq(bump_terms(data.View(cl.members["counters"], slot_cnt[dptr]), sp_r, cfg))]
+                                 terms.eq(bump_terms(data.View(cl.members["counters"], slot_cnt[dptr]), sp_r, cfg)),
+                                 slope_r.eq(slopes[sp_r]), slope_mode.eq(slopes[slot_mode[dptr]]),
+                                 intercept_r.eq(intercepts[sp_r]), intercept_mode.eq(intercepts[slot_mode[dptr]])]
                     m.next = "DECIDE"
             with m.State("DECIDE"):
-                m.d.sync += [alpha.eq(slopes[r] - slopes[mode]), beta.eq(intercepts[r] - intercepts[mode]),
+                m.d.sync += [alpha.eq(slope_r - slope_mode), beta.eq(intercept_r - intercept_mode),
                              change.eq((r != mode) & (bumped[r] > bumped[mode]))]
                 m.next = "PRODUCT"
             with m.State("PRODUCT"):    # alpha x in the DSP's register

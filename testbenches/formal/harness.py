@@ -57,10 +57,12 @@ class Gate:
 
 @dataclass(frozen=True)
 class Response:
-    """Environment: ``resp`` answers ``req``, ``per`` response transfers per request transfer."""
+    """Environment: ``resp`` answers ``req``, ``per`` response transfers per request transfer
+    (an int, or payload -> Value for a request that says how many: a burst's count, none for
+    a write)."""
     req: str
     resp: str
-    per: int = 1
+    per: object = 1
 
 
 @dataclass(frozen=True)
@@ -175,7 +177,8 @@ class FormalWrapper(wiring.Component):
         outstanding = {}
         for r in self.responses:
             n = Signal(range(-256, 256), name=f"{r.resp}_outstanding")
-            m.d.sync += n.eq(n + Mux(transfer(r.req), r.per, 0) - transfer(r.resp))   # no $mul: cut cells are the dut's
+            per = r.per(getattr(self, r.req).payload) if callable(r.per) else r.per
+            m.d.sync += n.eq(n + Mux(transfer(r.req), per, 0) - transfer(r.resp))   # no $mul: cut cells are the dut's
             outstanding[r.resp] = n
             m.d.comb += Assume(~getattr(self, r.resp).valid | (n > 0))
 

@@ -8,6 +8,7 @@ from typing import Callable
 
 from golden.dense import DenseConfig
 from golden.lad_tile import LadTileConfig
+from golden.mac_decode import MacDecodeConfig
 from golden.mac_unit import MacUnitConfig
 from golden.sfm import SfmConfig
 from golden.sram import SramConfig
@@ -80,6 +81,19 @@ def _unit_rules(cfg):
     return dict(counts=counts, lives=lives)
 
 
+def _decode_rules(cfg):
+    nb = cfg.beats
+    assert nb & (nb - 1) == 0, "the burst's beat count is a shift (the harness makes no $mul)"
+    position = lambda w: w.query.payload.position < cfg.max_positions
+    return dict(assumes=[lambda w: ~w.query.valid | position(w)],
+                counts=[Count("out", "query", in_per=nb, out_per=nb + 1, cap=1)],   # d/L beats, then statistics
+                gates=[Gate("kv_req", "query", "out", in_per=nb, done_per=nb + 1),
+                       Gate("es_req", "query", "out", in_per=nb, done_per=nb + 1)],
+                responses=[Response("kv_req", "kv_resp", per=lambda p: p.count << (nb.bit_length() - 1)),
+                           Response("es_req", "es_resp", per=lambda p: ~p.write)],   # a write has no response
+                lives=[Live("query", 64 * cfg.max_positions * nb + 256)])
+
+
 def _dense_rules(cfg):
     nb = cfg.beats
     length = lambda w: (w.query.payload.length >= 1) & (w.query.payload.length <= cfg.max_positions)
@@ -130,6 +144,12 @@ def _ac_rules(cfg):
                 lives=[Live("cmd", 8 * cfg.beats * cfg.head_dim + 64)])
 
 
+_TINY_DECODE = MacDecodeConfig(window=2, head_dim=2, heads=1, lanes=1, q_width=4, q_frac=2, score_width=8,
+                               score_frac=2, sum_width=14, sum_frac=8, out_width=4, out_frac=2, mantissa_frac=8,
+                               band=1, min_context=2, max_positions=4, kv_width=4, kv_frac=2)
+_SMALL_DECODE = MacDecodeConfig(window=4, head_dim=4, heads=2, lanes=2, q_width=6, q_frac=3, score_width=10,
+                                score_frac=4, sum_width=14, sum_frac=8, out_width=6, out_frac=3, mantissa_frac=8,
+                                band=2, min_context=3, max_positions=8, kv_width=6, kv_frac=3)
 _TINY_LAD = LadTileConfig(head_dim=4, lanes=1, vpus=4, max_positions=4, max_centers=2)
 _SMALL_LAD = LadTileConfig(head_dim=8, lanes=2, vpus=5, max_positions=8, max_centers=4)
 _TINY_MAC = MacUnitConfig(window=2, head_dim=2, heads=1, lanes=1, q_width=4, q_frac=2, score_width=8,
@@ -170,6 +190,8 @@ SPECS: dict[str, FormalSpec] = {s.block: s for s in [
     FormalSpec("dense", DenseConfig(head_dim=4, lanes=1, max_positions=2, kv_width=6, kv_frac=3),
                DenseConfig(head_dim=8, lanes=2, max_positions=4, kv_width=8, kv_frac=4), _dense_rules,
                _d(None, 20, None, 44, deep=44), abstract=CUT, note=_FSM_NOTE),
+    FormalSpec("mac-decode", _TINY_DECODE, _SMALL_DECODE, _decode_rules, _d(None, 12, None, 24, deep=24),
+               abstract=CUT, note=_FSM_NOTE),
     FormalSpec("lad-tile", _TINY_LAD, _SMALL_LAD, _tile_rules, _d(None, 12, None, 16, deep=30), abstract=CUT,
                note=_FSM_NOTE),
     FormalSpec("lad-eas", _TINY_LAD, _SMALL_LAD, _eas_rules, _d(None, 2, None, 20, deep=24), abstract=CUT,
