@@ -59,3 +59,12 @@ def test_broken_handshake_is_caught(kind, prop):
     assert result.status == "FAIL", result.line()
     assert result.failed == [prop], result.line()
     assert result.trace is not None and result.trace.exists()
+
+
+def test_decode_engine_bmc():
+    """The MAC decode engine at its tiny config: protocol, counting (``out<=query``: d/L + 1
+    beats per step) and its requests only inside a step, with the KV and entry-store responses
+    counted from what each request asks for (a burst's count x d/L beats, none for a write)."""
+    result = run("mac-decode", mode="bmc")
+    _ok(result)
+    assert {"assert:out<=query", "assert:kv_req.only_in_step", "assert:es_req.only_in_step"} <= set(result.properties)
