@@ -203,6 +203,11 @@ class Md(wiring.Component):
         w = Signal(signed(w_width(cfg)))
         terms = Signal(bump_terms_width(cfg))   # bump_terms, registered with r (SCORE)
         bumped = bumped_counters(m, terms, cfg, "md_counters")
+        # change is read first in VERDICT: the two bumped counters it compares are looked up in
+        # DECIDE and compared in PRODUCT (in one cycle, terms -> halving -> look-ups -> compare
+        # was lad-md's critical path once DECIDE's table look-ups had moved)
+        bumped_r = Signal(cfg.counter_bits, name="bumped_r")
+        bumped_mode = Signal(cfg.counter_bits, name="bumped_mode")
         false_alarm = Signal()
         # alpha x registered twice: in the MULT18X18D (synth/absorb.py), then in the fabric
         ax_pp = register_partials(m, 1, register_partials(m, 1, partial_products(alpha, x), "ax"), "ax_f")
@@ -220,9 +225,10 @@ class Md(wiring.Component):
                     m.next = "DECIDE"
             with m.State("DECIDE"):
                 m.d.sync += [alpha.eq(slope_r - slope_mode), beta.eq(intercept_r - intercept_mode),
-                             change.eq((r != mode) & (bumped[r] > bumped[mode]))]
+                             bumped_r.eq(bumped[r]), bumped_mode.eq(bumped[mode])]
                 m.next = "PRODUCT"
             with m.State("PRODUCT"):    # alpha x in the DSP's register
+                m.d.sync += change.eq((r != mode) & (bumped_r > bumped_mode))
                 m.next = "PRODUCT_FABRIC"
             with m.State("PRODUCT_FABRIC"):
                 m.next = "WEIGHT"
