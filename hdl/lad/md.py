@@ -180,8 +180,23 @@ class Md(wiring.Component):
         sp_x1, sp_x2, sp_x = (Signal(signed(xw), name=n) for n in ("sp_x1", "sp_x2", "sp_x"))
         sp_below = Signal(len(cfg.sfm.exp_boundaries_raw))   # boundary_tests of x
         sp_r = Signal(sfm.interval_width)
-        sp_ce = ~sp_valid[-1] | take_score
+        # a skid entry after the pipeline: it advances unless its last stage is full and the
+        # entry too (registers), so the decision FSM's state does not reach the VPU's stall-all
+        # enable and kv_resp.ready in the same cycle (FSM -> take_score -> VPU -> kv_resp.ready
+        # -> the key beat's 128-bit select was lad-md's critical path, 83 % routing); the
+        # FSM reads the entry, or the last stage straight through (no latency added)
+        skid_full = Signal(name="skid_full")
+        skid_x, skid_r = Signal(signed(xw), name="skid_x"), Signal(sfm.interval_width, name="skid_r")
+        sp_ce = ~sp_valid[-1] | ~skid_full
         m.d.comb += vpu.o.ready.eq(sp_ce)
+        score_valid = skid_full | sp_valid[-1]
+        score_x, score_r = Mux(skid_full, skid_x, sp_x), Mux(skid_full, skid_r, sp_r)
+        score_taken = take_score & score_valid
+        with m.If(skid_full):
+            with m.If(score_taken):
+                m.d.sync += skid_full.eq(0)
+        with m.Elif(sp_valid[-1] & ~score_taken):      # the last stage moves on, into the entry
+            m.d.sync += [skid_full.eq(1), skid_x.eq(sp_x), skid_r.eq(sp_r)]
         sp_score = scaled_round(m, vpu.o.payload.dot, cfg.scale_raw, cfg.score_shift, signed(xw), "sp_score", sp_ce)
         with m.If(sp_ce):
             m.d.sync += [sp_valid[0].eq(vpu.o.valid), *(sp_valid[i + 1].eq(sp_valid[i]) for i in range(SP_STAGES - 1)),
@@ -217,11 +232,11 @@ class Md(wiring.Component):
         with m.FSM():
             with m.State("SCORE"):
                 m.d.comb += take_score.eq(1)
-                with m.If(sp_valid[-1]):
-                    m.d.sync += [x.eq(sp_x), r.eq(sp_r), mode.eq(slot_mode[dptr]),
-                                 terms.eq(bump_terms(data.View(cl.members["counters"], slot_cnt[dptr]), sp_r, cfg)),
-                                 slope_r.eq(slopes[sp_r]), slope_mode.eq(slopes[slot_mode[dptr]]),
-                                 intercept_r.eq(intercepts[sp_r]), intercept_mode.eq(intercepts[slot_mode[dptr]])]
+                with m.If(score_valid):
+                    m.d.sync += [x.eq(score_x), r.eq(score_r), mode.eq(slot_mode[dptr]),
+                                 terms.eq(bump_terms(data.View(cl.members["counters"], slot_cnt[dptr]), score_r, cfg)),
+                                 slope_r.eq(slopes[score_r]), slope_mode.eq(slopes[slot_mode[dptr]]),
+                                 intercept_r.eq(intercepts[score_r]), intercept_mode.eq(intercepts[slot_mode[dptr]])]
                     m.next = "DECIDE"
             with m.State("DECIDE"):
                 m.d.sync += [alpha.eq(slope_r - slope_mode), beta.eq(intercept_r - intercept_mode),
