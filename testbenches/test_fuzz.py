@@ -20,13 +20,14 @@ def test_random_vpu_config_bit_exact():
     assert report["mismatches"] == 0 and report["vectors"] >= 100, report
 
 
-@pytest.mark.parametrize("block, seed", [("sram", 11), ("sfm", 36), ("mac-unit", 21)])
+@pytest.mark.parametrize("block, seed", [("sram", 11), ("sfm", 36), ("mac-unit", 21), ("lad-md", 29)])
 def test_configs_the_fuzzer_broke_the_benches_on(block, seed):
     """sram seed 11 (width 1: a 1-bit payload reads as a cocotb Logic, which the stream sink took
     for a LogicArray) and sfm seed 36 (x_width 6, x_frac 1: the cutoff's corner cases and random
     EXP inputs lay outside x's format, -33 in a 6-bit field) and mac-unit seed 21 (sum_frac 37 of
-    40 bits: the merge bench's random sums reached 300, outside the sum's format); bench bugs,
-    now fixed."""
+    40 bits: the merge bench's random sums reached 300, outside the sum's format) and lad-md seed
+    29 (max_positions 11: the corner steps drew candidate positions up to the step count, 98 in a
+    4-bit field); bench bugs, now fixed."""
     report = fuzz_one(block, seed=seed, vectors=100)
     assert report["mismatches"] == 0 and report["vectors"] >= 100, report
 

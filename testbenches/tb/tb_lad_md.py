@@ -62,7 +62,8 @@ async def md_matches_golden(dut):
         cands = list(zip(rec.cand, rec.cand_mode, rec.cand_counters))
         plan.append((rec.q, rec.m, cands + random_candidates(cfg, rng, extra if rec.n else 0, rec.n or 1)))
     for m in (xf.max_raw, xf.min_raw, 0, xf.min_raw + 1, xf.max_raw - 1)[:p.get("corner_steps", 5)]:
-        plan.append((q[rng.randrange(steps)].tolist(), m, random_candidates(cfg, rng, 6, steps)))
+        # (candidate positions inside the metadata's range: a fuzzed max_positions may be below the steps)
+        plan.append((q[rng.randrange(steps)].tolist(), m, random_candidates(cfg, rng, 6, min(steps, cfg.max_positions))))
 
     want_kv = []
     totals = {"active": 0, "false_alarms": 0, "mode_changes": 0}
