@@ -161,7 +161,7 @@ def csa_reduce(m, terms, width: int, name: str) -> list[Value]:
     sum modulo ``2**width``: 3:2 carry-save compressors, one LUT level each, no carry chain.
     Each level's terms are combinational signals (``name``): a compressor reads each input
     three times, and Amaranth's lowering copies an expression per use, so a tree of
-    expressions grew 3x per level in the netlist (the same logic after Yosys merges it, but
+    expressions grew 3x per level in the netlist (the same function after Yosys merges it, but
     1,858 shifters for the SFM's 16-bit constant product). Call it outside ``m.If`` and FSM
     states: there its wires would be driven only under the condition (same results, one more
     mux per bit)."""
