@@ -140,7 +140,7 @@ class StreamSource(_StreamPort):
     def __init__(self, dut, prefix, shape, cycles: Cycles, rng: random.Random, gap: float = 0.3):
         self.gap = gap
         self.queue: deque = deque()
-        self.width = Shape.cast(shape).width if not isinstance(shape, data.Layout) else shape.size
+        self.width = Shape.cast(shape).width
         self.noise = random.Random(f"{prefix}:{sum(rng.getstate()[1])}")
         super().__init__(dut, prefix, shape, cycles, rng)
         self.valid.value = 0

@@ -46,6 +46,17 @@ async def apid_matches_golden(dut):
     want_lookups, want_cands = [], []
     passes = 0
     smax_passes, probed, corner_lookups = 0, False, 0   # pass A runs (one more than passes: the corner pass)
+
+    async def pass_a(rec, scores, what):
+        """Pass A of position rec.n with these approximate scores: the lookups, then smax == max(scores)."""
+        nonlocal smax_passes
+        smax_passes += 1
+        approx_queue[:] = scores
+        want_lookups.extend({"center": c, "rho": r} for c, r in rec.lookups)
+        scan_src.put({"length": rec.n, "m": rng.randint(xf.min_raw, xf.max_raw), "classify": 0})
+        await smax_sink.wait_for(smax_passes, timeout_cycles=30 * rec.n + 2000)
+        bench.check(what, smax_sink.received[-1][1], max(scores))
+
     halved_at: dict[int, int] = {}   # position -> step of a quiet-bump halving
     halved_seen = changed_seen = 0
     for rec in recs:
@@ -54,21 +65,11 @@ async def apid_matches_golden(dut):
             # a corner pass A first (its results are overwritten by the step's own pass A): every
             # approximate score at the format's minimum, so smax is the minimum (the running
             # maximum must start there, not above)
-            probed, smax_passes = True, smax_passes + 1
-            approx_queue[:] = [xf.min_raw] * n
-            want_lookups += [{"center": c, "rho": r} for c, r in rec.lookups]
-            corner_lookups = len(rec.lookups)
-            scan_src.put({"length": n, "m": rng.randint(xf.min_raw, xf.max_raw), "classify": 0})
-            await smax_sink.wait_for(smax_passes, timeout_cycles=30 * n + 2000)
-            bench.check(f"step {n} smax of an all-minimum pass", smax_sink.received[-1][1], xf.min_raw)
+            probed, corner_lookups = True, len(rec.lookups)
+            await pass_a(rec, [xf.min_raw] * n, f"step {n} smax of an all-minimum pass")
         if n:
             passes += 1
-            smax_passes += 1
-            approx_queue[:] = rec.s_hat
-            want_lookups += [{"center": c, "rho": r} for c, r in rec.lookups]
-            scan_src.put({"length": n, "m": rng.randint(xf.min_raw, xf.max_raw), "classify": 0})
-            await smax_sink.wait_for(smax_passes, timeout_cycles=30 * n + 2000)
-            bench.check(f"step {n} smax", smax_sink.received[-1][1], max(rec.s_hat))
+            await pass_a(rec, rec.s_hat, f"step {n} smax")
             verdicts.clear()
             for pos, mode, counters, verdict in zip(rec.cand, rec.cand_mode, rec.cand_counters, rec.md):
                 verdicts[pos] = {"position": pos, "mode": verdict.mode, "counters": verdict.counters}
