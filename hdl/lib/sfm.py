@@ -2,15 +2,16 @@
 
 Implements golden/sfm.py bit for bit; the interval boundaries, PWL coefficients and
 reciprocal line table are computed there (docs/algorithms.md §1.1) and become constants here.
-Six pipeline stages that stall together (one result per cycle, latency 6): 1. compares
+Seven pipeline stages that stall together (one result per cycle, latency 7): 1. compares
 of ``x`` against the interval boundaries, the leading one of ``z``, ``-x`` and its clamp compares;
 2. the interval index, normalise ``z``, ``|x|`` (clamped) times ``log2 e`` as two carry-save terms (the constant's
 shift-and-add in LUTs, ``pipe.constant_product``: no DSP, no carry chain), registered;
 3. sum and round ``u``, slice exponent, table index and offset;
 4. look up the coefficients (the line intercept pre-shifted with the rounding folded in; EXP's
 slope a stage earlier, so both multiplier operands of stage 5 come straight from registers);
-5. the one multiply; 6. one add or subtract, then saturate. Each stage
-holds at most one multiplier or one long carry chain (docs/synthesis.md).
+5. the one multiply; 6. one add or subtract; 7. saturate and select the output. Each stage
+holds at most one multiplier or one long carry chain, and nothing after a carry chain but its
+register (docs/synthesis.md).
 """
 from __future__ import annotations
 
@@ -191,23 +192,34 @@ class Sfm(wiring.Component):
             m.d.sync += s5["line_product"].eq(s4["c1"] * s4["offset"])
         exp_pieces = register_partials(m, ce, partial_products(s4["slope"], s4["x"]), "s5_exp")
 
-        # Stage 6: add, round, saturate.
+        # Stage 6: the sums, registered: EXP's products plus its biased intercept (carry-save
+        # levels and one carry chain), the table line's subtract. Saturation and the output select
+        # are stage 7's, so no stage holds a carry chain and the logic after it (this stage's
+        # carry chain, saturation and select were mac-unit's critical path, 14 levels).
         exp_width = max(cfg.coef_frac + 2 + cfg.x_width, bias_shape.width + 1) + 2
+        s6 = stage("s6", valid=1, op=2, interval=cfg.interval_width, exponent=EXPONENT_WIDTH, special=1,
+                   exp_sum=signed(exp_width), mantissa=cfg.value_width)
         exp_sum = csa_sum(m, placed(exp_pieces) + [s5["intercept"]], exp_width, "s6_exp").as_signed()
-        exp_value = saturate(exp_sum >> cfg.exp_shift if cfg.exp_shift > 0 else exp_sum << -cfg.exp_shift,
-                             unsigned(cfg.out_width))
         mantissa = ((s5["c0"] - s5["line_product"]) >> k if k > 0
                     else s5["c0"] - round_shift(s5["line_product"], k))
+        with m.If(ce):
+            m.d.sync += carry(s6, s5, "valid", "op", "interval", "exponent", "special")
+            m.d.sync += [s6["exp_sum"].eq(exp_sum), s6["mantissa"].eq(mantissa)]
+
+        # Stage 7: round (EXP's shift), saturate, select the output.
+        exp_sum = s6["exp_sum"]
+        exp_value = saturate(exp_sum >> cfg.exp_shift if cfg.exp_shift > 0 else exp_sum << -cfg.exp_shift,
+                             unsigned(cfg.out_width))
         max_mantissa = (1 << (cfg.mantissa_frac + 1)) - 1
         out = self.o.payload
         with m.If(ce):
-            m.d.sync += self.o.valid.eq(s5["valid"])
-            with m.If(s5["op"] == SfmOp.EXP):
-                m.d.sync += [out.value.eq(exp_value), out.exponent.eq(0), out.interval.eq(s5["interval"])]
+            m.d.sync += self.o.valid.eq(s6["valid"])
+            with m.If(s6["op"] == SfmOp.EXP):
+                m.d.sync += [out.value.eq(exp_value), out.exponent.eq(0), out.interval.eq(s6["interval"])]
             with m.Else():
-                m.d.sync += [out.value.eq(mantissa), out.interval.eq(0), out.exponent.eq(s5["exponent"])]
-                with m.If(s5["special"] & (s5["op"] == SfmOp.RECIP)):
+                m.d.sync += [out.value.eq(s6["mantissa"]), out.interval.eq(0), out.exponent.eq(s6["exponent"])]
+                with m.If(s6["special"] & (s6["op"] == SfmOp.RECIP)):
                     m.d.sync += [out.value.eq(max_mantissa), out.exponent.eq(0)]
-                with m.If(s5["special"] & (s5["op"] == SfmOp.EXP2)):
+                with m.If(s6["special"] & (s6["op"] == SfmOp.EXP2)):
                     m.d.sync += out.value.eq(0)
         return m
