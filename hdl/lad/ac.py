@@ -2,7 +2,8 @@
 steps 3, 5 and 6).
 
 Owns caches A (``ac_vpus`` SRAM banks, row ``l`` in bank ``l mod P``, ``beats`` words per row),
-B, C, D, E, F and the step's ``N``, ``Z`` (registers). Commands on ``cmd``:
+B, C, D, E, F and the step's ``N``, ``Z`` (N, B, C, D in LUT RAM, ``LaneFile``; E, F, Z registers).
+Commands on ``cmd``:
 
 - ``QA``: the ``q.A_r`` pass alone (it does not need ``m``): the P VPUs read every row of A (one row
   each per ``beats`` cycles) once the A engine below is idle; the tile sends it as soon as ``q`` is
@@ -28,7 +29,7 @@ fewer multipliers and adders, with the same arithmetic (bit-exact with the same 
 from __future__ import annotations
 
 from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
-from amaranth.lib import stream, wiring
+from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from golden.lad_tile import COEF_FRAC, LadTileConfig
@@ -39,6 +40,47 @@ from ..lib.sram import SramBank
 from ..lib.vpu import Vpu
 from .common import AcOp, ac_command_layout, beat_layout, recip_resp_layout, sram_banks, vector_layout
 
+
+class LaneFile:
+    """A vector of ``beats x groups x group_lanes`` lanes of ``width`` bits (N, B, C, D) in
+    ``groups`` LUT-RAM memories, one word per beat each (asynchronous read, one write port): memory
+    ``r`` holds lane group ``r`` of every beat, so one address reads a whole beat (the words side by
+    side) and a write updates one group. Reads and writes behave as the flat register it replaces
+    (read in the cycle, written at the clock edge), without that register's flip-flops and its
+    ``beats x groups``-way read multiplexers (N, B, C, D were 15.9k of lad-ac's 34k flip-flops at
+    ``ecp5-85f``). Like the A banks, the words start at zero at configuration, not at reset."""
+
+    def __init__(self, m: Module, name: str, beats: int, groups: int, group_lanes: int, width: int):
+        self.groups, self.width = groups, width
+        mems = [memory.Memory(shape=unsigned(group_lanes * width), depth=beats, init=[]) for _ in range(groups)]
+        for r, mem in enumerate(mems):
+            m.submodules[f"{name}{r}"] = mem
+        reads = [mem.read_port(domain="comb") for mem in mems]
+        writes = [mem.write_port() for mem in mems]
+        self.read_beat = Signal(range(beats), name=f"{name}_read_beat")
+        self.write_beat = Signal(range(beats), name=f"{name}_write_beat")
+        self.write_group = Signal(range(groups), name=f"{name}_write_group")
+        self.write_data = Signal(group_lanes * width, name=f"{name}_write_data")
+        self.write_en = Signal(name=f"{name}_write_en")
+        for r, (rd, wr) in enumerate(zip(reads, writes)):
+            m.d.comb += [rd.addr.eq(self.read_beat), wr.addr.eq(self.write_beat), wr.data.eq(self.write_data),
+                         wr.en.eq(self.write_en & (self.write_group == r))]
+        self.words = [rd.data for rd in reads]
+        self._group = Array(self.words)
+
+    def read(self, m: Module, beat, group=None):
+        """Read ``beat`` (in the current control context): its lanes, or with ``group`` that group's."""
+        m.d.comb += self.read_beat.eq(beat)
+        if group is None:
+            return Cat(*self.words)
+        return self.words[0] if self.groups == 1 else self._group[group]
+
+    def write(self, m: Module, beat, group, data):
+        m.d.comb += [self.write_beat.eq(beat), self.write_group.eq(group), self.write_data.eq(data),
+                     self.write_en.eq(1)]
+
+    def lane(self, word, i):
+        return word[i * self.width:(i + 1) * self.width].as_signed()
 
 
 class Ac(wiring.Component):
@@ -69,8 +111,10 @@ class Ac(wiring.Component):
             m.submodules[f"a_bank{p}"] = banks[p]
         ports = [bank.read_port(0) for bank in banks]
 
-        # N, B, C, D, g: flat registers addressed one beat (lanes elements) at a time
-        N, B, C, D = (Signal(d * aw, name=name) for name in ("n", "b", "c", "d"))
+        AL = cfg.ac_group                   # lanes of the scalar-times-vector arithmetic per cycle
+        G = L // AL                         # cycles (lane groups) per beat
+        # N, B, C, D: lane files (LUT RAM, a group per write); g, qa: flat registers
+        N, B, C, D = (LaneFile(m, name, nb, G, AL, aw) for name in ("n", "b", "c", "d"))
         qa = Signal(d * aw)                 # q.A_r rows, shifted in P at a time
         qa_fresh = Signal()                 # qa is q.A_r of the current q and A (no update since)
         combine_next = Signal()             # the q.A_r pass was started by TERMS: COMBINE follows
@@ -87,8 +131,6 @@ class Ac(wiring.Component):
         issue, resp_cnt, out_cnt = Signal(range(words + 1)), Signal(range(words + 1)), Signal(range(words + 1))
         e_issue, e_resp, e_out = (Signal(range(words + 1), name=f"engine_{x}") for x in ("issue", "resp", "out"))
         rm, re = Signal(mf + 1), Signal(cfg.sfm.exponent_width)
-        AL = cfg.ac_group                   # lanes of the scalar-times-vector arithmetic per cycle
-        G = L // AL                         # cycles (lane groups) per beat
         out_b = Signal(range(nb * G + 1))   # COMBINE / OUT: the group (G = 1: the beat)
         in_sub = Signal(range(G))           # BEATS: the group of the command's beat
         o_sub = Signal(range(G))            # OUT: the group of the beat being filled
@@ -120,6 +162,12 @@ class Ac(wiring.Component):
         def addr_row(cnt):                 # word address -> (local row, beat)
             return cnt // nb if nb & (nb - 1) else cnt >> (nb.bit_length() - 1), cnt % nb
 
+        def beat_group(idx):               # group index (COMBINE, OUT) -> (beat, group in the beat)
+            if G & (G - 1):
+                return idx // G, idx % G
+            s = G.bit_length() - 1
+            return idx[s:], idx[:s]
+
         def start_qa_pass(then_combine):
             m.d.sync += [issue.eq(0), resp_cnt.eq(0), out_cnt.eq(0), combine_next.eq(then_combine)]
             m.next = "QA_WAIT"
@@ -142,6 +190,7 @@ class Ac(wiring.Component):
                                 start_qa_pass(1)
                         with m.Case(AcOp.BEATS):   # group in_sub of the beat (all of it when G = 1)
                             grp = in_b if G == 1 else in_b * G + in_sub
+                            n_old, b_old, c_old, d_old = (f.read(m, in_b, in_sub) for f in (N, B, C, D))
                             n_new, b_new, c_new, d_new, g_new = [], [], [], [], []
                             for j in range(AL):
                                 v_j, k_j = ((c.v[j], c.k[j]) if G == 1 else
@@ -149,18 +198,18 @@ class Ac(wiring.Component):
                                              Array(c.k[r * AL + j] for r in range(G))[in_sub]))
                                 av = Signal(signed(COEF_FRAC + 2 + kw), name=f"alpha_v{j}")
                                 m.d.comb += av.eq(c.alpha * v_j)
-                                n_new.append(saturate(lane(N, grp, j, per=AL) + c.w * v_j, signed(aw)))
-                                b_new.append(saturate(lane(B, grp, j, per=AL) + av, signed(aw)))
-                                c_new.append(saturate(lane(C, grp, j, per=AL) + c.beta * v_j, signed(aw)))
-                                d_new.append(saturate(lane(D, grp, j, per=AL) + c.alpha * k_j, signed(aw)))
+                                n_new.append(saturate(N.lane(n_old, j) + c.w * v_j, signed(aw)))
+                                b_new.append(saturate(B.lane(b_old, j) + av, signed(aw)))
+                                c_new.append(saturate(C.lane(c_old, j) + c.beta * v_j, signed(aw)))
+                                d_new.append(saturate(D.lane(d_old, j) + c.alpha * k_j, signed(aw)))
                                 g_new.append(round_shift(av, cfg.g_shift)[:gw])
                             with m.If(c.accumulate):
-                                m.d.sync += N.word_select(grp, AL * aw).eq(Cat(*n_new))
+                                N.write(m, in_b, in_sub, Cat(*n_new))
                             with m.If(c.update):
-                                m.d.sync += [B.word_select(grp, AL * aw).eq(Cat(*b_new)),
-                                             C.word_select(grp, AL * aw).eq(Cat(*c_new)),
-                                             D.word_select(grp, AL * aw).eq(Cat(*d_new)),
-                                             g.word_select(grp, AL * gw).eq(Cat(*g_new))]
+                                B.write(m, in_b, in_sub, Cat(*b_new))
+                                C.write(m, in_b, in_sub, Cat(*c_new))
+                                D.write(m, in_b, in_sub, Cat(*d_new))
+                                m.d.sync += g.word_select(grp, AL * gw).eq(Cat(*g_new))
                             if G > 1:
                                 m.d.sync += in_sub.eq(incr(in_sub, G))
                         with m.Case(AcOp.FINISH):
@@ -210,10 +259,13 @@ class Ac(wiring.Component):
                             m.next = "IDLE"
             with m.State("COMBINE"):   # N = round(S q.A_r) - round(m B) + round(C), a group per cycle
                 m.d.comb += main_busy.eq(1)
+                beat, sub = beat_group(out_b)
+                b_word, c_word = B.read(m, beat, sub), C.read(m, beat, sub)
                 terms = [saturate(round_shift(lane(qa, out_b, j, per=AL) * S, sa)
-                                  - round_shift(m_ref * lane(B, out_b, j, per=AL), sb)
-                                  + round_shift(lane(C, out_b, j, per=AL), sc), signed(aw)) for j in range(AL)]
-                m.d.sync += [N.word_select(out_b, AL * aw).eq(Cat(*terms)), out_b.eq(out_b + 1)]
+                                  - round_shift(m_ref * B.lane(b_word, j), sb)
+                                  + round_shift(C.lane(c_word, j), sc), signed(aw)) for j in range(AL)]
+                N.write(m, beat, sub, Cat(*terms))
+                m.d.sync += out_b.eq(out_b + 1)
                 with m.If(out_b == nb * G - 1):
                     m.d.sync += issue.eq(0)
                     m.next = "TERMS_Z"
@@ -222,8 +274,9 @@ class Ac(wiring.Component):
                 vi = vpus[0].i
                 m.d.comb += [vi.valid.eq(issue < nb), vi.payload.op.eq(VpuOp.DOT), vi.payload.last.eq(issue == nb - 1),
                              vpus[0].o.ready.eq(1)]
+                d_beat = D.read(m, issue)
                 for i in range(L):
-                    m.d.comb += [vi.payload.a[i].eq(saturate(round_shift(lane(D, issue, i), cfg.cache_dot_shift), signed(ow))),
+                    m.d.comb += [vi.payload.a[i].eq(saturate(round_shift(D.lane(d_beat, i), cfg.cache_dot_shift), signed(ow))),
                                  vi.payload.b[i].eq(q_lane(issue, i))]
                 with m.If(vi.valid & vi.ready):
                     m.d.sync += issue.eq(issue + 1)
@@ -249,8 +302,9 @@ class Ac(wiring.Component):
             if G == 1:
                 with m.State("OUT"):
                     m.d.comb += [main_busy.eq(1), self.out.valid.eq(1)]
+                    n_beat = N.read(m, out_b)
                     for i in range(L):
-                        m.d.comb += self.out.payload[i].eq(saturate(round_shift(lane(N, out_b, i) * rm, mf + re),
+                        m.d.comb += self.out.payload[i].eq(saturate(round_shift(N.lane(n_beat, i) * rm, mf + re),
                                                                     signed(kw)))
                     with m.If(self.out.ready):
                         m.d.sync += out_b.eq(out_b + 1)
@@ -259,7 +313,8 @@ class Ac(wiring.Component):
             else:
                 with m.State("OUT"):        # the beat's groups into o_buf, one a cycle
                     m.d.comb += main_busy.eq(1)
-                    o_grp = [saturate(round_shift(lane(N, out_b, j, per=AL) * rm, mf + re), signed(kw))
+                    n_word = N.read(m, *beat_group(out_b))
+                    o_grp = [saturate(round_shift(N.lane(n_word, j) * rm, mf + re), signed(kw))
                              for j in range(AL)]
                     m.d.sync += [o_buf.word_select(o_sub, AL * kw).eq(Cat(*o_grp)), out_b.eq(out_b + 1),
                                  o_sub.eq(incr(o_sub, G))]
