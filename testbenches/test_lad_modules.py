@@ -95,3 +95,53 @@ def test_lad_ac_rtl_equals_golden(kind, steps, seed, ac_lanes):
     assert r["mismatches"] == 0 and r["steps"] == steps, r["mismatch_list"]
     assert r["corrections"] > 0 and r["mode_change_updates"] > 0 and r["probes"] > 0 and r["qa_passes"] > 0
     assert r["nonzero_outputs"] > r["beats"] // 2 and r["z_clamped"] > 0
+
+
+@pytest.mark.parametrize("groups, group_lanes", [(1, 4), (4, 1), (3, 2)])
+def test_lane_file_behaves_as_the_flat_register(groups, group_lanes):
+    """hdl/lad/ac.py ``LaneFile`` (AC's N, B, C, D in LUT RAM) against a list of lanes: random
+    group writes and beat / group reads (seed 2026, 400 cycles), a read in the cycle of a write to
+    the same word returning the old value (as the flat register it replaced did); and it is
+    memories, not flip-flops: its RTLIL has ``groups`` memory write ports and no ``$dff``."""
+    import random
+    import re
+    from amaranth import Module, Signal
+    from amaranth.back import rtlil
+    from amaranth.sim import Simulator
+    from hdl.lad.ac import LaneFile
+    beats, width = 4, 6
+    m = Module()
+    lf = LaneFile(m, "f", beats, groups, group_lanes, width)
+    rb, rg = Signal(range(beats)), Signal(range(groups))
+    wb, wg, wd, we = Signal(range(beats)), Signal(range(groups)), Signal(group_lanes * width), Signal()
+    beat_out, group_out = Signal(groups * group_lanes * width), Signal(group_lanes * width)
+    m.d.comb += [beat_out.eq(lf.read(m, rb)), group_out.eq(lf.read(m, rb, rg))]
+    with m.If(we):
+        lf.write(m, wb, wg, wd)
+    il = rtlil.convert(m, ports=[rb, rg, wb, wg, wd, we, beat_out, group_out], emit_src=False)
+    assert len(re.findall(r"cell \$memwr", il)) == groups and "$dff" not in il
+
+    lanes = [[0] * (groups * group_lanes) for _ in range(beats)]   # the flat register, per beat
+    word = lambda b, g: sum(lanes[b][g * group_lanes + j] << (j * width) for j in range(group_lanes))
+    rng = random.Random(2026)
+    seen = {"same_word": 0, "nonzero": 0}
+
+    async def bench(ctx):
+        for _ in range(400):
+            b, g, write = rng.randrange(beats), rng.randrange(groups), rng.random() < 0.5
+            w_b, w_g = (b, g) if rng.random() < 0.3 else (rng.randrange(beats), rng.randrange(groups))
+            data = [rng.randrange(1 << width) for _ in range(group_lanes)]
+            ctx.set(rb, b), ctx.set(rg, g), ctx.set(wb, w_b), ctx.set(wg, w_g), ctx.set(we, write)
+            ctx.set(wd, sum(v << (j * width) for j, v in enumerate(data)))
+            assert ctx.get(group_out) == word(b, g)       # the old word, also while it is written
+            assert ctx.get(beat_out) == sum(word(b, r) << (r * group_lanes * width) for r in range(groups))
+            seen["same_word"] += write and (w_b, w_g) == (b, g)
+            seen["nonzero"] += ctx.get(beat_out) != 0
+            await ctx.tick()
+            if write:
+                lanes[w_b][w_g * group_lanes:(w_g + 1) * group_lanes] = data
+    sim = Simulator(m)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    assert seen["same_word"] > 20 and seen["nonzero"] > 300
