@@ -187,17 +187,21 @@ def main() -> None:
     fit_stats, fit_cyc = [s for s, _ in fit], [c for _, c in fit]
     every = torch.ones(len(fit), dtype=torch.bool)
     late = torch.tensor([s["position"] >= EXTRAPOLATE_FROM for s in fit_stats])
-    stored = model_cycles(cfg, fit_stats, SCHEDULE_FIXED, SCHEDULE_PER_MODE_CHANGE)
-    fixed, per_change = fit_constants(cfg, fit_stats, fit_cyc)
-    early = fit_constants(cfg, fit_stats, fit_cyc, use=~late)
-    results["cycle_model"] = {
-        "model": "golden.lad_tile.schedule_cycles", "steps": len(fit), "fit_from_position": FIT_FROM,
-        "constants": {"fixed": SCHEDULE_FIXED, "per_mode_change": SCHEDULE_PER_MODE_CHANGE},
-        "rel_error": dict(zip(("max", "mean"), rel_errors(stored, fit_cyc, every))),
-        "least_squares_now": {"fixed": fixed, "per_mode_change": per_change},
-        "extrapolation": {"fitted_below_position": EXTRAPOLATE_FROM, "constants": list(early),
-                          **dict(zip(("max_rel_error", "mean_rel_error"),
-                                     rel_errors(model_cycles(cfg, fit_stats, *early), fit_cyc, late)))}}
+    if fit:   # the schedule model against the RTL (none where no simulated step reaches FIT_FROM)
+        stored = model_cycles(cfg, fit_stats, SCHEDULE_FIXED, SCHEDULE_PER_MODE_CHANGE)
+        fixed, per_change = fit_constants(cfg, fit_stats, fit_cyc)
+        results["cycle_model"] = {
+            "model": "golden.lad_tile.schedule_cycles", "steps": len(fit), "fit_from_position": FIT_FROM,
+            "constants": {"fixed": SCHEDULE_FIXED, "per_mode_change": SCHEDULE_PER_MODE_CHANGE},
+            "rel_error": dict(zip(("max", "mean"), rel_errors(stored, fit_cyc, every))),
+            "least_squares_now": {"fixed": fixed, "per_mode_change": per_change},
+            "extrapolation": None}
+        if late.any() and (~late).any():   # fitted on the early steps, checked on the late ones
+            early = fit_constants(cfg, fit_stats, fit_cyc, use=~late)
+            results["cycle_model"]["extrapolation"] = {
+                "fitted_below_position": EXTRAPOLATE_FROM, "constants": list(early),
+                **dict(zip(("max_rel_error", "mean_rel_error"),
+                           rel_errors(model_cycles(cfg, fit_stats, *early), fit_cyc, late)))}
     results["rtl_step_cycles"] = {f"{pairs[h][0]}:{pairs[h][1]}": c for h, c in rtl_cycles.items()}
     results["dense_cycles"] = dense_cycles
 
@@ -223,7 +227,8 @@ def main() -> None:
         for n in range(max(FIT_FROM + w, w), len(cyc) + 1, w):
             rtl = sum(cyc[n - w:n]) / w
             window_err.append(abs(float(modelled[n - w:n].mean()) - rtl) / rtl)
-    results["cycle_model"]["window_mean_rel_error_max"] = max(window_err, default=float("nan"))
+    if results.get("cycle_model"):
+        results["cycle_model"]["window_mean_rel_error_max"] = max(window_err, default=float("nan"))
     print(f"Each row: mean over the {w} steps ending at the context (LAD), dense at the context.")
     print("| head (layer:q) | context | LAD KV bytes/step | dense KV bytes/step | KV ratio | candidates % | "
           "active % | false alarms % | centers | LAD cycles/step | dense cycles/step | cycle ratio | "
@@ -264,15 +269,19 @@ def main() -> None:
         print(f"| {n} | {summary['cycle_ratio_mean']:.3f} | {summary['cycle_ratio_max']:.3f} "
               f"({rows[worst]['head'][0]}:{rows[worst]['head'][1]}) | {summary['kv_ratio_mean']:.3f} | "
               f"{summary['cycles_over_floor_max']:.2f} |", flush=True)
-    cm = results["cycle_model"]
-    ex = cm["extrapolation"]
-    print(f"cycle model (golden.lad_tile.schedule_cycles, fixed {SCHEDULE_FIXED}, per mode change "
-          f"{SCHEDULE_PER_MODE_CHANGE}) vs {cm['steps']} RTL steps at positions >= {FIT_FROM}: relative error max "
-          f"{cm['rel_error']['max']:.4f}, mean {cm['rel_error']['mean']:.4f}; least squares on them now: fixed "
-          f"{fixed:.1f}, per mode change {per_change:.1f}; fitted below position {EXTRAPOLATE_FROM} only "
-          f"({early[0]:.1f}, {early[1]:.1f}), on the steps beyond: max {ex['max_rel_error']:.4f}, mean "
-          f"{ex['mean_rel_error']:.4f}; on {w}-step means (as in the table): max "
-          f"{results['cycle_model']['window_mean_rel_error_max']:.4f}")
+    cm = results.get("cycle_model")
+    if cm:
+        ex = cm["extrapolation"]
+        print(f"cycle model (golden.lad_tile.schedule_cycles, fixed {SCHEDULE_FIXED}, per mode change "
+              f"{SCHEDULE_PER_MODE_CHANGE}) vs {cm['steps']} RTL steps at positions >= {FIT_FROM}: relative error max "
+              f"{cm['rel_error']['max']:.4f}, mean {cm['rel_error']['mean']:.4f}; least squares on them now: fixed "
+              f"{cm['least_squares_now']['fixed']:.1f}, per mode change {cm['least_squares_now']['per_mode_change']:.1f}; "
+              + (f"fitted below position {EXTRAPOLATE_FROM} only ({ex['constants'][0]:.1f}, {ex['constants'][1]:.1f}), "
+                 f"on the steps beyond: max {ex['max_rel_error']:.4f}, mean {ex['mean_rel_error']:.4f}; " if ex else
+                 f"no extrapolation check (no simulated steps on both sides of position {EXTRAPOLATE_FROM}); ")
+              + f"on {w}-step means (as in the table): max {cm['window_mean_rel_error_max']:.4f}")
+    else:
+        print(f"cycle model: not checked (no simulated step at position >= {FIT_FROM})")
     print(f"wall time {time.time() - t0:.0f} s")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
