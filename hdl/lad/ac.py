@@ -159,14 +159,11 @@ class Ac(wiring.Component):
         def q_lane(beat, i):               # element beat * L + i of q
             return lane(q_flat, beat, i, kw)
 
-        def addr_row(cnt):                 # word address -> (local row, beat)
-            return cnt // nb if nb & (nb - 1) else cnt >> (nb.bit_length() - 1), cnt % nb
-
-        def beat_group(idx):               # group index (COMBINE, OUT) -> (beat, group in the beat)
-            if G & (G - 1):
-                return idx // G, idx % G
-            s = G.bit_length() - 1
-            return idx[s:], idx[:s]
+        def split(cnt, n):   # (cnt // n, cnt % n), bit slices when n is a power of two: a word address ->
+            if n & (n - 1):  # (local row, beat) with n = nb; a group index -> (beat, group in it) with n = G
+                return cnt // n, cnt % n
+            s = n.bit_length() - 1
+            return cnt[s:], cnt[:s]
 
         def start_qa_pass(then_combine):
             m.d.sync += [issue.eq(0), resp_cnt.eq(0), out_cnt.eq(0), combine_next.eq(then_combine)]
@@ -233,7 +230,7 @@ class Ac(wiring.Component):
                     m.next = "QA"
             with m.State("QA"):   # q.A_r[l]: P rows at a time, one beat per cycle, shifted into qa
                 m.d.comb += main_busy.eq(1)
-                row, beat = addr_row(resp_cnt)
+                row, beat = split(resp_cnt, nb)
                 for p in range(P):
                     req, resp = ports[p]
                     m.d.comb += [req.valid.eq(issue < words), req.payload.addr.eq(issue), resp.ready.eq(1)]
@@ -259,7 +256,7 @@ class Ac(wiring.Component):
                             m.next = "IDLE"
             with m.State("COMBINE"):   # N = round(S q.A_r) - round(m B) + round(C), a group per cycle
                 m.d.comb += main_busy.eq(1)
-                beat, sub = beat_group(out_b)
+                beat, sub = split(out_b, G)
                 b_word, c_word = B.read(m, beat, sub), C.read(m, beat, sub)
                 terms = [saturate(round_shift(lane(qa, out_b, j, per=AL) * S, sa)
                                   - round_shift(m_ref * B.lane(b_word, j), sb)
@@ -313,7 +310,7 @@ class Ac(wiring.Component):
             else:
                 with m.State("OUT"):        # the beat's groups into o_buf, one a cycle
                     m.d.comb += main_busy.eq(1)
-                    n_word = N.read(m, *beat_group(out_b))
+                    n_word = N.read(m, *split(out_b, G))
                     o_grp = [saturate(round_shift(N.lane(n_word, j) * rm, mf + re), signed(kw))
                              for j in range(AL)]
                     m.d.sync += [o_buf.word_select(o_sub, AL * kw).eq(Cat(*o_grp)), out_b.eq(out_b + 1),
@@ -339,7 +336,7 @@ class Ac(wiring.Component):
                     m.next = "UPDATE"
             with m.State("UPDATE"):
                 m.d.comb += engine_busy.eq(1)
-                row, beat = addr_row(e_resp)
+                row, beat = split(e_resp, nb)
                 k_sel = Signal(L * kw)
                 m.d.comb += k_sel.eq(k_work[beat])
                 for p in range(P):
