@@ -24,18 +24,23 @@ Commands on ``cmd``:
 The scalar-times-vector arithmetic outside the VPUs (BEATS' products, COMBINE's terms, OUT's
 ``N rm``) handles ``cfg.ac_group`` lanes a cycle: all ``L`` at the defaults (a beat a cycle);
 fewer (``ac_lanes``, the FPGA preset) take ``L / ac_lanes`` cycles a beat with that many times
-fewer multipliers and adders, with the same arithmetic (bit-exact with the same model).
+fewer multipliers and adders, with the same arithmetic (bit-exact with the same model). Each of
+the three is a pipeline that takes a lane group a cycle (docs/lad-tile.md, "AC's pipelines"):
+registered operands and products (the DSPs' own registers), sums split over two stages, the
+variable shift in two, saturation in its own stage; BEATS' read-modify-write of N, B, C, D
+reads a group two cycles after its command and writes it the next.
 """
 from __future__ import annotations
 
 from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
-from amaranth.lib import memory, stream, wiring
+from amaranth.lib import fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from golden.lad_tile import COEF_FRAC, LadTileConfig
+from golden.lad_tile import LadTileConfig
 from golden.vpu import VpuOp
 
 from ..lib.arith import incr, round_shift, saturate
+from ..lib.pipe import csa_sum, delayed, placed, registered_product, split_add, split_sum
 from ..lib.sram import SramBank
 from ..lib.vpu import Vpu
 from .common import AcOp, ac_command_layout, beat_layout, recip_resp_layout, sram_banks, vector_layout
@@ -43,12 +48,14 @@ from .common import AcOp, ac_command_layout, beat_layout, recip_resp_layout, sra
 
 class LaneFile:
     """A vector of ``beats x groups x group_lanes`` lanes of ``width`` bits (N, B, C, D) in
-    ``groups`` LUT-RAM memories, one word per beat each (asynchronous read, one write port): memory
-    ``r`` holds lane group ``r`` of every beat, so one address reads a whole beat (the words side by
-    side) and a write updates one group. Reads and writes behave as the flat register it replaces
-    (read in the cycle, written at the clock edge), without that register's flip-flops and its
+    ``groups`` LUT-RAM memories, one word per beat each (one write port): memory ``r`` holds lane
+    group ``r`` of every beat, so one address reads a whole beat (the words side by side) and a
+    write updates one group. The read address is a register (``read_next`` sets it for the next
+    cycle): the word is there a cycle after its address was chosen, whatever chose it, and a
+    write at a clock edge is seen by the reads after it. No flip-flops for the words and no
     ``beats x groups``-way read multiplexers (N, B, C, D were 15.9k of lad-ac's 34k flip-flops at
-    ``ecp5-85f``). Like the A banks, the words start at zero at configuration, not at reset."""
+    ``ecp5-85f`` as registers). Like the A banks, the words start at zero at configuration, not
+    at reset."""
 
     def __init__(self, m: Module, name: str, beats: int, groups: int, group_lanes: int, width: int):
         self.groups, self.width = groups, width
@@ -58,6 +65,7 @@ class LaneFile:
         reads = [mem.read_port(domain="comb") for mem in mems]
         writes = [mem.write_port() for mem in mems]
         self.read_beat = Signal(range(beats), name=f"{name}_read_beat")
+        self.read_group = Signal(range(groups), name=f"{name}_read_group")
         self.write_beat = Signal(range(beats), name=f"{name}_write_beat")
         self.write_group = Signal(range(groups), name=f"{name}_write_group")
         self.write_data = Signal(group_lanes * width, name=f"{name}_write_data")
@@ -65,15 +73,15 @@ class LaneFile:
         for r, (rd, wr) in enumerate(zip(reads, writes)):
             m.d.comb += [rd.addr.eq(self.read_beat), wr.addr.eq(self.write_beat), wr.data.eq(self.write_data),
                          wr.en.eq(self.write_en & (self.write_group == r))]
-        self.words = [rd.data for rd in reads]
-        self._group = Array(self.words)
+        words = [rd.data for rd in reads]
+        self.beat_word = Cat(*words)          # the beat at the read address
+        self.group_word = words[0] if groups == 1 else Array(words)[self.read_group]   # its group
 
-    def read(self, m: Module, beat, group=None):
-        """Read ``beat`` (in the current control context): its lanes, or with ``group`` that group's."""
-        m.d.comb += self.read_beat.eq(beat)
-        if group is None:
-            return Cat(*self.words)
-        return self.words[0] if self.groups == 1 else self._group[group]
+    def read_next(self, m: Module, beat, group=0):
+        """Read ``beat`` (and ``group`` of it) in the next cycle (in the current control context)."""
+        m.d.sync += self.read_beat.eq(beat)
+        if self.groups > 1:
+            m.d.sync += self.read_group.eq(group)
 
     def write(self, m: Module, beat, group, data):
         m.d.comb += [self.write_beat.eq(beat), self.write_group.eq(group), self.write_data.eq(data),
@@ -81,6 +89,35 @@ class LaneFile:
 
     def lane(self, word, i):
         return word[i * self.width:(i + 1) * self.width].as_signed()
+
+
+TERMS_STAGES = 7   # registered stages of cache_terms
+
+
+def cache_terms(m, x, scale: int, mult, y, z, shifts, shape, name: str) -> Signal:
+    """``saturate(round_shift(x scale, s0) - round_shift(mult y, s1) + round_shift(z, s2), shape)``
+    (docs/algorithms.md §1.2: N's and Z's terms from the caches) in ``TERMS_STAGES`` registered
+    stages that advance every cycle: the products' pieces, registered twice (the DSPs' output
+    registers and one in the fabric, synth/absorb.py; the operands should be registers), each
+    term's rounding sum in two stages
+    (:func:`split_sum`), the three terms' sum in two, the saturation. The result of the operands
+    of cycle c is in the returned register at c + ``TERMS_STAGES``."""
+    def rounded(pieces, s, width, nm):
+        half = (1 << (s - 1)) if s > 0 else 0
+        total = split_sum(m, placed(pieces) + [Const(half, width)], width, nm).as_signed()
+        return total >> s if s > 0 else total << -s
+    x_pieces = registered_product(m, x, scale, f"{name}_xs")
+    m_pieces = registered_product(m, mult, y, f"{name}_my")
+    z_reg = delayed(m, delayed(m, z, f"{name}_z0"), f"{name}_z1")
+    s0, s1, s2 = shifts
+    ta = rounded(x_pieces, s0, len(x) + scale.bit_length() + 2, f"{name}_ta")
+    tb = rounded(m_pieces, s1, len(mult) + len(y) + 1, f"{name}_tb")
+    tc = rounded([(z_reg, 0)], s2, len(z) + 1, f"{name}_tc")
+    width = max(len(ta), len(tb), len(tc)) + 2
+    total = split_sum(m, [ta, ~tb, tc, Const(1, 1)], width, f"{name}_sum").as_signed()   # ta - tb + tc
+    out = Signal(shape, name=name)
+    m.d.sync += out.eq(saturate(total, shape))
+    return out
 
 
 class Ac(wiring.Component):
@@ -130,99 +167,189 @@ class Ac(wiring.Component):
         in_b = Signal(range(nb))            # beat index of the next BEATS command
         issue, resp_cnt, out_cnt = Signal(range(words + 1)), Signal(range(words + 1)), Signal(range(words + 1))
         e_issue, e_resp, e_out = (Signal(range(words + 1), name=f"engine_{x}") for x in ("issue", "resp", "out"))
-        rm, re = Signal(mf + 1), Signal(cfg.sfm.exponent_width)
-        out_b = Signal(range(nb * G + 1))   # COMBINE / OUT: the group (G = 1: the beat)
+        rm = Signal(mf + 1)
         in_sub = Signal(range(G))           # BEATS: the group of the command's beat
-        o_sub = Signal(range(G))            # OUT: the group of the beat being filled
-        o_buf = Signal(L * kw)              # OUT (G > 1): the beat being filled
         sa, sb, sc = cfg.n_cache_shifts
-        za, zb, zc = cfg.z_cache_shifts
         S = cfg.scale_raw
         main_busy = Signal()
-        m.d.comb += self.busy.eq(main_busy | engine_busy | waiting)
-
-        words_of = {}                      # (flat, index, run) -> the selected run: one mux per triple
-
-        def lane(flat, idx, i, width=aw, per=L):
-            """Lane ``i`` of run ``idx`` of ``per`` lanes (a beat, or a group of AL lanes) of a flat register."""
-            # An Array of the flat's run slices is a mux per bit; word_select with a variable offset
-            # would make every output bit depend on every bit of the flat (Amaranth's Part), which
-            # made the netlist's cycle check the bulk of the tile's Verilog generation.
-            key = (id(flat), id(idx), per)
-            if key not in words_of:
-                runs = len(flat) // (per * width)
-                words_of[key] = Array(flat[r * per * width:(r + 1) * per * width] for r in range(runs))[idx]
-            return words_of[key][i * width:(i + 1) * width].as_signed()
-
-        q_flat = self.q.as_value()
-
-        def q_lane(beat, i):               # element beat * L + i of q
-            return lane(q_flat, beat, i, kw)
 
         def split(cnt, n):   # (cnt // n, cnt % n), bit slices when n is a power of two: a word address ->
-            if n & (n - 1):  # (local row, beat) with n = nb; a group index -> (beat, group in it) with n = G
+            if n & (n - 1):  # (local row, beat) with n = nb
                 return cnt // n, cnt % n
             s = n.bit_length() - 1
             return cnt[s:], cnt[:s]
+
+        def group_counter(name):   # (beat, group) of a pass over the nb * G lane groups; last; its increment
+            beat, sub = Signal(range(nb), name=f"{name}_beat"), Signal(range(G), name=f"{name}_sub")
+            last = (beat == nb - 1) & (sub == G - 1)
+            step = [sub.eq(incr(sub, G)), *([beat.eq(incr(beat, nb))] if G == 1 else
+                                             [beat.eq(Mux(sub == G - 1, incr(beat, nb), beat))])]
+            return beat, sub, last, step
+
+        def pipe(value, n, name):   # value n cycles later (registers loaded every cycle)
+            for i in range(n):
+                value = delayed(m, value, f"{name}_d{i}")
+            return value
+
+        q_flat = self.q.as_value()
+        q_beats = Array(q_flat[b * L * kw:(b + 1) * L * kw] for b in range(nb))
 
         def start_qa_pass(then_combine):
             m.d.sync += [issue.eq(0), resp_cnt.eq(0), out_cnt.eq(0), combine_next.eq(then_combine)]
             m.next = "QA_WAIT"
 
+        # -- BEATS: a lane group a cycle. b0: the group's operands; b1, b2: the products' pieces
+        # (registered twice: DSP and fabric); b3: N, B, C, D of the group read (address b2's) and
+        # their low halves added; then the high halves, the saturation and the write, at b3's address. A
+        # group is read in the cycle its predecessor is written: the groups' addresses cycle through
+        # all nb * G >= 2 (validate: at least 2 beats), so never the same word.
+        c = self.cmd.payload
+        b0_take = Signal()                  # a group taken this cycle
+        b0_valid, b0_acc, b0_upd, b0_first = Signal(), Signal(), Signal(), Signal()
+        b0_beat, b0_sub = Signal(range(nb)), Signal(range(G))
+        b0_w, b0_alpha, b0_beta = Signal.like(c.w), Signal.like(c.alpha), Signal.like(c.beta)
+        b0_v = [Signal(signed(kw), name=f"b0_v{j}") for j in range(AL)]
+        b0_k = [Signal(signed(kw), name=f"b0_k{j}") for j in range(AL)]
+        m.d.sync += b0_valid.eq(b0_take)
+        with m.If(b0_take):
+            m.d.sync += [b0_acc.eq(c.accumulate), b0_upd.eq(c.update), b0_beat.eq(in_b), b0_sub.eq(in_sub),
+                         b0_first.eq((in_b == 0) & (in_sub == G - 1)),
+                         b0_w.eq(c.w), b0_alpha.eq(c.alpha), b0_beta.eq(c.beta)]
+            for j in range(AL):
+                v_j, k_j = ((c.v[j], c.k[j]) if G == 1 else
+                            (Array(c.v[r * AL + j] for r in range(G))[in_sub],
+                             Array(c.k[r * AL + j] for r in range(G))[in_sub]))
+                m.d.sync += [b0_v[j].eq(v_j), b0_k[j].eq(k_j)]
+        # Z, E, F with a command's first group (b0): its w, alpha, beta once per command
+        with m.If(b0_valid & b0_first):
+            with m.If(b0_acc):
+                m.d.sync += Z.eq(saturate(Z + b0_w, signed(zw)))
+            with m.If(b0_upd):
+                m.d.sync += [E.eq(saturate(E + b0_alpha, signed(cfg.ef_width))),
+                             F.eq(saturate(F + b0_beta, signed(cfg.ef_width)))]
+        b1_valid, b1_beat, b1_sub = (delayed(m, s, f"b1_{n}") for s, n in ((b0_valid, "valid"), (b0_beat, "beat"), (b0_sub, "sub")))
+        b2_valid, b2_acc, b2_upd = (pipe(s, 2, f"b2_{n}") for s, n in ((b0_valid, "valid"), (b0_acc, "acc"), (b0_upd, "upd")))
+        b2_beat, b2_sub = delayed(m, b1_beat, "b2_beat"), delayed(m, b1_sub, "b2_sub")
+        with m.If(b1_valid):   # the group's words, read in b2
+            for f in (N, B, C, D):
+                f.read_next(m, b1_beat, b1_sub)
+        prods = [[registered_product(m, s, x[j], f"b_{n}{j}")
+                  for s, x, n in ((b0_w, b0_v, "wv"), (b0_alpha, b0_v, "av"), (b0_beta, b0_v, "bv"), (b0_alpha, b0_k, "ak"))]
+                 for j in range(AL)]
+        # g = round_shift(alpha v, g_shift) of the group, from b2's pieces
+        av_width = len(b0_alpha) + kw
+        g_new = [round_shift(csa_sum(m, placed(prods[j][1]), av_width, f"b2_av{j}").as_signed(), cfg.g_shift)[:gw]
+                 for j in range(AL)]
+        with m.If(b2_valid & b2_upd):
+            m.d.sync += g.word_select(b2_beat if G == 1 else b2_beat * G + b2_sub, AL * gw).eq(Cat(*g_new))
+        b3_valid, b3_acc, b3_upd = (delayed(m, s, f"b3_{n}") for s, n in ((b2_valid, "valid"), (b2_acc, "acc"), (b2_upd, "upd")))
+        b3_beat, b3_sub = delayed(m, b2_beat, "b3_beat"), delayed(m, b2_sub, "b3_sub")
+        new = {f: [] for f in (N, B, C, D)}
+        for j in range(AL):
+            for f, pieces, n in ((N, prods[j][0], "n"), (B, prods[j][1], "b"), (C, prods[j][2], "c"), (D, prods[j][3], "d")):
+                total = split_add(m, [f.lane(f.group_word, j)] + placed(pieces), aw + 1, f"b3_{n}{j}").as_signed()
+                new[f].append(saturate(total, signed(aw)))
+        g_pending = b0_valid | b1_valid | b2_valid   # groups whose g is not yet written (in b2)
+        beats_busy = g_pending | b3_valid
+
+        # -- COMBINE: N = round(S q.A_r) - round(m B) + round(C), a group a cycle: issue (qa's group,
+        # B's and C's read address), c1 (the words registered), cache_terms, the write
+        c_beat, c_sub, c_last, c_step = group_counter("combine")
+        c_issue = Signal()
+        c0_valid, c0_last, c0_qa = Signal(), Signal(), Signal(AL * aw)
+        c0_beat, c0_sub = Signal(range(nb)), Signal(range(G))
+        m.d.sync += c0_valid.eq(c_issue)
+        with m.If(c_issue):
+            m.d.sync += [c0_qa.eq(qa[:AL * aw]), c0_beat.eq(c_beat), c0_sub.eq(c_sub), c0_last.eq(c_last), *c_step]
+            for f in (B, C):
+                f.read_next(m, c_beat, c_sub)
+        c1_qa, c1_b, c1_c = (delayed(m, w, f"c1_{n}") for w, n in ((c0_qa, "qa"), (B.group_word, "b"), (C.group_word, "c")))
+        n_terms = [cache_terms(m, c1_qa[j * aw:(j + 1) * aw].as_signed(), S, m_ref, B.lane(c1_b, j), C.lane(c1_c, j),
+                               cfg.n_cache_shifts, signed(aw), f"n_terms{j}") for j in range(AL)]
+        cw_valid, cw_last, cw_beat, cw_sub = (pipe(s, 1 + TERMS_STAGES, f"cw_{n}") for s, n in
+                                              ((c0_valid, "valid"), (c0_last, "last"), (c0_beat, "beat"), (c0_sub, "sub")))
+
+        # N's writes: BEATS' (accumulate) or COMBINE's, never in the same cycle
+        with m.If(b3_valid & b3_acc):
+            N.write(m, b3_beat, b3_sub, Cat(*new[N]))
+        with m.Elif(cw_valid):
+            N.write(m, cw_beat, cw_sub, Cat(*n_terms))
+        with m.If(b3_valid & b3_upd):
+            for f in (B, C, D):
+                f.write(m, b3_beat, b3_sub, Cat(*new[f]))
+
+        # -- Z = round(S q.D_r) - round(m E) + round(F): q.D_r on VPU 0, then cache_terms
+        z_start = Signal()
+        z_terms = cache_terms(m, vpus[0].o.payload.dot, S, m_ref, E, F, cfg.z_cache_shifts, signed(zw), "z_terms")
+        z_done = pipe(z_start, TERMS_STAGES, "z_done")
+
+        # -- OUT: o = sat(round_shift(N rm, mf + re)), a group a cycle: issue (N's read address), o1
+        # (N's group registered), o2 + o3 (the products' pieces, twice), o4 + o5 (the sum with the rounding
+        # half, split_sum), o6 (shift by the high bits of the shift, or 0), o7 (by its low bits), o8 (the
+        # saturation); groups packed into beats, beats into a FIFO that holds a step's nb beats (empty
+        # when OUT starts): out's ready reaches the FIFO, not the pipeline
+        o_beat, o_sub, o_last, o_step = group_counter("out")
+        o_issue, o_issued = Signal(), Signal()
+        pw = aw + mf + 2                    # N rm: signed aw x unsigned mf + 1 bits
+        fine_bits = 3
+        shift_bits = (mf + (1 << cfg.sfm.exponent_width) - 1).bit_length()
+        o_shift, o_zero, o_half = Signal(shift_bits), Signal(), Signal(pw + 1)
+        with m.If(o_issue):
+            N.read_next(m, o_beat, o_sub)
+        o1_n = delayed(m, N.group_word, "o1_n")
+        o_pieces = [registered_product(m, N.lane(o1_n, j), rm, f"o2_{j}") for j in range(AL)]
+        o5_t = [split_sum(m, placed(o_pieces[j]) + [o_half], pw + 1, f"o5_{j}").as_signed() for j in range(AL)]
+        o6_t = [delayed(m, Mux(o_zero, 0, o5_t[j] >> Cat(Const(0, fine_bits), o_shift[fine_bits:])), f"o6_{j}")
+                for j in range(AL)]
+        o7_t = [delayed(m, o6_t[j] >> o_shift[:fine_bits], f"o7_{j}") for j in range(AL)]
+        o8_o = [delayed(m, saturate(o7_t[j], signed(kw)), f"o8_{j}") for j in range(AL)]
+        o8_valid = pipe(o_issue, 9, "o_valid")   # the issue's group: o1 .. o8 above, after N's read
+        o8_sub = pipe(o_sub, 9, "o_sub") if G > 1 else None
+        m.submodules.o_fifo = o_fifo = fifo.SyncFIFOBuffered(width=L * kw, depth=nb)
+        o_sent = Signal(range(nb))
+        if G == 1:
+            m.d.comb += [o_fifo.w_en.eq(o8_valid), o_fifo.w_data.eq(Cat(*o8_o))]
+        else:
+            o_buf = Signal((G - 1) * AL * kw)   # the beat's groups before its last
+            with m.If(o8_valid & (o8_sub != G - 1)):
+                m.d.sync += o_buf.word_select(o8_sub, AL * kw).eq(Cat(*o8_o))
+            m.d.comb += [o_fifo.w_en.eq(o8_valid & (o8_sub == G - 1)), o_fifo.w_data.eq(Cat(o_buf, *o8_o))]
+        m.d.comb += [self.out.valid.eq(o_fifo.r_rdy), self.out.payload.eq(o_fifo.r_data), o_fifo.r_en.eq(self.out.ready)]
+        out_done = self.out.valid & self.out.ready & (o_sent == nb - 1)
+        with m.If(self.out.valid & self.out.ready):
+            m.d.sync += o_sent.eq(incr(o_sent, nb))
+
+        m.d.comb += self.busy.eq(main_busy | engine_busy | waiting | beats_busy)
+
         with m.FSM():
             with m.State("IDLE"):
-                c = self.cmd.payload
                 beat_done = Const(1) if G == 1 else (in_sub == G - 1)   # a BEATS command's last group
-                m.d.comb += self.cmd.ready.eq(~waiting & ((c.op != AcOp.BEATS) | beat_done))
-                with m.If(self.cmd.valid & ~waiting):
+                free = ~waiting
+                with m.If(c.op == AcOp.BEATS):
+                    m.d.comb += [self.cmd.ready.eq(free & beat_done), b0_take.eq(self.cmd.valid & free)]
+                with m.Else():   # the other commands once BEATS' writes (and Z's, E's, F's) are in
+                    m.d.comb += self.cmd.ready.eq(~waiting & ~beats_busy)
+                with m.If(self.cmd.valid & self.cmd.ready):
                     with m.Switch(c.op):
                         with m.Case(AcOp.QA):
                             start_qa_pass(0)
                         with m.Case(AcOp.TERMS):
                             m.d.sync += [m_ref.eq(c.m), qa_fresh.eq(0)]     # a QA serves one TERMS
                             with m.If(qa_fresh):
-                                m.d.sync += out_b.eq(0)
                                 m.next = "COMBINE"
                             with m.Else():
                                 start_qa_pass(1)
-                        with m.Case(AcOp.BEATS):   # group in_sub of the beat (all of it when G = 1)
-                            grp = in_b if G == 1 else in_b * G + in_sub
-                            n_old, b_old, c_old, d_old = (f.read(m, in_b, in_sub) for f in (N, B, C, D))
-                            n_new, b_new, c_new, d_new, g_new = [], [], [], [], []
-                            for j in range(AL):
-                                v_j, k_j = ((c.v[j], c.k[j]) if G == 1 else
-                                            (Array(c.v[r * AL + j] for r in range(G))[in_sub],
-                                             Array(c.k[r * AL + j] for r in range(G))[in_sub]))
-                                av = Signal(signed(COEF_FRAC + 2 + kw), name=f"alpha_v{j}")
-                                m.d.comb += av.eq(c.alpha * v_j)
-                                n_new.append(saturate(N.lane(n_old, j) + c.w * v_j, signed(aw)))
-                                b_new.append(saturate(B.lane(b_old, j) + av, signed(aw)))
-                                c_new.append(saturate(C.lane(c_old, j) + c.beta * v_j, signed(aw)))
-                                d_new.append(saturate(D.lane(d_old, j) + c.alpha * k_j, signed(aw)))
-                                g_new.append(round_shift(av, cfg.g_shift)[:gw])
-                            with m.If(c.accumulate):
-                                N.write(m, in_b, in_sub, Cat(*n_new))
-                            with m.If(c.update):
-                                B.write(m, in_b, in_sub, Cat(*b_new))
-                                C.write(m, in_b, in_sub, Cat(*c_new))
-                                D.write(m, in_b, in_sub, Cat(*d_new))
-                                m.d.sync += g.word_select(grp, AL * gw).eq(Cat(*g_new))
-                            if G > 1:
-                                m.d.sync += in_sub.eq(incr(in_sub, G))
                         with m.Case(AcOp.FINISH):
                             m.next = "RECIP"
-                    with m.If(self.cmd.valid & self.cmd.ready & (c.op == AcOp.BEATS)):   # the beat's transfer
-                        with m.If(c.update):
-                            m.d.sync += [k_buf[in_b].eq(c.k), qa_fresh.eq(0)]
-                        with m.If(in_b == 0):
-                            with m.If(c.accumulate):
-                                m.d.sync += Z.eq(saturate(Z + c.w, signed(zw)))
-                            with m.If(c.update):
-                                m.d.sync += [E.eq(saturate(E + c.alpha, signed(cfg.ef_width))),
-                                             F.eq(saturate(F + c.beta, signed(cfg.ef_width)))]
-                        m.d.sync += in_b.eq(incr(in_b, nb))
-                        with m.If((in_b == nb - 1) & c.update):
-                            m.d.sync += waiting.eq(1)      # the engine takes it when it is free
+                with m.If(self.cmd.valid & self.cmd.ready & (c.op == AcOp.BEATS)):   # the beat's transfer (its last group)
+                    with m.If(c.update):
+                        m.d.sync += [k_buf[in_b].eq(c.k), qa_fresh.eq(0)]
+                    m.d.sync += in_b.eq(incr(in_b, nb))
+                    with m.If((in_b == nb - 1) & c.update):
+                        m.d.sync += waiting.eq(1)      # the engine takes it when it is free
+                if G > 1:
+                    with m.If(b0_take):
+                        m.d.sync += in_sub.eq(incr(in_sub, G))
 
             with m.State("QA_WAIT"):   # A must hold every update handed over so far
                 m.d.comb += main_busy.eq(1)
@@ -237,10 +364,11 @@ class Ac(wiring.Component):
                     vi = vpus[p].i
                     m.d.comb += [vi.valid.eq(resp.valid), vi.payload.op.eq(VpuOp.DOT), vi.payload.last.eq(beat == nb - 1),
                                  vpus[p].o.ready.eq(1)]
+                    qb = q_beats[beat]
                     for i in range(L):
                         a_lane = resp.payload[i * aw:(i + 1) * aw].as_signed()
                         m.d.comb += [vi.payload.a[i].eq(saturate(round_shift(a_lane, cfg.cache_dot_shift), signed(ow))),
-                                     vi.payload.b[i].eq(q_lane(beat, i))]
+                                     vi.payload.b[i].eq(qb[i * kw:(i + 1) * kw].as_signed())]
                 with m.If(ports[0][0].valid & ports[0][0].ready):
                     m.d.sync += issue.eq(issue + 1)
                 with m.If(ports[0][1].valid):
@@ -249,38 +377,42 @@ class Ac(wiring.Component):
                     m.d.sync += [out_cnt.eq(out_cnt + 1),
                                  qa.eq(Cat(qa[P * aw:], *[vpus[p].o.payload.dot for p in range(P)]))]
                     with m.If(out_cnt == rows - 1):
-                        m.d.sync += [qa_fresh.eq(~combine_next), out_b.eq(0)]
+                        m.d.sync += qa_fresh.eq(~combine_next)
                         with m.If(combine_next):
                             m.next = "COMBINE"
                         with m.Else():
                             m.next = "IDLE"
-            with m.State("COMBINE"):   # N = round(S q.A_r) - round(m B) + round(C), a group per cycle
+            with m.State("COMBINE"):   # issue the groups (qa rotates a group a cycle), wait for the last write
+                m.d.comb += [main_busy.eq(1), c_issue.eq(1)]
+                m.d.sync += qa.eq(Cat(qa[AL * aw:], qa[:AL * aw]))
+                with m.If(c_last):
+                    m.next = "COMBINE_WAIT"
+            with m.State("COMBINE_WAIT"):
                 m.d.comb += main_busy.eq(1)
-                beat, sub = split(out_b, G)
-                b_word, c_word = B.read(m, beat, sub), C.read(m, beat, sub)
-                terms = [saturate(round_shift(lane(qa, out_b, j, per=AL) * S, sa)
-                                  - round_shift(m_ref * B.lane(b_word, j), sb)
-                                  + round_shift(C.lane(c_word, j), sc), signed(aw)) for j in range(AL)]
-                N.write(m, beat, sub, Cat(*terms))
-                m.d.sync += out_b.eq(out_b + 1)
-                with m.If(out_b == nb * G - 1):
+                with m.If(cw_valid & cw_last):
                     m.d.sync += issue.eq(0)
+                    D.read_next(m, 0)
                     m.next = "TERMS_Z"
-            with m.State("TERMS_Z"):   # Z from q.D_r on VPU 0 (the engine is idle: no update since the pass)
+            with m.State("TERMS_Z"):   # q.D_r on VPU 0 (the engine is idle: no update since the pass)
                 m.d.comb += main_busy.eq(1)
                 vi = vpus[0].i
                 m.d.comb += [vi.valid.eq(issue < nb), vi.payload.op.eq(VpuOp.DOT), vi.payload.last.eq(issue == nb - 1),
                              vpus[0].o.ready.eq(1)]
-                d_beat = D.read(m, issue)
+                qb = q_beats[issue]
                 for i in range(L):
-                    m.d.comb += [vi.payload.a[i].eq(saturate(round_shift(D.lane(d_beat, i), cfg.cache_dot_shift), signed(ow))),
-                                 vi.payload.b[i].eq(q_lane(issue, i))]
+                    m.d.comb += [vi.payload.a[i].eq(saturate(round_shift(D.lane(D.beat_word, i), cfg.cache_dot_shift),
+                                                             signed(ow))),
+                                 vi.payload.b[i].eq(qb[i * kw:(i + 1) * kw].as_signed())]
                 with m.If(vi.valid & vi.ready):
                     m.d.sync += issue.eq(issue + 1)
+                    D.read_next(m, issue + 1)
                 with m.If(vpus[0].o.valid):
-                    qd = vpus[0].o.payload.dot
-                    m.d.sync += Z.eq(saturate(round_shift(qd * S, za) - round_shift(m_ref * E, zb) + round_shift(F, zc),
-                                              signed(zw)))
+                    m.d.comb += z_start.eq(1)
+                    m.next = "TERMS_Z_WAIT"
+            with m.State("TERMS_Z_WAIT"):
+                m.d.comb += main_busy.eq(1)
+                with m.If(z_done):
+                    m.d.sync += Z.eq(z_terms)
                     m.next = "IDLE"
 
             with m.State("RECIP"):
@@ -293,44 +425,26 @@ class Ac(wiring.Component):
             with m.State("RECIP_WAIT"):
                 m.d.comb += [main_busy.eq(1), self.recip_resp.ready.eq(1)]
                 with m.If(self.recip_resp.valid):
-                    m.d.sync += [rm.eq(self.recip_resp.payload.mantissa), re.eq(self.recip_resp.payload.exponent),
-                                 out_b.eq(0)]
+                    shift = mf + self.recip_resp.payload.exponent
+                    m.d.sync += [rm.eq(self.recip_resp.payload.mantissa), o_shift.eq(shift), o_zero.eq(shift > pw),
+                                 o_half.eq((Const(1, 1) << shift) >> 1), o_issued.eq(0)]
                     m.next = "OUT"
-            if G == 1:
-                with m.State("OUT"):
-                    m.d.comb += [main_busy.eq(1), self.out.valid.eq(1)]
-                    n_beat = N.read(m, out_b)
-                    for i in range(L):
-                        m.d.comb += self.out.payload[i].eq(saturate(round_shift(N.lane(n_beat, i) * rm, mf + re),
-                                                                    signed(kw)))
-                    with m.If(self.out.ready):
-                        m.d.sync += out_b.eq(out_b + 1)
-                        with m.If(out_b == nb - 1):
-                            m.next = "IDLE"
-            else:
-                with m.State("OUT"):        # the beat's groups into o_buf, one a cycle
-                    m.d.comb += main_busy.eq(1)
-                    n_word = N.read(m, *split(out_b, G))
-                    o_grp = [saturate(round_shift(N.lane(n_word, j) * rm, mf + re), signed(kw))
-                             for j in range(AL)]
-                    m.d.sync += [o_buf.word_select(o_sub, AL * kw).eq(Cat(*o_grp)), out_b.eq(out_b + 1),
-                                 o_sub.eq(incr(o_sub, G))]
-                    with m.If(o_sub == G - 1):
-                        m.next = "OUT_SEND"
-                with m.State("OUT_SEND"):
-                    m.d.comb += [main_busy.eq(1), self.out.valid.eq(1), self.out.payload.eq(o_buf)]
-                    with m.If(self.out.ready):
-                        with m.If(out_b == nb * G):
-                            m.next = "IDLE"
-                        with m.Else():
-                            m.next = "OUT"
+            with m.State("OUT"):   # issue the groups into the output pipeline; wait for the last beat to leave
+                m.d.comb += [main_busy.eq(1), o_issue.eq(~o_issued)]
+                with m.If(o_issue):
+                    m.d.sync += o_step
+                    with m.If(o_last):
+                        m.d.sync += o_issued.eq(1)
+                with m.If(out_done):
+                    m.next = "IDLE"
 
         # The A engine: A[l] += g_l k, read-modify-write of every word, P rows at a time. It runs
-        # while the FSM above takes commands; the q.A_r pass waits for it (QA_WAIT), so the two
-        # never share the VPUs or the bank ports.
+        # while the FSM above takes commands; the q.A pass waits for it (QA_WAIT), so the two
+        # never share the VPUs or the bank ports. It takes a waiting update once BEATS' pipeline
+        # has written g's last group (b2).
         with m.FSM(name="engine"):
             with m.State("FREE"):
-                with m.If(waiting):
+                with m.If(waiting & ~g_pending):
                     m.d.sync += [g_work.eq(g), waiting.eq(0), e_issue.eq(0), e_resp.eq(0), e_out.eq(0)]
                     m.d.sync += [k_work[b].eq(k_buf[b]) for b in range(nb)]
                     m.next = "UPDATE"

@@ -60,6 +60,13 @@ def register_partials(m, ce, pieces, name: str) -> list[tuple[Signal, int]]:
     return regs
 
 
+def registered_product(m, a, b, name: str) -> list[tuple[Signal, int]]:
+    """The pieces of ``a * b`` (:func:`partial_products`) registered twice, loaded every cycle:
+    the first register goes into the MULT18X18D (synth/absorb.py), the second stays in the
+    fabric, so only routing lies between the DSP's pins and a register."""
+    return register_partials(m, 1, register_partials(m, 1, partial_products(a, b), f"{name}_a"), f"{name}_b")
+
+
 def delayed(m, value: Value, name: str) -> Signal:
     """``value`` one cycle later (a register loaded every cycle)."""
     reg = Signal.like(value, name=name) if isinstance(value, Signal) else Signal(value.shape(), name=name)
@@ -201,19 +208,26 @@ def csa_sum(m, terms, width: int, name: str) -> Value:
     return (terms[0] + terms[1])[:width] if len(terms) == 2 else terms[0]
 
 
-def split_sum(m, terms, width: int, name: str) -> Signal:
-    """:func:`csa_sum` in two registered stages (the result is a register, two cycles after the
-    terms): the terms reduced to two and their low halves added, the carry registered; then the
-    high halves with that carry. Two carry chains of ``width / 2``, one per stage, instead of one
-    of ``width``."""
+def split_add(m, terms, width: int, name: str, ce=1) -> Value:
+    """:func:`csa_sum` with one register inside: the terms reduced to two and their low halves
+    added, the carry and the high halves registered (loaded when ``ce``); the returned value adds
+    the high halves with that carry, combinationally, a cycle after the terms. Two carry chains
+    of ``width / 2``, one each side of the register, instead of one of ``width``."""
     terms = csa_reduce(m, terms, width, name)
     a, b = (terms + [Const(0, width)])[:2]
     half = width // 2
     lo = Signal(half + 1, name=f"{name}_lo")
     a_hi, b_hi = Signal(width - half, name=f"{name}_a_hi"), Signal(width - half, name=f"{name}_b_hi")
+    with m.If(ce):
+        m.d.sync += [lo.eq(a[:half] + b[:half]), a_hi.eq(a[half:]), b_hi.eq(b[half:])]
+    return Cat(lo[:half], a_hi + b_hi + lo[half])[:width]
+
+
+def split_sum(m, terms, width: int, name: str) -> Signal:
+    """:func:`split_add` with its result registered too: the sum modulo ``2**width`` in a register
+    two cycles after the terms."""
     out = Signal(width, name=name)
-    m.d.sync += [lo.eq(a[:half] + b[:half]), a_hi.eq(a[half:]), b_hi.eq(b[half:]),
-                 out.eq(Cat(lo[:half], a_hi + b_hi + lo[half]))]
+    m.d.sync += out.eq(split_add(m, terms, width, name))
     return out
 
 
