@@ -200,6 +200,6 @@ SPECS: dict[str, FormalSpec] = {s.block: s for s in [
                note=_FSM_NOTE),
     FormalSpec("lad-md", _TINY_LAD, _SMALL_LAD, _md_rules, _d(None, 12, None, 24, deep=18), abstract=CUT,
                note=_FSM_NOTE),
-    FormalSpec("lad-ac", _TINY_LAD, _SMALL_LAD, _ac_rules, _d(None, 5, None, 12, deep=16), abstract=CUT,
+    FormalSpec("lad-ac", _TINY_LAD, _SMALL_LAD, _ac_rules, _d(None, 5, None, 20, deep=30), abstract=CUT,
                note=_FSM_NOTE),
 ]}
