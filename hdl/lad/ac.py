@@ -169,7 +169,6 @@ class Ac(wiring.Component):
         e_issue, e_resp, e_out = (Signal(range(words + 1), name=f"engine_{x}") for x in ("issue", "resp", "out"))
         rm = Signal(mf + 1)
         in_sub = Signal(range(G))           # BEATS: the group of the command's beat
-        sa, sb, sc = cfg.n_cache_shifts
         S = cfg.scale_raw
         main_busy = Signal()
 
