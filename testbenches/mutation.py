@@ -52,10 +52,10 @@ BLOCKS = {
     "mac-match": (["hdl/mac/match.py"], ["testbenches/test_mac_unit.py", "-k", "match"]),
     "mac-merge": (["hdl/mac/merge.py"], ["testbenches/test_mac_unit.py", "-k", "merge"]),
     "dense": (["hdl/lad/dense.py"], ["testbenches/test_dense.py", "-k", "rtl"]),
-    "lad-eas": (["hdl/lad/eas.py"], ["testbenches/test_lad_modules.py", "-k", "eas"]),
-    "lad-apid": (["hdl/lad/apid.py"], ["testbenches/test_lad_modules.py", "-k", "apid"]),
-    "lad-md": (["hdl/lad/md.py"], ["testbenches/test_lad_modules.py", "-k", "md"]),
-    "lad-ac": (["hdl/lad/ac.py"], ["testbenches/test_lad_modules.py", "-k", "ac"]),
+    "lad-eas": (["hdl/lad/eas.py"], ["testbenches/test_lad_modules.py", "-k", "lad_eas"]),
+    "lad-apid": (["hdl/lad/apid.py"], ["testbenches/test_lad_modules.py", "-k", "lad_apid"]),
+    "lad-md": (["hdl/lad/md.py"], ["testbenches/test_lad_modules.py", "-k", "lad_md"]),
+    "lad-ac": (["hdl/lad/ac.py"], ["testbenches/test_lad_modules.py", "-k", "lad_ac or lane_file"]),
 }
 
 
