@@ -193,6 +193,26 @@ class Ac(wiring.Component):
         q_flat = self.q.as_value()
         q_beats = Array(q_flat[b * L * kw:(b + 1) * L * kw] for b in range(nb))
 
+        # The q.A_r and q.D_r passes' VPU operands, registered: a word of A (or D) rounded to the VPU's
+        # input format, per VPU, and q's beat; the rounding's carry chain runs between two registers
+        # (it ran from the RAM's output pins to the VPU's first stage: 58.4 MHz)
+        dot_valid, dot_last, dot_b = Signal(), Signal(), Signal(L * kw)
+        dot_a = [[Signal(signed(ow), name=f"dot_a{p}_{i}") for i in range(L)] for p in range(P)]
+        m.d.sync += dot_valid.eq(0)
+
+        def dot_load(words, beat):   # (in the current control context) VPU p's next beat: A's (D's) words[p], q's beat
+            m.d.sync += [dot_valid.eq(1), dot_last.eq(beat == nb - 1), dot_b.eq(q_beats[beat])]
+            for p, word in enumerate(words):
+                m.d.sync += [dot_a[p][i].eq(saturate(round_shift(word[i * aw:(i + 1) * aw].as_signed(), cfg.cache_dot_shift),
+                                                     signed(ow))) for i in range(L)]
+
+        def dot_feed(p):             # VPU p's input from those registers (a DOT beat; its results always taken)
+            vi = vpus[p].i
+            m.d.comb += [vi.valid.eq(dot_valid), vi.payload.op.eq(VpuOp.DOT), vi.payload.last.eq(dot_last),
+                         vpus[p].o.ready.eq(1)]
+            m.d.comb += [vi.payload.a[i].eq(dot_a[p][i]) for i in range(L)]
+            m.d.comb += [vi.payload.b[i].eq(dot_b[i * kw:(i + 1) * kw].as_signed()) for i in range(L)]
+
         def start_qa_pass(then_combine):
             m.d.sync += [issue.eq(0), resp_cnt.eq(0), out_cnt.eq(0), combine_next.eq(then_combine)]
             m.next = "QA_WAIT"
@@ -360,14 +380,9 @@ class Ac(wiring.Component):
                 for p in range(P):
                     req, resp = ports[p]
                     m.d.comb += [req.valid.eq(issue < words), req.payload.addr.eq(issue), resp.ready.eq(1)]
-                    vi = vpus[p].i
-                    m.d.comb += [vi.valid.eq(resp.valid), vi.payload.op.eq(VpuOp.DOT), vi.payload.last.eq(beat == nb - 1),
-                                 vpus[p].o.ready.eq(1)]
-                    qb = q_beats[beat]
-                    for i in range(L):
-                        a_lane = resp.payload[i * aw:(i + 1) * aw].as_signed()
-                        m.d.comb += [vi.payload.a[i].eq(saturate(round_shift(a_lane, cfg.cache_dot_shift), signed(ow))),
-                                     vi.payload.b[i].eq(qb[i * kw:(i + 1) * kw].as_signed())]
+                    dot_feed(p)
+                with m.If(ports[0][1].valid):
+                    dot_load([port[1].payload for port in ports], beat)
                 with m.If(ports[0][0].valid & ports[0][0].ready):
                     m.d.sync += issue.eq(issue + 1)
                 with m.If(ports[0][1].valid):
@@ -394,15 +409,9 @@ class Ac(wiring.Component):
                     m.next = "TERMS_Z"
             with m.State("TERMS_Z"):   # q.D_r on VPU 0 (the engine is idle: no update since the pass)
                 m.d.comb += main_busy.eq(1)
-                vi = vpus[0].i
-                m.d.comb += [vi.valid.eq(issue < nb), vi.payload.op.eq(VpuOp.DOT), vi.payload.last.eq(issue == nb - 1),
-                             vpus[0].o.ready.eq(1)]
-                qb = q_beats[issue]
-                for i in range(L):
-                    m.d.comb += [vi.payload.a[i].eq(saturate(round_shift(D.lane(D.beat_word, i), cfg.cache_dot_shift),
-                                                             signed(ow))),
-                                 vi.payload.b[i].eq(qb[i * kw:(i + 1) * kw].as_signed())]
-                with m.If(vi.valid & vi.ready):
+                dot_feed(0)
+                with m.If(issue < nb):
+                    dot_load([D.beat_word], issue)
                     m.d.sync += issue.eq(issue + 1)
                     D.read_next(m, issue + 1)
                 with m.If(vpus[0].o.valid):
