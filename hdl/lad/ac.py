@@ -99,8 +99,8 @@ def cache_terms(m, x, scale: int, mult, y, z, shifts, shape, name: str) -> Signa
     (docs/algorithms.md §1.2: N's and Z's terms from the caches) in ``TERMS_STAGES`` registered
     stages that advance every cycle: the products' pieces, registered twice (the DSPs' output
     registers and one in the fabric, synth/absorb.py; the operands should be registers), each
-    term's rounding sum in two stages
-    (:func:`split_sum`), the three terms' sum in two, the saturation. The result of the operands
+    term's rounding sum in two stages (:func:`split_sum`), the three terms' sum in two, the
+    saturation. The result of the operands
     of cycle c is in the returned register at c + ``TERMS_STAGES``."""
     def rounded(pieces, s, width, nm):
         half = (1 << (s - 1)) if s > 0 else 0
