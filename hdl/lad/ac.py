@@ -150,6 +150,7 @@ class Ac(wiring.Component):
 
         AL = cfg.ac_group                   # lanes of the scalar-times-vector arithmetic per cycle
         G = L // AL                         # cycles (lane groups) per beat
+        assert nb * G >= 3, "BEATS' read-modify-write needs 3 groups between two of one word (validate: nb >= 4)"
         # N, B, C, D: lane files (LUT RAM, a group per write); g, qa: flat registers
         N, B, C, D = (LaneFile(m, name, nb, G, AL, aw) for name in ("n", "b", "c", "d"))
         qa = Signal(d * aw)                 # q.A_r rows, shifted in P at a time
@@ -199,6 +200,8 @@ class Ac(wiring.Component):
         dot_valid, dot_last, dot_b = Signal(), Signal(), Signal(L * kw)
         dot_a = [[Signal(signed(ow), name=f"dot_a{p}_{i}") for i in range(L)] for p in range(P)]
         m.d.sync += dot_valid.eq(0)
+        d_word, d_valid, d_beat = delayed(m, D.beat_word, "d_word"), Signal(), Signal(range(nb))   # q.D_r: D's beat, read
+        m.d.sync += d_valid.eq(0)
 
         def dot_load(words, beat):   # (in the current control context) VPU p's next beat: A's (D's) words[p], q's beat
             m.d.sync += [dot_valid.eq(1), dot_last.eq(beat == nb - 1), dot_b.eq(q_beats[beat])]
@@ -217,11 +220,12 @@ class Ac(wiring.Component):
             m.d.sync += [issue.eq(0), resp_cnt.eq(0), out_cnt.eq(0), combine_next.eq(then_combine)]
             m.next = "QA_WAIT"
 
-        # -- BEATS: a lane group a cycle. b0: the group's operands; b1, b2: the products' pieces
-        # (registered twice: DSP and fabric); b3: N, B, C, D of the group read (address b2's) and
-        # their low halves added; then the high halves, the saturation and the write, at b3's address. A
-        # group is read in the cycle its predecessor is written: the groups' addresses cycle through
-        # all nb * G >= 2 (validate: at least 2 beats), so never the same word.
+        # -- BEATS: a lane group a cycle. b0: the group's operands (and N's, B's, C's, D's read address);
+        # b1, b2: the products' pieces (registered twice: DSP and fabric) and the group's words (read in
+        # b1, registered); b3: their low halves added; then the high halves, the saturation and the
+        # write, at b3's address. A group is read up to two cycles before its two predecessors are
+        # written; the groups' addresses cycle through all nb * G >= 4 (validate: at least 4 beats),
+        # so it never reads a word still to be written.
         c = self.cmd.payload
         b0_take = Signal()                  # a group taken this cycle
         b0_valid, b0_acc, b0_upd, b0_first = Signal(), Signal(), Signal(), Signal()
@@ -249,9 +253,10 @@ class Ac(wiring.Component):
         b1_valid, b1_beat, b1_sub = (delayed(m, s, f"b1_{n}") for s, n in ((b0_valid, "valid"), (b0_beat, "beat"), (b0_sub, "sub")))
         b2_valid, b2_acc, b2_upd = (pipe(s, 2, f"b2_{n}") for s, n in ((b0_valid, "valid"), (b0_acc, "acc"), (b0_upd, "upd")))
         b2_beat, b2_sub = delayed(m, b1_beat, "b2_beat"), delayed(m, b1_sub, "b2_sub")
-        with m.If(b1_valid):   # the group's words, read in b2
+        with m.If(b0_valid):   # the group's words, read in b1
             for f in (N, B, C, D):
-                f.read_next(m, b1_beat, b1_sub)
+                f.read_next(m, b0_beat, b0_sub)
+        words_b2 = {f: delayed(m, f.group_word, f"b2_{n}_word") for f, n in ((N, "n"), (B, "b"), (C, "c"), (D, "d"))}
         prods = [[registered_product(m, s, x[j], f"b_{n}{j}")
                   for s, x, n in ((b0_w, b0_v, "wv"), (b0_alpha, b0_v, "av"), (b0_beta, b0_v, "bv"), (b0_alpha, b0_k, "ak"))]
                  for j in range(AL)]
@@ -266,7 +271,7 @@ class Ac(wiring.Component):
         new = {f: [] for f in (N, B, C, D)}
         for j in range(AL):
             for f, pieces, n in ((N, prods[j][0], "n"), (B, prods[j][1], "b"), (C, prods[j][2], "c"), (D, prods[j][3], "d")):
-                total = split_add(m, [f.lane(f.group_word, j)] + placed(pieces), aw + 1, f"b3_{n}{j}").as_signed()
+                total = split_add(m, [f.lane(words_b2[f], j)] + placed(pieces), aw + 1, f"b3_{n}{j}").as_signed()
                 new[f].append(saturate(total, signed(aw)))
         g_pending = b0_valid | b1_valid | b2_valid   # groups whose g is not yet written (in b2)
         beats_busy = g_pending | b3_valid
@@ -407,13 +412,14 @@ class Ac(wiring.Component):
                     m.d.sync += issue.eq(0)
                     D.read_next(m, 0)
                     m.next = "TERMS_Z"
-            with m.State("TERMS_Z"):   # q.D_r on VPU 0 (the engine is idle: no update since the pass)
-                m.d.comb += main_busy.eq(1)
+            with m.State("TERMS_Z"):   # q.D_r on VPU 0 (the engine is idle: no update since the pass):
+                m.d.comb += main_busy.eq(1)  # D's beats read (d_word), rounded (dot_load), into the VPU
                 dot_feed(0)
                 with m.If(issue < nb):
-                    dot_load([D.beat_word], issue)
-                    m.d.sync += issue.eq(issue + 1)
+                    m.d.sync += [issue.eq(issue + 1), d_valid.eq(1), d_beat.eq(issue)]
                     D.read_next(m, issue + 1)
+                with m.If(d_valid):
+                    dot_load([d_word], d_beat)
                 with m.If(vpus[0].o.valid):
                     m.d.comb += z_start.eq(1)
                     m.next = "TERMS_Z_WAIT"
