@@ -90,7 +90,9 @@ def sram_banks(cfg: LadTileConfig) -> dict[str, SramConfig]:
         # take it from a fabric register next to the RAM, not from the RAM's output pins)
         "apid.metadata": SramConfig(depth=cfg.max_positions, width=meta_layout(cfg).size, read_latency=2),
         "apid.approx_scores": SramConfig(depth=cfg.max_positions, width=xw, read_latency=2),
-        **{f"ac.a{p}": SramConfig(depth=a_words, width=L * cfg.ac_acc_width, read_latency=2) for p in range(P)},
+        # AC's cache A: the tiles' data registered (the DP16KD's output register), then the bank's
+        # word (its bank / read-during-write mux) registered, before AC's rounding carry chain
+        **{f"ac.a{p}": SramConfig(depth=a_words, width=L * cfg.ac_acc_width, read_latency=3) for p in range(P)},
         "exact.scores": SramConfig(depth=cfg.kv_positions, width=xw, read_latency=1),   # the exact pass's score buffer
     }
 
