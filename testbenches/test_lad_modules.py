@@ -101,9 +101,10 @@ def test_lad_ac_rtl_equals_golden(kind, steps, seed, ac_lanes):
 def test_lane_file_behaves_as_the_flat_register(groups, group_lanes):
     """hdl/lad/ac.py ``LaneFile`` (AC's N, B, C, D in LUT RAM) against a list of lanes: random
     group writes and beat / group reads (seed 2026, 400 cycles) at the address chosen the cycle
-    before (``read_next``), a read in the cycle of a write to the same word returning the old
-    value and the cycle after it the new one; and it is memories, not flip-flops: its RTLIL has
-    ``groups`` memory write ports and no flip-flops but the read address."""
+    before (``read_next``), a write landing at the end of the cycle after its request (registered
+    per memory): a read in that cycle returns the old value, the cycle after it the new one; and
+    it is memories, not flip-flops: its RTLIL has ``groups`` memory write ports and no flip-flops
+    but the read address and each memory's write registers."""
     import random
     import re
     from amaranth import Module, Signal
@@ -123,7 +124,8 @@ def test_lane_file_behaves_as_the_flat_register(groups, group_lanes):
     il = rtlil.convert(m, ports=[rb, rg, wb, wg, wd, we, beat_out, group_out], emit_src=False)
     assert len(re.findall(r"cell \$memwr", il)) == groups
     dff_bits = sum(int(w) for w in re.findall(r"cell \$dff \S+\n\s+parameter \\WIDTH (\d+)", il))
-    assert dff_bits == len(lf.read_beat) + (len(lf.read_group) if groups > 1 else 0)
+    assert dff_bits == (len(lf.read_beat) + (len(lf.read_group) if groups > 1 else 0)
+                        + groups * (len(lf.write_beat) + group_lanes * width + 1))
 
     lanes = [[0] * (groups * group_lanes) for _ in range(beats)]   # the flat register, per beat
     word = lambda b, g: sum(lanes[b][g * group_lanes + j] << (j * width) for j in range(group_lanes))
@@ -132,6 +134,7 @@ def test_lane_file_behaves_as_the_flat_register(groups, group_lanes):
 
     async def bench(ctx):
         b = g = 0   # the address chosen in the cycle before (the register's reset value)
+        pending = None   # the write requested in the cycle before: it lands at the end of this one
         for _ in range(400):
             write = rng.random() < 0.5
             w_b, w_g = (b, g) if rng.random() < 0.3 else (rng.randrange(beats), rng.randrange(groups))
@@ -144,8 +147,10 @@ def test_lane_file_behaves_as_the_flat_register(groups, group_lanes):
             seen["same_word"] += write and (w_b, w_g) == (b, g)
             seen["nonzero"] += ctx.get(beat_out) != 0
             await ctx.tick()
-            if write:
-                lanes[w_b][w_g * group_lanes:(w_g + 1) * group_lanes] = data
+            if pending:
+                p_b, p_g, p_data = pending
+                lanes[p_b][p_g * group_lanes:(p_g + 1) * group_lanes] = p_data
+            pending = (w_b, w_g, data) if write else None
             b, g = nb_, ng_
     sim = Simulator(m)
     sim.add_clock(1e-6)

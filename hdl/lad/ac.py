@@ -51,8 +51,9 @@ class LaneFile:
     ``groups`` LUT-RAM memories, one word per beat each (one write port): memory ``r`` holds lane
     group ``r`` of every beat, so one address reads a whole beat (the words side by side) and a
     write updates one group. The read address is a register (``read_next`` sets it for the next
-    cycle): the word is there a cycle after its address was chosen, whatever chose it, and a
-    write at a clock edge is seen by the reads after it. No flip-flops for the words and no
+    cycle): the word is there a cycle after its address was chosen, whatever chose it. A write
+    (``write``) is registered per memory (its address, data and enable next to it) and lands at the
+    end of the next cycle: reads see it from the cycle after that. No flip-flops for the words and no
     ``beats x groups``-way read multiplexers (N, B, C, D were 15.9k of lad-ac's 34k flip-flops at
     ``ecp5-85f`` as registers). Like the A banks, the words start at zero at configuration, not
     at reset."""
@@ -71,8 +72,11 @@ class LaneFile:
         self.write_data = Signal(group_lanes * width, name=f"{name}_write_data")
         self.write_en = Signal(name=f"{name}_write_en")
         for r, (rd, wr) in enumerate(zip(reads, writes)):
-            m.d.comb += [rd.addr.eq(self.read_beat), wr.addr.eq(self.write_beat), wr.data.eq(self.write_data),
-                         wr.en.eq(self.write_en & (self.write_group == r))]
+            mine = self.write_en & (self.write_group == r)
+            m.d.comb += rd.addr.eq(self.read_beat)
+            m.d.sync += wr.en.eq(mine)
+            with m.If(mine):   # loaded only for this memory: distinct registers, not merged into one of wide fan-out
+                m.d.sync += [wr.addr.eq(self.write_beat), wr.data.eq(self.write_data)]
         words = [rd.data for rd in reads]
         self.beat_word = Cat(*words)          # the beat at the read address
         self.group_word = words[0] if groups == 1 else Array(words)[self.read_group]   # its group
@@ -150,7 +154,7 @@ class Ac(wiring.Component):
 
         AL = cfg.ac_group                   # lanes of the scalar-times-vector arithmetic per cycle
         G = L // AL                         # cycles (lane groups) per beat
-        assert nb * G >= 3, "BEATS' read-modify-write needs 3 groups between two of one word (validate: nb >= 4)"
+        assert nb * G >= 4, "BEATS' read-modify-write needs 4 groups between two of one word (validate: nb >= 4)"
         # N, B, C, D: lane files (LUT RAM, a group per write); g, qa: flat registers
         N, B, C, D = (LaneFile(m, name, nb, G, AL, aw) for name in ("n", "b", "c", "d"))
         qa = Signal(d * aw)                 # q.A_r rows, shifted in P at a time
@@ -223,9 +227,9 @@ class Ac(wiring.Component):
         # -- BEATS: a lane group a cycle. b0: the group's operands (and N's, B's, C's, D's read address);
         # b1, b2: the products' pieces (registered twice: DSP and fabric) and the group's words (read in
         # b1, registered); b3: their low halves added; then the high halves, the saturation and the
-        # write, at b3's address. A group is read up to two cycles before its two predecessors are
-        # written; the groups' addresses cycle through all nb * G >= 4 (validate: at least 4 beats),
-        # so it never reads a word still to be written.
+        # write request, at b3's address (it lands a cycle later, b4). A group is read up to three
+        # cycles before its three predecessors are written; the groups' addresses cycle through all
+        # nb * G >= 4 (validate: at least 4 beats), so it never reads a word still to be written.
         c = self.cmd.payload
         b0_take = Signal()                  # a group taken this cycle
         b0_valid, b0_acc, b0_upd, b0_first = Signal(), Signal(), Signal(), Signal()
@@ -274,7 +278,7 @@ class Ac(wiring.Component):
                 total = split_add(m, [f.lane(words_b2[f], j)] + placed(pieces), aw + 1, f"b3_{n}{j}").as_signed()
                 new[f].append(saturate(total, signed(aw)))
         g_pending = b0_valid | b1_valid | b2_valid   # groups whose g is not yet written (in b2)
-        beats_busy = g_pending | b3_valid
+        beats_busy = g_pending | b3_valid | delayed(m, b3_valid, "b4_valid")   # b4: the writes land
 
         # -- COMBINE: N = round(S q.A_r) - round(m B) + round(C), a group a cycle: issue (qa's group,
         # B's and C's read address), c1 (the words registered), cache_terms, the write
