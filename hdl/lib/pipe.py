@@ -208,9 +208,9 @@ def csa_sum(m, terms, width: int, name: str) -> Value:
     return (terms[0] + terms[1])[:width] if len(terms) == 2 else terms[0]
 
 
-def split_add(m, terms, width: int, name: str, ce=1) -> Value:
+def split_add(m, terms, width: int, name: str) -> Value:
     """:func:`csa_sum` with one register inside: the terms reduced to two and their low halves
-    added, the carry and the high halves registered (loaded when ``ce``); the returned value adds
+    added, the carry and the high halves registered; the returned value adds
     the high halves with that carry, combinationally, a cycle after the terms. Two carry chains
     of ``width / 2``, one each side of the register, instead of one of ``width``."""
     terms = csa_reduce(m, terms, width, name)
@@ -218,8 +218,7 @@ def split_add(m, terms, width: int, name: str, ce=1) -> Value:
     half = width // 2
     lo = Signal(half + 1, name=f"{name}_lo")
     a_hi, b_hi = Signal(width - half, name=f"{name}_a_hi"), Signal(width - half, name=f"{name}_b_hi")
-    with m.If(ce):
-        m.d.sync += [lo.eq(a[:half] + b[:half]), a_hi.eq(a[half:]), b_hi.eq(b[half:])]
+    m.d.sync += [lo.eq(a[:half] + b[:half]), a_hi.eq(a[half:]), b_hi.eq(b[half:])]
     return Cat(lo[:half], a_hi + b_hi + lo[half])[:width]
 
 
