@@ -169,11 +169,9 @@ class Ac(wiring.Component):
         Z = Signal(signed(zw))
         m.d.comb += self.z.eq(Z)
         m_ref = Signal(signed(cfg.sfm.x_width))
-        in_b = Signal(range(nb))            # beat index of the next BEATS command
         issue, resp_cnt, out_cnt = Signal(range(words + 1)), Signal(range(words + 1)), Signal(range(words + 1))
         e_issue, e_resp, e_out = (Signal(range(words + 1), name=f"engine_{x}") for x in ("issue", "resp", "out"))
         rm = Signal(mf + 1)
-        in_sub = Signal(range(G))           # BEATS: the group of the command's beat
         S = cfg.scale_raw
         main_busy = Signal()
 
@@ -189,6 +187,8 @@ class Ac(wiring.Component):
             step = [sub.eq(incr(sub, G)), *([beat.eq(incr(beat, nb))] if G == 1 else
                                              [beat.eq(Mux(sub == G - 1, incr(beat, nb), beat))])]
             return beat, sub, last, step
+
+        in_b, in_sub, _, in_step = group_counter("beats_in")   # BEATS: the beat and group of the next group taken
 
         def pipe(value, n, name):   # value n cycles later (registers loaded every cycle)
             for i in range(n):
@@ -254,9 +254,10 @@ class Ac(wiring.Component):
             with m.If(b0_upd):
                 m.d.sync += [E.eq(saturate(E + b0_alpha, signed(cfg.ef_width))),
                              F.eq(saturate(F + b0_beta, signed(cfg.ef_width)))]
-        b1_valid, b1_beat, b1_sub = (delayed(m, s, f"b1_{n}") for s, n in ((b0_valid, "valid"), (b0_beat, "beat"), (b0_sub, "sub")))
-        b2_valid, b2_acc, b2_upd = (pipe(s, 2, f"b2_{n}") for s, n in ((b0_valid, "valid"), (b0_acc, "acc"), (b0_upd, "upd")))
-        b2_beat, b2_sub = delayed(m, b1_beat, "b2_beat"), delayed(m, b1_sub, "b2_sub")
+        def advance(stage, signals):   # a group's valid, acc, upd, beat and group, a stage later
+            return tuple(delayed(m, s, f"{stage}_{n}") for s, n in zip(signals, ("valid", "acc", "upd", "beat", "sub")))
+        b1_valid, b1_acc, b1_upd, b1_beat, b1_sub = advance("b1", (b0_valid, b0_acc, b0_upd, b0_beat, b0_sub))
+        b2_valid, b2_acc, b2_upd, b2_beat, b2_sub = advance("b2", (b1_valid, b1_acc, b1_upd, b1_beat, b1_sub))
         with m.If(b0_valid):   # the group's words, read in b1
             for f in (N, B, C, D):
                 f.read_next(m, b0_beat, b0_sub)
@@ -270,8 +271,7 @@ class Ac(wiring.Component):
                  for j in range(AL)]
         with m.If(b2_valid & b2_upd):
             m.d.sync += g.word_select(b2_beat if G == 1 else b2_beat * G + b2_sub, AL * gw).eq(Cat(*g_new))
-        b3_valid, b3_acc, b3_upd = (delayed(m, s, f"b3_{n}") for s, n in ((b2_valid, "valid"), (b2_acc, "acc"), (b2_upd, "upd")))
-        b3_beat, b3_sub = delayed(m, b2_beat, "b3_beat"), delayed(m, b2_sub, "b3_sub")
+        b3_valid, b3_acc, b3_upd, b3_beat, b3_sub = advance("b3", (b2_valid, b2_acc, b2_upd, b2_beat, b2_sub))
         new = {f: [] for f in (N, B, C, D)}
         for j in range(AL):
             for f, pieces, n in ((N, prods[j][0], "n"), (B, prods[j][1], "b"), (C, prods[j][2], "c"), (D, prods[j][3], "d")):
@@ -352,9 +352,8 @@ class Ac(wiring.Component):
         with m.FSM():
             with m.State("IDLE"):
                 beat_done = Const(1) if G == 1 else (in_sub == G - 1)   # a BEATS command's last group
-                free = ~waiting
                 with m.If(c.op == AcOp.BEATS):
-                    m.d.comb += [self.cmd.ready.eq(free & beat_done), b0_take.eq(self.cmd.valid & free)]
+                    m.d.comb += [self.cmd.ready.eq(~waiting & beat_done), b0_take.eq(self.cmd.valid & ~waiting)]
                 with m.Else():   # the other commands once BEATS' writes (and Z's, E's, F's) are in
                     m.d.comb += self.cmd.ready.eq(~waiting & ~beats_busy)
                 with m.If(self.cmd.valid & self.cmd.ready):
@@ -372,12 +371,10 @@ class Ac(wiring.Component):
                 with m.If(self.cmd.valid & self.cmd.ready & (c.op == AcOp.BEATS)):   # the beat's transfer (its last group)
                     with m.If(c.update):
                         m.d.sync += [k_buf[in_b].eq(c.k), qa_fresh.eq(0)]
-                    m.d.sync += in_b.eq(incr(in_b, nb))
                     with m.If((in_b == nb - 1) & c.update):
                         m.d.sync += waiting.eq(1)      # the engine takes it when it is free
-                if G > 1:
-                    with m.If(b0_take):
-                        m.d.sync += in_sub.eq(incr(in_sub, G))
+                with m.If(b0_take):   # the next group (and after a beat's last, the next beat)
+                    m.d.sync += in_step
 
             with m.State("QA_WAIT"):   # A must hold every update handed over so far
                 m.d.comb += main_busy.eq(1)
