@@ -67,6 +67,20 @@ def router(block: str) -> str:
         return chosen
     return "router2" if block in ROUTER2_BLOCKS else "router1"
 
+# Fmax goals (issue #13): 125 MHz for the small blocks, 100 for the rest (the PLL runs at
+# DEFAULT_FREQ_MHZ either way; nextpnr reports the Fmax the placed design reaches)
+GOAL_MHZ = {"vpu": 125.0, "sfm": 125.0, "sram": 125.0, "lad-eas": 125.0, "lad-apid": 125.0, "lad-md": 125.0}
+
+
+def goal_mhz(block: str) -> float:
+    return GOAL_MHZ.get(block, DEFAULT_FREQ_MHZ)
+
+
+# The config `ladmac synth --all` / several BLOCKs synthesise: the defaults, except where they do
+# not fit the LFE5U-85F (EAS's centers, AC's caches, the tile: 4 Mibit of centers at defaults),
+# where the preset made for it (golden/lad_tile.py PRESETS) stands in
+DOC_PRESETS = {"lad-eas": "ecp5-85f", "lad-ac": "ecp5-85f", "lad-tile": "ecp5-85f"}
+
 DEFAULT_SEEDS = 1      # placement seeds per ad-hoc run (`ladmac synth BLOCK`)
 DOC_SEEDS = 3          # `ladmac synth --all` / `make synth`: Fmax is the mean over seeds 1..3
 

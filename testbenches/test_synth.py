@@ -68,6 +68,8 @@ def test_sram_end_to_end_report_and_cache(cache_dir, tmp_path, capsys):
     # the Markdown summary renders from real reports
     text = doc.render([r])
     assert "| sram |" in text and "LFE5U-85F" in text and "Table III" in text
+    row = next(line for line in text.splitlines() if line.startswith("| sram |"))
+    assert f"| {e['fmax_mhz']:.1f} | 125 |" in row          # sram's goal (#13) next to its Fmax
 
 
 def test_design_that_does_not_fit_exits_2_naming_the_resource(cache_dir, capsys):
@@ -78,6 +80,23 @@ def test_design_that_does_not_fit_exits_2_naming_the_resource(cache_dir, capsys)
     assert rc == 2
     assert err[-1].startswith("ladmac: error: sram does not fit LFE5U-85F") and "DP16KD exhausted" in err[-1]
     assert not any(line.startswith("ladmac: error") for line in err[:-1])
+
+
+def test_several_blocks_take_the_fpga_preset_where_the_defaults_do_not_fit(monkeypatch, capsys):
+    # lad-eas at its defaults (4 Mibit of centers) cannot fit: `--all` synthesises its ecp5-85f preset
+    import hdl.registry as registry
+    seen = {}
+
+    def record(block, cfg, *, preset=None, **kw):
+        seen[block] = (cfg, preset)
+        raise RuntimeError("recorded")
+    monkeypatch.setattr(flow, "synthesize", record)
+    monkeypatch.setattr(flow, "DOC_PRESETS", {"lad-eas": "ecp5-85f"})
+    with pytest.raises(RuntimeError, match="recorded"):
+        cli.main(["lad-eas", "sram"])
+    cfg, preset = seen["lad-eas"]
+    assert preset == "ecp5-85f" and cfg == registry.make_config("lad-eas", preset="ecp5-85f")
+    assert cfg != registry.make_config("lad-eas")
 
 
 def test_all_keeps_going_past_a_design_that_does_not_fit(cache_dir, tmp_path, monkeypatch):

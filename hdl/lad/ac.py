@@ -16,7 +16,8 @@ Commands on ``cmd``:
   at once and, after the last beat, hands ``A[l] += g_l k`` (``g_l = round_shift(alpha v_l, 8)``)
   to the **A engine**: AXPYs on the P VPUs, a read-modify-write of every word of the banks
   (``d / P * beats`` cycles), in the background while later commands go on. The engine holds one
-  update in progress and one waiting (``g``, ``k_buf``); while one waits, ``cmd`` is not ready.
+  update in progress and one waiting (two copies of ``g`` and ``k``, one for each); while one
+  waits, ``cmd`` is not ready.
   Updates reach A in command order, as in the model;
 - ``FINISH``: ``(rm, e) = RECIP(clamp(Z))`` through the ``recip_*`` ports, then
   ``o = sat(round_shift(N rm, mf + e))`` leaves on ``out``, one beat per transfer.
@@ -160,9 +161,12 @@ class Ac(wiring.Component):
         qa = Signal(d * aw)                 # q.A_r rows, shifted in P at a time
         qa_fresh = Signal()                 # qa is q.A_r of the current q and A (no update since)
         combine_next = Signal()             # the q.A_r pass was started by TERMS: COMBINE follows
-        g, g_work = Signal(d * gw), Signal(d * gw)       # the waiting update's g, the engine's
-        k_buf = Array(Signal(L * kw, name=f"k_beat{b}") for b in range(nb))
-        k_work = Array(Signal(L * kw, name=f"k_work{b}") for b in range(nb))
+        # g and k of an update, twice: BEATS writes copy g_wsel (the waiting update's), the A engine
+        # reads the other (the one in progress); taking an update flips g_wsel (no copy: the copy's
+        # enable reached all 2,048 flip-flops at ecp5-85f, 79.5 MHz)
+        g_bufs = [Signal(d * gw, name=f"g{i}") for i in range(2)]
+        k_bufs = [[Signal(L * kw, name=f"k{i}_beat{b}") for b in range(nb)] for i in range(2)]
+        g_wsel = Signal()
         waiting = Signal()                  # an update waits in g, k_buf for the engine
         engine_busy = Signal()
         E, F = Signal(signed(cfg.ef_width)), Signal(signed(cfg.ef_width))
@@ -269,8 +273,9 @@ class Ac(wiring.Component):
         av_width = len(b0_alpha) + kw
         g_new = [round_shift(csa_sum(m, placed(prods[j][1]), av_width, f"b2_av{j}").as_signed(), cfg.g_shift)[:gw]
                  for j in range(AL)]
-        with m.If(b2_valid & b2_upd):
-            m.d.sync += g.word_select(b2_beat if G == 1 else b2_beat * G + b2_sub, AL * gw).eq(Cat(*g_new))
+        for i in range(2):
+            with m.If(b2_valid & b2_upd & (g_wsel == i)):
+                m.d.sync += g_bufs[i].word_select(b2_beat if G == 1 else b2_beat * G + b2_sub, AL * gw).eq(Cat(*g_new))
         b3_valid, b3_acc, b3_upd, b3_beat, b3_sub = advance("b3", (b2_valid, b2_acc, b2_upd, b2_beat, b2_sub))
         new = {f: [] for f in (N, B, C, D)}
         for j in range(AL):
@@ -370,7 +375,10 @@ class Ac(wiring.Component):
                             m.next = "RECIP"
                 with m.If(self.cmd.valid & self.cmd.ready & (c.op == AcOp.BEATS)):   # the beat's transfer (its last group)
                     with m.If(c.update):
-                        m.d.sync += [k_buf[in_b].eq(c.k), qa_fresh.eq(0)]
+                        m.d.sync += qa_fresh.eq(0)
+                        for i in range(2):
+                            with m.If(g_wsel == i):
+                                m.d.sync += Array(k_bufs[i])[in_b].eq(c.k)
                     with m.If((in_b == nb - 1) & c.update):
                         m.d.sync += waiting.eq(1)      # the engine takes it when it is free
                 with m.If(b0_take):   # the next group (and after a beat's last, the next beat)
@@ -456,24 +464,31 @@ class Ac(wiring.Component):
         # The A engine: A[l] += g_l k, read-modify-write of every word, P rows at a time. It runs
         # while the FSM above takes commands; the q.A pass waits for it (QA_WAIT), so the two
         # never share the VPUs or the bank ports. It takes a waiting update once BEATS' pipeline
-        # has written g's last group (b2).
+        # has written g's last group (b2), flipping g_wsel: it works on the other copy of g and k.
+        # g_row: the P scalars of the row whose responses come next, from a register (e_row) that
+        # moves on at a row's second-last beat, so the mux runs between registers
+        assert nb >= 2, "g_row's next row is chosen at a row's second-last beat"
+        e_row = Signal(range(rows))
+        g_row = Signal(P * gw)
+        e_rows = [Array(g_bufs[i].word_select(r, P * gw) for r in range(rows)) for i in range(2)]
+        m.d.sync += g_row.eq(Mux(g_wsel, e_rows[0][e_row], e_rows[1][e_row]))
         with m.FSM(name="engine"):
             with m.State("FREE"):
                 with m.If(waiting & ~g_pending):
-                    m.d.sync += [g_work.eq(g), waiting.eq(0), e_issue.eq(0), e_resp.eq(0), e_out.eq(0)]
-                    m.d.sync += [k_work[b].eq(k_buf[b]) for b in range(nb)]
+                    m.d.sync += [g_wsel.eq(~g_wsel), e_row.eq(0), waiting.eq(0),
+                                 e_issue.eq(0), e_resp.eq(0), e_out.eq(0)]
                     m.next = "UPDATE"
             with m.State("UPDATE"):
                 m.d.comb += engine_busy.eq(1)
                 row, beat = split(e_resp, nb)
                 k_sel = Signal(L * kw)
-                m.d.comb += k_sel.eq(k_work[beat])
+                m.d.comb += k_sel.eq(Mux(g_wsel, Array(k_bufs[0])[beat], Array(k_bufs[1])[beat]))
                 for p in range(P):
                     req, resp = ports[p]
                     m.d.comb += [req.valid.eq(e_issue < words), req.payload.addr.eq(e_issue), resp.ready.eq(1)]
                     vi = vpus[p].i
                     m.d.comb += [vi.valid.eq(resp.valid), vi.payload.op.eq(VpuOp.AXPY), vi.payload.last.eq(1),
-                                 vi.payload.scalar.eq(g_work[p * gw:(p + 1) * gw].as_signed()), vpus[p].o.ready.eq(1)]
+                                 vi.payload.scalar.eq(g_row[p * gw:(p + 1) * gw].as_signed()), vpus[p].o.ready.eq(1)]
                     for i in range(L):
                         m.d.comb += [vi.payload.a[i].eq(k_sel[i * kw:(i + 1) * kw].as_signed()),
                                      vi.payload.acc[i].eq(resp.payload[i * aw:(i + 1) * aw].as_signed())]
@@ -484,8 +499,8 @@ class Ac(wiring.Component):
                     m.d.sync += e_issue.eq(e_issue + 1)
                 with m.If(ports[0][1].valid):
                     m.d.sync += e_resp.eq(e_resp + 1)
-                    with m.If(beat == nb - 1):   # next row: the next P scalars
-                        m.d.sync += g_work.eq(g_work >> (P * gw))
+                    with m.If(beat == nb - 2):   # g_row holds the next row's scalars from the row's last beat on
+                        m.d.sync += e_row.eq(incr(e_row, rows))
                 with m.If(vpus[0].o.valid):
                     m.d.sync += e_out.eq(e_out + 1)
                     with m.If(e_out == words - 1):
