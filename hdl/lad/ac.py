@@ -33,6 +33,8 @@ reads a group's words two cycles after its command and writes them three cycles 
 """
 from __future__ import annotations
 
+import math
+
 from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -94,6 +96,57 @@ class LaneFile:
 
     def lane(self, word, i):
         return word[i * self.width:(i + 1) * self.width].as_signed()
+
+
+class ScalarFile:
+    """The ``g`` of two cache updates (``d`` lanes of ``width`` bits each, copy ``buf`` 0 or 1) in
+    LUT RAM, written a lane group (``group_lanes``) a cycle by BEATS and read a row (``row_lanes``,
+    one per VPU) a cycle by the A engine. Word ``w`` (``u = gcd(group_lanes, row_lanes)`` lanes)
+    lives in memory ``w mod M`` (``M = lcm / u`` memories of one write port each), so a group's
+    ``a = group_lanes / u`` words go to ``a`` distinct memories (chosen by the group's index mod
+    ``b = row_lanes / u``) and a row's ``b`` words come from ``b`` distinct memories (chosen by the
+    row's index mod ``a``). Writes are registered per memory (they land at the end of the next
+    cycle, as ``LaneFile``'s); the row at the read position (``first_row`` / ``next_row``,
+    registers) is there in the same cycle, from the memories' asynchronous read."""
+
+    def __init__(self, m: Module, d: int, group_lanes: int, row_lanes: int, width: int):
+        u = math.gcd(group_lanes, row_lanes)
+        a, b = group_lanes // u, row_lanes // u
+        self.a, self.b, self.u, self.width = a, b, u, width
+        half = d // (u * a * b)                      # words per memory per copy
+        mems = [memory.Memory(shape=unsigned(u * width), depth=2 * half, init=[]) for _ in range(a * b)]
+        for x, mem in enumerate(mems):
+            m.submodules[f"g_file{x}"] = mem
+        self.reads = [mem.read_port(domain="comb") for mem in mems]
+        self.writes = [mem.write_port() for mem in mems]
+        self.half = half
+        self.row_hi = Signal(range(half), name="g_row_hi")     # the row's index // a
+        self.row_t = Signal(range(a), name="g_row_t")          # ... and mod a
+        self.row_buf = Signal(name="g_row_buf")
+        m.d.comb += [rd.addr.eq(self.row_buf * half + self.row_hi) for rd in self.reads]
+        words = [rd.data for rd in self.reads]
+        rows = [Cat(*words[b * t:b * (t + 1)]) for t in range(a)]
+        self.row = rows[0] if a == 1 else Array(rows)[self.row_t]   # the row_lanes scalars at the read position
+
+    def write(self, m: Module, valid, group, buf, data):
+        """Group ``group`` (``group_lanes`` lanes of ``data``) of copy ``buf``, if ``valid``."""
+        a, b, u, w = self.a, self.b, self.u, self.width
+        hi, s = (group, 0) if b == 1 else (group // b, group % b)
+        for x, wr in enumerate(self.writes):
+            mine = valid & (s == x // a)
+            m.d.sync += wr.en.eq(mine)
+            with m.If(mine):   # loaded only for this memory (as LaneFile's)
+                m.d.sync += [wr.addr.eq(buf * self.half + hi), wr.data.eq(data[(x % a) * u * w:][:u * w])]
+
+    def first_row(self, m: Module, buf):
+        """Read copy ``buf`` from its row 0 on (from the next cycle)."""
+        m.d.sync += [self.row_hi.eq(0), self.row_t.eq(0), self.row_buf.eq(buf)]
+
+    def next_row(self, m: Module):
+        """Read the next row (from the next cycle)."""
+        m.d.sync += self.row_t.eq(incr(self.row_t, self.a))
+        with m.If(self.row_t == self.a - 1):
+            m.d.sync += self.row_hi.eq(incr(self.row_hi, self.half))
 
 
 TERMS_STAGES = 7   # registered stages of cache_terms
@@ -161,11 +214,14 @@ class Ac(wiring.Component):
         qa = Signal(d * aw)                 # q.A_r rows, shifted in P at a time
         qa_fresh = Signal()                 # qa is q.A_r of the current q and A (no update since)
         combine_next = Signal()             # the q.A_r pass was started by TERMS: COMBINE follows
-        # g and k of an update, twice: BEATS writes copy g_wsel (the waiting update's), the A engine
-        # reads the other (the one in progress); taking an update flips g_wsel (no copy: the copy's
-        # enable reached all 2,048 flip-flops at ecp5-85f, 79.5 MHz)
-        g_bufs = [Signal(d * gw, name=f"g{i}") for i in range(2)]
-        k_bufs = [[Signal(L * kw, name=f"k{i}_beat{b}") for b in range(nb)] for i in range(2)]
+        # g and k of an update, two copies each in LUT RAM: BEATS writes copy g_wsel (the waiting
+        # update's), the A engine reads the other (the one in progress); taking an update flips
+        # g_wsel (as flip-flops, g and k were copied into the engine's: that copy's enable reached
+        # 2,048 flip-flops at ecp5-85f, 79.5 MHz)
+        g_file = ScalarFile(m, d, AL, P, gw)
+        m.submodules.k_file = k_file = memory.Memory(shape=unsigned(L * kw), depth=2 * nb, init=[])
+        k_write, k_read = k_file.write_port(), k_file.read_port(domain="comb")
+        m.d.sync += k_write.en.eq(0)
         g_wsel = Signal()
         waiting = Signal()                  # an update waits in g, k_buf for the engine
         engine_busy = Signal()
@@ -273,9 +329,7 @@ class Ac(wiring.Component):
         av_width = len(b0_alpha) + kw
         g_new = [round_shift(csa_sum(m, placed(prods[j][1]), av_width, f"b2_av{j}").as_signed(), cfg.g_shift)[:gw]
                  for j in range(AL)]
-        for i in range(2):
-            with m.If(b2_valid & b2_upd & (g_wsel == i)):
-                m.d.sync += g_bufs[i].word_select(b2_beat if G == 1 else b2_beat * G + b2_sub, AL * gw).eq(Cat(*g_new))
+        g_file.write(m, b2_valid & b2_upd, b2_beat if G == 1 else b2_beat * G + b2_sub, g_wsel, Cat(*g_new))
         b3_valid, b3_acc, b3_upd, b3_beat, b3_sub = advance("b3", (b2_valid, b2_acc, b2_upd, b2_beat, b2_sub))
         new = {f: [] for f in (N, B, C, D)}
         for j in range(AL):
@@ -375,10 +429,8 @@ class Ac(wiring.Component):
                             m.next = "RECIP"
                 with m.If(self.cmd.valid & self.cmd.ready & (c.op == AcOp.BEATS)):   # the beat's transfer (its last group)
                     with m.If(c.update):
-                        m.d.sync += qa_fresh.eq(0)
-                        for i in range(2):
-                            with m.If(g_wsel == i):
-                                m.d.sync += Array(k_bufs[i])[in_b].eq(c.k)
+                        m.d.sync += [qa_fresh.eq(0), k_write.en.eq(1), k_write.addr.eq(g_wsel * nb + in_b),
+                                     k_write.data.eq(c.k)]   # registered: it lands a cycle later
                     with m.If((in_b == nb - 1) & c.update):
                         m.d.sync += waiting.eq(1)      # the engine takes it when it is free
                 with m.If(b0_take):   # the next group (and after a beat's last, the next beat)
@@ -464,25 +516,26 @@ class Ac(wiring.Component):
         # The A engine: A[l] += g_l k, read-modify-write of every word, P rows at a time. It runs
         # while the FSM above takes commands; the q.A pass waits for it (QA_WAIT), so the two
         # never share the VPUs or the bank ports. It takes a waiting update once BEATS' pipeline
-        # has written g's last group (b2), flipping g_wsel: it works on the other copy of g and k.
-        # g_row: the P scalars of the row whose responses come next, from a register (e_row) that
-        # moves on at a row's second-last beat, so the mux runs between registers
+        # has requested g's last group (b2; the write lands in b3, before the engine's first read),
+        # flipping g_wsel: it works on the other copy of g and k. g_row: the P scalars of the row
+        # whose responses come next, registered from g_file's row, which moves on at a row's
+        # second-last beat
         assert nb >= 2, "g_row's next row is chosen at a row's second-last beat"
-        e_row = Signal(range(rows))
         g_row = Signal(P * gw)
-        e_rows = [Array(g_bufs[i].word_select(r, P * gw) for r in range(rows)) for i in range(2)]
-        m.d.sync += g_row.eq(Mux(g_wsel, e_rows[0][e_row], e_rows[1][e_row]))
+        m.d.sync += g_row.eq(g_file.row)
+        e_buf = Signal()                    # the engine's copy of k
         with m.FSM(name="engine"):
             with m.State("FREE"):
                 with m.If(waiting & ~g_pending):
-                    m.d.sync += [g_wsel.eq(~g_wsel), e_row.eq(0), waiting.eq(0),
+                    g_file.first_row(m, g_wsel)
+                    m.d.sync += [g_wsel.eq(~g_wsel), e_buf.eq(g_wsel), waiting.eq(0),
                                  e_issue.eq(0), e_resp.eq(0), e_out.eq(0)]
                     m.next = "UPDATE"
             with m.State("UPDATE"):
                 m.d.comb += engine_busy.eq(1)
                 row, beat = split(e_resp, nb)
                 k_sel = Signal(L * kw)
-                m.d.comb += k_sel.eq(Mux(g_wsel, Array(k_bufs[0])[beat], Array(k_bufs[1])[beat]))
+                m.d.comb += [k_read.addr.eq(e_buf * nb + beat), k_sel.eq(k_read.data)]
                 for p in range(P):
                     req, resp = ports[p]
                     m.d.comb += [req.valid.eq(e_issue < words), req.payload.addr.eq(e_issue), resp.ready.eq(1)]
@@ -500,7 +553,7 @@ class Ac(wiring.Component):
                 with m.If(ports[0][1].valid):
                     m.d.sync += e_resp.eq(e_resp + 1)
                     with m.If(beat == nb - 2):   # g_row holds the next row's scalars from the row's last beat on
-                        m.d.sync += e_row.eq(incr(e_row, rows))
+                        g_file.next_row(m)
                 with m.If(vpus[0].o.valid):
                     m.d.sync += e_out.eq(e_out + 1)
                     with m.If(e_out == words - 1):
