@@ -62,7 +62,7 @@ class LaneFile:
     at reset."""
 
     def __init__(self, m: Module, name: str, beats: int, groups: int, group_lanes: int, width: int):
-        self.groups, self.width = groups, width
+        self.name, self.groups, self.width = name, groups, width
         mems = [memory.Memory(shape=unsigned(group_lanes * width), depth=beats, init=[]) for _ in range(groups)]
         for r, mem in enumerate(mems):
             m.submodules[f"{name}{r}"] = mem
@@ -203,6 +203,9 @@ class Ac(wiring.Component):
         banks = [SramBank(sram_banks(cfg)[f"ac.a{p}"]) for p in range(P)]
         for p in range(P):
             m.submodules[f"vpu{p}"] = vpus[p]
+            # results always taken (the q.A_r / q.D_r passes and the engine take every one): the
+            # VPUs never stall, and their pipelines' enables are not a function of the states
+            m.d.comb += vpus[p].o.ready.eq(1)
             m.submodules[f"a_bank{p}"] = banks[p]
         ports = [bank.read_port(0) for bank in banks]
 
@@ -275,8 +278,7 @@ class Ac(wiring.Component):
 
         def dot_feed(p):             # VPU p's input from those registers (a DOT beat; its results always taken)
             vi = vpus[p].i
-            m.d.comb += [vi.valid.eq(dot_valid), vi.payload.op.eq(VpuOp.DOT), vi.payload.last.eq(dot_last),
-                         vpus[p].o.ready.eq(1)]
+            m.d.comb += [vi.valid.eq(dot_valid), vi.payload.op.eq(VpuOp.DOT), vi.payload.last.eq(dot_last)]
             m.d.comb += [vi.payload.a[i].eq(dot_a[p][i]) for i in range(L)]
             m.d.comb += [vi.payload.b[i].eq(dot_b[i * kw:(i + 1) * kw].as_signed()) for i in range(L)]
 
@@ -286,10 +288,12 @@ class Ac(wiring.Component):
 
         # -- BEATS: a lane group a cycle. b0: the group's operands (and N's, B's, C's, D's read address);
         # b1, b2: the products' pieces (registered twice: DSP and fabric) and the group's words (read in
-        # b1, registered); b3: their low halves added; then the high halves, the saturation and the
-        # write request, at b3's address (it lands a cycle later, b4). A group is read up to three
-        # cycles before its three predecessors are written; the groups' addresses cycle through all
-        # nb * G >= 4 (validate: at least 4 beats), so it never reads a word still to be written.
+        # b1, registered); b3: their low halves added; then the high halves and the saturation, into
+        # b4's registers (where the groups' addresses cycle through nb * G >= 5 words; else b3's
+        # result is the write request), then the write request (it lands a cycle later). A group is
+        # read up to four (three) cycles before its predecessors are written; the groups' addresses
+        # cycle through nb * G >= 4 words (validate: at least 4 beats), so it never reads a word
+        # still to be written.
         c = self.cmd.payload
         b0_take = Signal()                  # a group taken this cycle
         b0_valid, b0_acc, b0_upd, b0_first = Signal(), Signal(), Signal(), Signal()
@@ -336,8 +340,14 @@ class Ac(wiring.Component):
             for f, pieces, n in ((N, prods[j][0], "n"), (B, prods[j][1], "b"), (C, prods[j][2], "c"), (D, prods[j][3], "d")):
                 total = split_add(m, [f.lane(words_b2[f], j)] + placed(pieces), aw + 1, f"b3_{n}{j}").as_signed()
                 new[f].append(saturate(total, signed(aw)))
+        # the write request's stage: b4, the new words registered before they fan out to the lane
+        # files' memories, where the word cycle allows it; else b3
+        w_valid, w_acc, w_upd, w_beat, w_sub = b3_valid, b3_acc, b3_upd, b3_beat, b3_sub
+        if nb * G >= 5:
+            w_valid, w_acc, w_upd, w_beat, w_sub = advance("b4", (b3_valid, b3_acc, b3_upd, b3_beat, b3_sub))
+            new = {f: [delayed(m, x, f"b4_{f.name}{j}") for j, x in enumerate(xs)] for f, xs in new.items()}
         g_pending = b0_valid | b1_valid | b2_valid   # groups whose g is not yet written (in b2)
-        beats_busy = g_pending | b3_valid | delayed(m, b3_valid, "b4_valid")   # b4: the writes land
+        beats_busy = g_pending | b3_valid | w_valid | delayed(m, w_valid, "bw_landed")   # the writes land a cycle later
 
         # -- COMBINE: N = round(S q.A_r) - round(m B) + round(C), a group a cycle: issue (qa's group,
         # B's and C's read address), c1 (the words registered), cache_terms, the write
@@ -357,13 +367,13 @@ class Ac(wiring.Component):
                                               ((c0_valid, "valid"), (c0_last, "last"), (c0_beat, "beat"), (c0_sub, "sub")))
 
         # N's writes: BEATS' (accumulate) or COMBINE's, never in the same cycle
-        with m.If(b3_valid & b3_acc):
-            N.write(m, b3_beat, b3_sub, Cat(*new[N]))
+        with m.If(w_valid & w_acc):
+            N.write(m, w_beat, w_sub, Cat(*new[N]))
         with m.Elif(cw_valid):
             N.write(m, cw_beat, cw_sub, Cat(*n_terms))
-        with m.If(b3_valid & b3_upd):
+        with m.If(w_valid & w_upd):
             for f in (B, C, D):
-                f.write(m, b3_beat, b3_sub, Cat(*new[f]))
+                f.write(m, w_beat, w_sub, Cat(*new[f]))
 
         # -- Z = round(S q.D_r) - round(m E) + round(F): q.D_r on VPU 0, then cache_terms
         z_start = Signal()
@@ -541,7 +551,7 @@ class Ac(wiring.Component):
                     m.d.comb += [req.valid.eq(e_issue < words), req.payload.addr.eq(e_issue), resp.ready.eq(1)]
                     vi = vpus[p].i
                     m.d.comb += [vi.valid.eq(resp.valid), vi.payload.op.eq(VpuOp.AXPY), vi.payload.last.eq(1),
-                                 vi.payload.scalar.eq(g_row[p * gw:(p + 1) * gw].as_signed()), vpus[p].o.ready.eq(1)]
+                                 vi.payload.scalar.eq(g_row[p * gw:(p + 1) * gw].as_signed())]
                     for i in range(L):
                         m.d.comb += [vi.payload.a[i].eq(k_sel[i * kw:(i + 1) * kw].as_signed()),
                                      vi.payload.acc[i].eq(resp.payload[i * aw:(i + 1) * aw].as_signed())]
