@@ -209,6 +209,12 @@ class Eas(wiring.Component):
         m.d.comb += [c_req.payload.addr.eq(req_j * nb + req_b), r_req.payload.addr.eq(out_j),
                      cmem.write.payload.addr.eq(count * nb + write_b), cmem.write.payload.data.eq(k_beats[write_b]),
                      rmem.write.payload.addr.eq(count), rmem.write.payload.data.eq(new_rc)]
+        # the VPUs' results are always taken (they come only in SELF_WAIT and SCAN, which take them):
+        # so they never stall, and their inputs' ready is not a function of the state (it was, through
+        # their pipelines' enables: the state -> the enables -> the state, 108.8 MHz); so are the
+        # centers' reads (they come only in SCAN, into the VPUs: the state -> their ready -> the
+        # bank's output enables, 102.8 MHz)
+        m.d.comb += [vpu_q.o.ready.eq(1), vpu_k.o.ready.eq(1), c_resp.ready.eq(1)]
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.start.ready.eq(1)
@@ -218,13 +224,13 @@ class Eas(wiring.Component):
             with m.State("SELF"):   # q.k_n and k_n.k_n, one beat per cycle
                 for vpu, other in ((vpu_q, q_beats[req_b]), (vpu_k, k_beats[req_b])):
                     m.d.comb += [vpu.i.valid.eq(1), vpu.i.payload.op.eq(VpuOp.DOT), vpu.i.payload.last.eq(req_b == nb - 1),
-                                 vpu.i.payload.a.eq(k_beats[req_b]), vpu.i.payload.b.eq(other), vpu.o.ready.eq(1)]
+                                 vpu.i.payload.a.eq(k_beats[req_b]), vpu.i.payload.b.eq(other)]
                 with m.If(vpu_q.i.ready):
                     m.d.sync += req_b.eq(incr(req_b, nb))
                     with m.If(req_b == nb - 1):
                         m.next = "SELF_WAIT"
             with m.State("SELF_WAIT"):
-                m.d.comb += [vpu_q.o.ready.eq(1), vpu_k.o.ready.eq(1), score_in.eq(vpu_q.o.valid), score_in_self.eq(1)]
+                m.d.comb += [score_in.eq(vpu_q.o.valid), score_in_self.eq(1)]
                 with m.If(vpu_q.o.valid):
                     m.d.sync += kk.eq(vpu_k.o.payload.dot)
                     m.next = "SCAN"
@@ -237,8 +243,7 @@ class Eas(wiring.Component):
                 for vpu, other in ((vpu_q, q_beats[resp_b]), (vpu_k, k_beats[resp_b])):
                     m.d.comb += [vpu.i.valid.eq(c_resp.valid), vpu.i.payload.op.eq(VpuOp.DOT),
                                  vpu.i.payload.last.eq(resp_b == nb - 1), vpu.i.payload.a.eq(c_resp.payload),
-                                 vpu.i.payload.b.eq(other), vpu.o.ready.eq(1)]
-                m.d.comb += c_resp.ready.eq(vpu_q.i.ready)
+                                 vpu.i.payload.b.eq(other)]
                 with m.If(c_resp.valid & c_resp.ready):
                     m.d.sync += resp_b.eq(incr(resp_b, nb))
                 # a center's dots: its score to the score SRAM, k_n.c_j waits for the center's recip
