@@ -5,7 +5,8 @@ Seven pipeline stages that stall together when the output is not taken (latency 
 stage 1 registers the multiplier operands per lane (the multiplier is shared: ``a*b`` for
 DOT, ``(a-b)**2`` for SQDIST, ``scalar*a`` for AXPY); stages 2-4 register them once more,
 the product, and the product once more (a MULT18X18D per lane with its own input and output
-registers, synth/absorb.py); stages 5 and 6 register the beat's balanced adder tree (pair
+registers, synth/absorb.py; for operands over 17 bits, AC's, the product's pieces, a MULT18X18D
+each, and their sum); stages 5 and 6 register the beat's balanced adder tree (pair
 sums, then the rest) and the rounded AXPY products, then those plus ``acc``; stage 7 adds
 the beat into the saturating accumulator (DOT/SQDIST, emitted on the ``last`` beat) or forms
 the saturated AXPY lanes (every beat).
@@ -19,7 +20,7 @@ from amaranth.lib.wiring import In, Out
 from golden.vpu import VpuConfig, VpuOp
 
 from .arith import round_shift, saturate, stall_all_enable
-from .pipe import tree_sum
+from .pipe import CHUNK, csa_sum, partial_products, placed, register_partials, tree_sum
 
 
 def vpu_in_layout(cfg: VpuConfig) -> data.StructLayout:
@@ -108,10 +109,20 @@ class Vpu(wiring.Component):
         s1_acc = [Signal(signed(cfg.acc_width), name=f"s1_acc{l}") for l in range(cfg.lanes)]
         with m.If(ce):
             m.d.sync += [s1_valid.eq(s0_valid), s1_op.eq(s0_op), s1_last.eq(s0_last)]
-            for l in range(cfg.lanes):
-                m.d.sync += [s1_prod[l].eq(s0_x[l] * s0_y[l]), s1_acc[l].eq(s0_acc[l])]
+            m.d.sync += [s1_acc[l].eq(s0_acc[l]) for l in range(cfg.lanes)]
+        if w + 1 <= CHUNK + 1:   # one MULT18X18D a lane
+            with m.If(ce):
+                m.d.sync += [s1_prod[l].eq(s0_x[l] * s0_y[l]) for l in range(cfg.lanes)]
+            s1_prod = _delayed(m, ce, "s1b_prod", *s1_prod)
+        else:   # wider (AC's): the product's pieces (one MULT18X18D each) registered in the fabric, then
+            # their sum (one carry chain after a carry-save reduction) registered (the sum had run from
+            # the DSPs' output pins to s1_prod: AC's 88.2 MHz at ecp5-85f)
+            pieces = [register_partials(m, ce, partial_products(s0_x[l], s0_y[l]), f"s1_prod{l}")
+                      for l in range(cfg.lanes)]
+            sums = [csa_sum(m, placed(pieces[l]), pw, f"s1_prod{l}").as_signed() for l in range(cfg.lanes)]
+            with m.If(ce):
+                m.d.sync += [s1_prod[l].eq(sums[l]) for l in range(cfg.lanes)]
         s1_valid, s1_op, s1_last, s1_acc = _delayed(m, ce, "s1b", s1_valid, s1_op, s1_last, s1_acc)
-        s1_prod = _delayed(m, ce, "s1b_prod", *s1_prod)
 
         # Stage 5: the first level of the beat's adder tree (pair sums); the AXPY products rounded.
         npairs = (cfg.lanes + 1) // 2
