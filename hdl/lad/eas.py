@@ -106,6 +106,8 @@ class Eas(wiring.Component):
         kk = Signal(cfg.kk_width)
         beat_shape = range(max(nb, 2))        # (at eas_beats = 1 the beat counters stay 0)
         req_j, req_b = Signal(range(cfg.max_centers + 1)), Signal(beat_shape)
+        scan_issue = Signal()   # SCAN's reads go on: req_j < count, as a register (the compare and the
+                                # state had reached the centers' read enable and req_b: 104.7 MHz)
         resp_b = Signal(beat_shape)
         done_j = Signal(range(cfg.max_centers + 1))
         best_valid = Signal()
@@ -232,14 +234,14 @@ class Eas(wiring.Component):
             with m.State("SELF_WAIT"):
                 m.d.comb += [score_in.eq(vpu_q.o.valid), score_in_self.eq(1)]
                 with m.If(vpu_q.o.valid):
-                    m.d.sync += kk.eq(vpu_k.o.payload.dot)
+                    m.d.sync += [kk.eq(vpu_k.o.payload.dot), scan_issue.eq(count != 0)]
                     m.next = "SCAN"
             with m.State("SCAN"):   # every center: q.c_j and k_n.c_j in lockstep
-                m.d.comb += c_req.valid.eq(req_j < count)
+                m.d.comb += c_req.valid.eq(scan_issue)
                 with m.If(c_req.valid & c_req.ready):
                     m.d.sync += req_b.eq(incr(req_b, nb))
                     with m.If(req_b == nb - 1):
-                        m.d.sync += req_j.eq(req_j + 1)
+                        m.d.sync += [req_j.eq(req_j + 1), scan_issue.eq(req_j + 1 < count)]
                 for vpu, other in ((vpu_q, q_beats[resp_b]), (vpu_k, k_beats[resp_b])):
                     m.d.comb += [vpu.i.valid.eq(c_resp.valid), vpu.i.payload.op.eq(VpuOp.DOT),
                                  vpu.i.payload.last.eq(resp_b == nb - 1), vpu.i.payload.a.eq(c_resp.payload),
