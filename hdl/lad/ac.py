@@ -261,26 +261,32 @@ class Ac(wiring.Component):
         q_flat = self.q.as_value()
         q_beats = Array(q_flat[b * L * kw:(b + 1) * L * kw] for b in range(nb))
 
-        # The q.A_r and q.D_r passes' VPU operands, registered: a word of A (or D) rounded to the VPU's
-        # input format, per VPU, and q's beat; the rounding's carry chain runs between two registers
-        # (it ran from the RAM's output pins to the VPU's first stage: 58.4 MHz)
+        # The q.A_r and q.D_r passes' VPU operands, registered twice: a word of A (or D) rounded
+        # (dot_r), then saturated to the VPU's input format (dot_a), per VPU, with q's beat; the
+        # rounding's carry chain runs between two registers (it ran from the RAM's output pins to the
+        # VPU's first stage: 58.4 MHz), and the saturation and the choice of A or D in the next
+        # stage (with the rounding, from D's registered beat: 86.8 MHz)
         dot_valid, dot_last, dot_b = Signal(), Signal(), Signal(L * kw)
-        dot_a = [[Signal(signed(ow), name=f"dot_a{p}_{i}") for i in range(L)] for p in range(P)]
+        r_shape = round_shift(Signal(signed(aw)), cfg.cache_dot_shift).shape()
+        dot_r = [[Signal(r_shape, name=f"dot_r{p}_{i}") for i in range(L)] for p in range(P)]
         m.d.sync += dot_valid.eq(0)
+        dot2_valid, dot2_last, dot2_b = (delayed(m, x, f"dot2_{n}") for x, n in
+                                         ((dot_valid, "valid"), (dot_last, "last"), (dot_b, "b")))
+        dot_a = [[delayed(m, saturate(dot_r[p][i], signed(ow)), f"dot_a{p}_{i}") for i in range(L)] for p in range(P)]
         d_word, d_valid, d_beat = delayed(m, D.beat_word, "d_word"), Signal(), Signal(range(nb))   # q.D_r: D's beat, read
         m.d.sync += d_valid.eq(0)
 
         def dot_load(words, beat):   # (in the current control context) VPU p's next beat: A's (D's) words[p], q's beat
             m.d.sync += [dot_valid.eq(1), dot_last.eq(beat == nb - 1), dot_b.eq(q_beats[beat])]
             for p, word in enumerate(words):
-                m.d.sync += [dot_a[p][i].eq(saturate(round_shift(word[i * aw:(i + 1) * aw].as_signed(), cfg.cache_dot_shift),
-                                                     signed(ow))) for i in range(L)]
+                m.d.sync += [dot_r[p][i].eq(round_shift(word[i * aw:(i + 1) * aw].as_signed(), cfg.cache_dot_shift))
+                             for i in range(L)]
 
         def dot_feed(p):             # VPU p's input from those registers (a DOT beat; its results always taken)
             vi = vpus[p].i
-            m.d.comb += [vi.valid.eq(dot_valid), vi.payload.op.eq(VpuOp.DOT), vi.payload.last.eq(dot_last)]
+            m.d.comb += [vi.valid.eq(dot2_valid), vi.payload.op.eq(VpuOp.DOT), vi.payload.last.eq(dot2_last)]
             m.d.comb += [vi.payload.a[i].eq(dot_a[p][i]) for i in range(L)]
-            m.d.comb += [vi.payload.b[i].eq(dot_b[i * kw:(i + 1) * kw].as_signed()) for i in range(L)]
+            m.d.comb += [vi.payload.b[i].eq(dot2_b[i * kw:(i + 1) * kw].as_signed()) for i in range(L)]
 
         def start_qa_pass(then_combine):
             m.d.sync += [issue.eq(0), resp_cnt.eq(0), out_cnt.eq(0), combine_next.eq(then_combine)]
