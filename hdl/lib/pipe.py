@@ -208,17 +208,19 @@ def csa_sum(m, terms, width: int, name: str) -> Value:
     return (terms[0] + terms[1])[:width] if len(terms) == 2 else terms[0]
 
 
-def split_add(m, terms, width: int, name: str) -> Value:
+def split_add(m, terms, width: int, name: str, ce=1) -> Value:
     """:func:`csa_sum` with one register inside: the terms reduced to two and their low halves
-    added, the carry and the high halves registered; the returned value adds
-    the high halves with that carry, combinationally, a cycle after the terms. Two carry chains
-    of ``width / 2``, one each side of the register, instead of one of ``width``."""
+    added, the carry and the high halves registered (when ``ce``: in a stall-all pipeline); the
+    returned value adds the high halves with that carry, combinationally, a cycle after the
+    terms. Two carry chains of ``width / 2``, one each side of the register, instead of one of
+    ``width``."""
     terms = csa_reduce(m, terms, width, name)
     a, b = (terms + [Const(0, width)])[:2]
     half = width // 2
     lo = Signal(half + 1, name=f"{name}_lo")
     a_hi, b_hi = Signal(width - half, name=f"{name}_a_hi"), Signal(width - half, name=f"{name}_b_hi")
-    m.d.sync += [lo.eq(a[:half] + b[:half]), a_hi.eq(a[half:]), b_hi.eq(b[half:])]
+    with m.If(ce):
+        m.d.sync += [lo.eq(a[:half] + b[:half]), a_hi.eq(a[half:]), b_hi.eq(b[half:])]
     return Cat(lo[:half], a_hi + b_hi + lo[half])[:width]
 
 
