@@ -533,12 +533,16 @@ class Ac(wiring.Component):
         # while the FSM above takes commands; the q.A pass waits for it (QA_WAIT), so the two
         # never share the VPUs or the bank ports. It takes a waiting update once BEATS' pipeline
         # has requested g's last group (b2; the write lands in b3, before the engine's first read),
-        # flipping g_wsel: it works on the other copy of g and k. g_row: the P scalars of the row
-        # whose responses come next, registered from g_file's row, which moves on at a row's
-        # second-last beat
-        assert nb >= 2, "g_row's next row is chosen at a row's second-last beat"
+        # flipping g_wsel: it works on the other copy of g and k. g_scalars: the P scalars of the
+        # row whose responses come next, g_file's row registered twice (where Yosys puts g_file in
+        # a block RAM, as at ecp5-85f, its read register and its output register: from the RAM's
+        # output pins straight to the VPUs it was 97.1 MHz); g_file moves on at a row's third-last
+        # beat. The responses come back to back (the banks never stall: their responses are
+        # always taken), so the row's last two beats still see its scalars
+        assert nb >= 3, "g_file's next row is chosen at a row's third-last beat"
         g_row = Signal(P * gw)
         m.d.sync += g_row.eq(g_file.row)
+        g_scalars = delayed(m, g_row, "g_scalars")
         e_buf = Signal()                    # the engine's copy of k
         with m.FSM(name="engine"):
             with m.State("FREE"):
@@ -557,7 +561,7 @@ class Ac(wiring.Component):
                     m.d.comb += [req.valid.eq(e_issue < words), req.payload.addr.eq(e_issue), resp.ready.eq(1)]
                     vi = vpus[p].i
                     m.d.comb += [vi.valid.eq(resp.valid), vi.payload.op.eq(VpuOp.AXPY), vi.payload.last.eq(1),
-                                 vi.payload.scalar.eq(g_row[p * gw:(p + 1) * gw].as_signed())]
+                                 vi.payload.scalar.eq(g_scalars[p * gw:(p + 1) * gw].as_signed())]
                     for i in range(L):
                         m.d.comb += [vi.payload.a[i].eq(k_sel[i * kw:(i + 1) * kw].as_signed()),
                                      vi.payload.acc[i].eq(resp.payload[i * aw:(i + 1) * aw].as_signed())]
@@ -568,7 +572,7 @@ class Ac(wiring.Component):
                     m.d.sync += e_issue.eq(e_issue + 1)
                 with m.If(ports[0][1].valid):
                     m.d.sync += e_resp.eq(e_resp + 1)
-                    with m.If(beat == nb - 2):   # g_row holds the next row's scalars from the row's last beat on
+                    with m.If(beat == nb - 3):   # g_scalars hold the next row's from two beats on
                         g_file.next_row(m)
                 with m.If(vpus[0].o.valid):
                     m.d.sync += e_out.eq(e_out + 1)
