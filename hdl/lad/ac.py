@@ -233,7 +233,12 @@ class Ac(wiring.Component):
         m.d.comb += self.z.eq(Z)
         m_ref = Signal(signed(cfg.sfm.x_width))
         issue, resp_cnt, out_cnt = Signal(range(words + 1)), Signal(range(words + 1)), Signal(range(words + 1))
-        e_issue, e_resp, e_out = (Signal(range(words + 1), name=f"engine_{x}") for x in ("issue", "resp", "out"))
+        e_resp, e_out = (Signal(range(words + 1), name=f"engine_{x}") for x in ("resp", "out"))
+        # the A banks' next read: the q.A_r pass's or the engine's (they never overlap), one counter
+        # and the banks' address whatever the states (a mux of two counters by both FSMs' states
+        # reached the banks' read-during-write compare: 97.5 MHz)
+        a_issue = Signal(range(words + 1))
+        m.d.comb += [port[0].payload.addr.eq(a_issue) for port in ports]
         rm = Signal(mf + 1)
         S = cfg.scale_raw
         main_busy = Signal()
@@ -289,7 +294,7 @@ class Ac(wiring.Component):
             m.d.comb += [vi.payload.b[i].eq(dot2_b[i * kw:(i + 1) * kw].as_signed()) for i in range(L)]
 
         def start_qa_pass(then_combine):
-            m.d.sync += [issue.eq(0), resp_cnt.eq(0), out_cnt.eq(0), combine_next.eq(then_combine)]
+            m.d.sync += [resp_cnt.eq(0), out_cnt.eq(0), combine_next.eq(then_combine)]
             m.next = "QA_WAIT"
 
         # -- BEATS: a lane group a cycle. b0: the group's operands (and N's, B's, C's, D's read address);
@@ -455,18 +460,19 @@ class Ac(wiring.Component):
             with m.State("QA_WAIT"):   # A must hold every update handed over so far
                 m.d.comb += main_busy.eq(1)
                 with m.If(~engine_busy & ~waiting):
+                    m.d.sync += a_issue.eq(0)   # (the engine is idle and takes nothing this cycle)
                     m.next = "QA"
             with m.State("QA"):   # q.A_r[l]: P rows at a time, one beat per cycle, shifted into qa
                 m.d.comb += main_busy.eq(1)
                 row, beat = split(resp_cnt, nb)
                 for p in range(P):
                     req, resp = ports[p]
-                    m.d.comb += [req.valid.eq(issue < words), req.payload.addr.eq(issue), resp.ready.eq(1)]
+                    m.d.comb += [req.valid.eq(a_issue < words), resp.ready.eq(1)]
                     dot_feed(p)
                 with m.If(ports[0][1].valid):
                     dot_load([port[1].payload for port in ports], beat)
                 with m.If(ports[0][0].valid & ports[0][0].ready):
-                    m.d.sync += issue.eq(issue + 1)
+                    m.d.sync += a_issue.eq(a_issue + 1)
                 with m.If(ports[0][1].valid):
                     m.d.sync += resp_cnt.eq(resp_cnt + 1)
                 with m.If(vpus[0].o.valid):
@@ -549,7 +555,7 @@ class Ac(wiring.Component):
                 with m.If(waiting & ~g_pending):
                     g_file.first_row(m, g_wsel)
                     m.d.sync += [g_wsel.eq(~g_wsel), e_buf.eq(g_wsel), waiting.eq(0),
-                                 e_issue.eq(0), e_resp.eq(0), e_out.eq(0)]
+                                 a_issue.eq(0), e_resp.eq(0), e_out.eq(0)]
                     m.next = "UPDATE"
             with m.State("UPDATE"):
                 m.d.comb += engine_busy.eq(1)
@@ -558,7 +564,7 @@ class Ac(wiring.Component):
                 m.d.comb += [k_read.addr.eq(e_buf * nb + beat), k_sel.eq(k_read.data)]
                 for p in range(P):
                     req, resp = ports[p]
-                    m.d.comb += [req.valid.eq(e_issue < words), req.payload.addr.eq(e_issue), resp.ready.eq(1)]
+                    m.d.comb += [req.valid.eq(a_issue < words), resp.ready.eq(1)]
                     vi = vpus[p].i
                     m.d.comb += [vi.valid.eq(resp.valid), vi.payload.op.eq(VpuOp.AXPY), vi.payload.last.eq(1),
                                  vi.payload.scalar.eq(g_scalars[p * gw:(p + 1) * gw].as_signed())]
@@ -569,7 +575,7 @@ class Ac(wiring.Component):
                         m.d.comb += [banks[p].write.valid.eq(1), banks[p].write.payload.addr.eq(e_out),
                                      banks[p].write.payload.data.eq(vpus[p].o.payload.vec)]
                 with m.If(ports[0][0].valid & ports[0][0].ready):
-                    m.d.sync += e_issue.eq(e_issue + 1)
+                    m.d.sync += a_issue.eq(a_issue + 1)
                 with m.If(ports[0][1].valid):
                     m.d.sync += e_resp.eq(e_resp + 1)
                     with m.If(beat == nb - 3):   # g_scalars hold the next row's from two beats on
