@@ -29,7 +29,8 @@ fewer multipliers and adders, with the same arithmetic (bit-exact with the same 
 the three is a pipeline that takes a lane group a cycle (docs/lad-tile.md, "AC's pipelines"):
 registered operands and products (the DSPs' own registers), sums split over two stages, the
 variable shift in two, saturation in its own stage; BEATS' read-modify-write of N, B, C, D
-reads a group's words two cycles after its command and writes them three cycles after that.
+reads a group's words two cycles after its command and writes them three cycles after that (four
+where its words cycle through at least 5 addresses, b4).
 """
 from __future__ import annotations
 
