@@ -101,7 +101,7 @@ class LaneFile:
 
 class ScalarFile:
     """The ``g`` of two cache updates (``d`` lanes of ``width`` bits each, copy ``buf`` 0 or 1) in
-    LUT RAM, written a lane group (``group_lanes``) a cycle by BEATS and read a row (``row_lanes``,
+    memories (LUT RAM, or a block RAM where Yosys picks one, as at ecp5-85f), written a lane group (``group_lanes``) a cycle by BEATS and read a row (``row_lanes``,
     one per VPU) a cycle by the A engine. Word ``w`` (``u = gcd(group_lanes, row_lanes)`` lanes)
     lives in memory ``w mod M`` (``M = lcm / u`` memories of one write port each), so a group's
     ``a = group_lanes / u`` words go to ``a`` distinct memories (chosen by the group's index mod
@@ -218,7 +218,7 @@ class Ac(wiring.Component):
         qa = Signal(d * aw)                 # q.A_r rows, shifted in P at a time
         qa_fresh = Signal()                 # qa is q.A_r of the current q and A (no update since)
         combine_next = Signal()             # the q.A_r pass was started by TERMS: COMBINE follows
-        # g and k of an update, two copies each in LUT RAM: BEATS writes copy g_wsel (the waiting
+        # g and k of an update, two copies each in memories: BEATS writes copy g_wsel (the waiting
         # update's), the A engine reads the other (the one in progress); taking an update flips
         # g_wsel (as flip-flops, g and k were copied into the engine's: that copy's enable reached
         # 2,048 flip-flops at ecp5-85f, 79.5 MHz)
@@ -227,7 +227,7 @@ class Ac(wiring.Component):
         k_write, k_read = k_file.write_port(), k_file.read_port(domain="comb")
         m.d.sync += k_write.en.eq(0)
         g_wsel = Signal()
-        waiting = Signal()                  # an update waits in g, k_buf for the engine
+        waiting = Signal()                  # an update waits (its g and k in copy g_wsel) for the engine
         engine_busy = Signal()
         E, F = Signal(signed(cfg.ef_width)), Signal(signed(cfg.ef_width))
         Z = Signal(signed(zw))
