@@ -50,6 +50,15 @@ from ..lib.vpu import Vpu
 from .common import AcOp, ac_command_layout, beat_layout, recip_resp_layout, sram_banks, vector_layout
 
 
+def registered_write(m: Module, port, en, addr, data):
+    """A memory write registered next to its memory: ``port``'s enable, address and data a cycle
+    after ``en`` (the address and data loaded only with it, so copies for several memories stay
+    distinct registers, not one of wide fan-out); it lands at the end of that cycle."""
+    m.d.sync += port.en.eq(en)
+    with m.If(en):
+        m.d.sync += [port.addr.eq(addr), port.data.eq(data)]
+
+
 class LaneFile:
     """A vector of ``beats x groups x group_lanes`` lanes of ``width`` bits (N, B, C, D) in
     ``groups`` LUT-RAM memories, one word per beat each (one write port): memory ``r`` holds lane
@@ -78,9 +87,7 @@ class LaneFile:
         for r, (rd, wr) in enumerate(zip(reads, writes)):
             mine = self.write_en & (self.write_group == r)
             m.d.comb += rd.addr.eq(self.read_beat)
-            m.d.sync += wr.en.eq(mine)
-            with m.If(mine):   # loaded only for this memory: distinct registers, not merged into one of wide fan-out
-                m.d.sync += [wr.addr.eq(self.write_beat), wr.data.eq(self.write_data)]
+            registered_write(m, wr, mine, self.write_beat, self.write_data)
         words = [rd.data for rd in reads]
         self.beat_word = Cat(*words)          # the beat at the read address
         self.group_word = words[0] if groups == 1 else Array(words)[self.read_group]   # its group
@@ -134,10 +141,7 @@ class ScalarFile:
         a, b, u, w = self.a, self.b, self.u, self.width
         hi, s = (group, 0) if b == 1 else (group // b, group % b)
         for x, wr in enumerate(self.writes):
-            mine = valid & (s == x // a)
-            m.d.sync += wr.en.eq(mine)
-            with m.If(mine):   # loaded only for this memory (as LaneFile's)
-                m.d.sync += [wr.addr.eq(buf * self.half + hi), wr.data.eq(data[(x % a) * u * w:][:u * w])]
+            registered_write(m, wr, valid & (s == x // a), buf * self.half + hi, data[(x % a) * u * w:][:u * w])
 
     def first_row(self, m: Module, buf):
         """Read copy ``buf`` from its row 0 on (from the next cycle)."""
@@ -225,8 +229,8 @@ class Ac(wiring.Component):
         g_file = ScalarFile(m, d, AL, P, gw)
         m.submodules.k_file = k_file = memory.Memory(shape=unsigned(L * kw), depth=2 * nb, init=[])
         k_write, k_read = k_file.write_port(), k_file.read_port(domain="comb")
-        m.d.sync += k_write.en.eq(0)
         g_wsel = Signal()
+        k_take = Signal()                   # a beat of an update's k, into copy g_wsel
         waiting = Signal()                  # an update waits (its g and k in copy g_wsel) for the engine
         engine_busy = Signal()
         E, F = Signal(signed(cfg.ef_width)), Signal(signed(cfg.ef_width))
@@ -307,6 +311,7 @@ class Ac(wiring.Component):
         # cycle through nb * G >= 4 words (validate: at least 4 beats), so it never reads a word
         # still to be written.
         c = self.cmd.payload
+        registered_write(m, k_write, k_take, g_wsel * nb + in_b, c.k)
         b0_take = Signal()                  # a group taken this cycle
         b0_valid, b0_acc, b0_upd, b0_first = Signal(), Signal(), Signal(), Signal()
         b0_beat, b0_sub = Signal(range(nb)), Signal(range(G))
@@ -451,8 +456,8 @@ class Ac(wiring.Component):
                             m.next = "RECIP"
                 with m.If(self.cmd.valid & self.cmd.ready & (c.op == AcOp.BEATS)):   # the beat's transfer (its last group)
                     with m.If(c.update):
-                        m.d.sync += [qa_fresh.eq(0), k_write.en.eq(1), k_write.addr.eq(g_wsel * nb + in_b),
-                                     k_write.data.eq(c.k)]   # registered: it lands a cycle later
+                        m.d.sync += qa_fresh.eq(0)
+                        m.d.comb += k_take.eq(1)
                     with m.If((in_b == nb - 1) & c.update):
                         m.d.sync += waiting.eq(1)      # the engine takes it when it is free
                 with m.If(b0_take):   # the next group (and after a beat's last, the next beat)
