@@ -30,8 +30,9 @@ test: $(STAMP)
 
 # The suite in a fresh clone of HEAD with nothing beside it (what CI runs): proves the
 # repository stands alone (no sibling folders, every dependency installed by these files).
+# The clone (its venv, its simulator builds: several GB) is removed afterwards, passed or failed.
 test-clone:
-	d=$$(mktemp -d) && git clone -q . $$d/ladmac && $(MAKE) -C $$d/ladmac test
+	d=$$(mktemp -d) && git clone -q . $$d/ladmac && { $(MAKE) -C $$d/ladmac test; s=$$?; rm -rf $$d; exit $$s; }
 
 synth: $(STAMP)
 	$(VENV)/bin/ladmac synth --all --doc docs/synthesis.md
