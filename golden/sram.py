@@ -17,7 +17,7 @@ class SramConfig(BlockConfig):
     depth: int = param(256, "words")
     width: int = param(32, "bits per word")
     read_ports: int = param(1, "independent read ports (request/response streams)")
-    read_latency: int = param(2, "cycles from accepted request to response (1..5); from 2 the read data is "
+    read_latency: int = param(2, "cycles from accepted request to response (1..6); from 2 the read data is "
                                  "registered (the block RAM's output register)")
     address_register: bool = param(False, "read address from a register: a fixed-latency read into an output FIFO "
                                           "(read_latency >= 4)")
@@ -26,7 +26,7 @@ class SramConfig(BlockConfig):
         self.require(2 <= self.depth <= 1 << 20, f"depth must be 2..{1 << 20}, got {self.depth}")
         self.require(1 <= self.width <= 1024, f"width must be 1..1024, got {self.width}")
         self.require(1 <= self.read_ports <= 4, f"read_ports must be 1..4, got {self.read_ports}")
-        self.require(1 <= self.read_latency <= 5, f"read_latency must be 1..5, got {self.read_latency}")
+        self.require(1 <= self.read_latency <= 6, f"read_latency must be 1..6, got {self.read_latency}")
         self.require(not self.address_register or self.read_latency >= 4,
                      f"address_register needs read_latency >= 4, got {self.read_latency}")
 

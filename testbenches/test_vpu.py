@@ -4,15 +4,20 @@ import pytest
 import torch
 
 from golden.errors import ConfigError
+from golden.lad_tile import LadTileConfig
 from golden.vpu import PRESETS, VpuConfig, VpuOp, axpy, axpy_float, reduce_beats, reduce_float, to_beats
 from testbenches.runner import simulate
 
 SEED = 20261122
 
 
-@pytest.mark.parametrize("preset", ["default", "narrow"])
+# the presets, and the LAD tile's AC VPU (30-bit operands, a 62-bit accumulator: its add is split, arith.py)
+CONFIGS = {**PRESETS, "ac": LadTileConfig().ac_vpu}
+
+
+@pytest.mark.parametrize("preset", ["default", "narrow", "ac"])
 def test_vpu_rtl_equals_golden(preset):
-    report = simulate("vpu", PRESETS[preset], "testbenches.tb.tb_vpu", seed=SEED, name=preset,
+    report = simulate("vpu", CONFIGS[preset], "testbenches.tb.tb_vpu", seed=SEED, name=preset,
                       params={"vectors": 1000})
     assert report["mismatches"] == 0
     assert report["vectors"] >= 1000

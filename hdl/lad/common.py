@@ -78,10 +78,12 @@ def sram_banks(cfg: LadTileConfig) -> dict[str, SramConfig]:
     return {
         # EAS's banks: registered reads (the block RAM's output register); the centers (up to 128
         # DP16KD across the device) with their read address from a register and their bank mux
-        # as a registered tree of two stages; the scores and recips with their read address from
-        # a register too (EAS's FSM is far from them), hdl/lib/sram.py
+        # as a registered tree of three stages (2:1 each at 8 banks: each stage's mux can sit
+        # between its two sources; with two stages, 4:1 then 2:1, the RAMs' outputs crossed the
+        # device to the first: 7.9 ns, lad-eas's 102.4 MHz); the scores and recips with their
+        # read address from a register too (EAS's FSM is far from them), hdl/lib/sram.py
         "eas.centers": SramConfig(depth=max(2, cfg.max_centers * cfg.eas_beats), width=cfg.eas_lanes * cfg.kv_width,
-                                  read_latency=5, address_register=True),
+                                  read_latency=6, address_register=True),
         "eas.center_scores": SramConfig(depth=max(2, cfg.max_centers), width=xw, read_latency=4,
                                         address_register=True),
         "eas.center_recips": SramConfig(depth=max(2, cfg.max_centers), width=recip_resp_layout(cfg).size,

@@ -5,7 +5,7 @@ bit-accurate model agree by construction of one definition each.
 """
 from __future__ import annotations
 
-from amaranth import Const, Mux, Shape, Value
+from amaranth import Cat, Const, Mux, Shape, Value
 
 
 def round_shift(value: Value, shift) -> Value:
@@ -37,6 +37,28 @@ def saturate(value: Value, shape: Shape) -> Value:
     hi = (1 << width) - 1
     over = value[width:].any() if vshape.width > width else Const(0, 1)
     return Mux(negative, 0, Mux(over, hi, value[:width]))[:width]
+
+
+SPLIT_ADD_ABOVE = 48   # bits: a wider saturating add is split in two carry chains (carry select)
+
+
+def saturating_add(a: Value, b: Value, shape, split_above: int = SPLIT_ADD_ABOVE) -> Value:
+    """``saturate(a + b, shape)`` for signed ``a``, ``b`` and ``shape``, as a carry-select adder when
+    ``shape`` is wider than ``split_above`` bits: the low half's sum runs beside the high half's
+    two sums (carry in 0 and 1, each with its own range check), and the low half's carry picks one.
+    An accumulator's loop (``acc <= sat(acc + x)``) cannot be retimed, so its carry chain and range
+    check are shortened instead (AC's 62-bit accumulators: one 31-cell chain then the range check
+    were its 98.9 MHz limit at ecp5-85f)."""
+    shape = Shape.cast(shape)
+    a, b = Value.cast(a), Value.cast(b)
+    if shape.width <= split_above:
+        return saturate(a + b, shape)
+    k = shape.width // 2
+    low = a[:k] + b[:k]                              # k + 1 bits: the low half and its carry out
+    a_hi, b_hi = a[k:].as_signed(), b[k:].as_signed()
+    # a_hi - ~b_hi == a_hi + b_hi + 1 as one chain with carry in 1 (a "+ 1" would be a second chain)
+    candidates = [saturate(Cat(low[:k], high).as_signed(), shape) for high in (a_hi + b_hi, a_hi - ~b_hi)]
+    return Mux(low[k], candidates[1], candidates[0])
 
 
 def stall_all_enable(output_stream) -> Value:

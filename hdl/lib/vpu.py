@@ -19,7 +19,7 @@ from amaranth.lib.wiring import In, Out
 
 from golden.vpu import VpuConfig, VpuOp
 
-from .arith import round_shift, saturate, stall_all_enable
+from .arith import round_shift, saturate, saturating_add, stall_all_enable
 from .pipe import CHUNK, csa_sum, partial_products, placed, register_partials, tree_sum
 
 
@@ -149,7 +149,7 @@ class Vpu(wiring.Component):
         # Stage 7: accumulate with saturation, or saturate the AXPY lanes.
         acc = Signal(signed(cfg.acc_width))
         acc_next = Signal(signed(cfg.acc_width))
-        m.d.comb += acc_next.eq(saturate(acc + s2_beat_sum, signed(cfg.acc_width)))
+        m.d.comb += acc_next.eq(saturating_add(acc, s2_beat_sum, signed(cfg.acc_width)))
         with m.If(ce):
             m.d.sync += self.o.valid.eq(s2_valid & ((s2_op == VpuOp.AXPY) | s2_last))
             with m.If(s2_valid & (s2_op != VpuOp.AXPY)):
