@@ -56,8 +56,9 @@ def saturating_add(a: Value, b: Value, shape, split_above: int = SPLIT_ADD_ABOVE
     k = shape.width // 2
     low = a[:k] + b[:k]                              # k + 1 bits: the low half and its carry out
     a_hi, b_hi = a[k:].as_signed(), b[k:].as_signed()
-    # a_hi - ~b_hi == a_hi + b_hi + 1 as one chain with carry in 1 (a "+ 1" would be a second chain)
-    candidates = [saturate(Cat(low[:k], high).as_signed(), shape) for high in (a_hi + b_hi, a_hi - ~b_hi)]
+    # a_hi + b_hi + 1 as one chain and no inverter: (2 a_hi + 1) + (2 b_hi + 1) = 2 (a_hi + b_hi + 1)
+    plus_one = (Cat(Const(1, 1), a_hi).as_signed() + Cat(Const(1, 1), b_hi).as_signed())[1:].as_signed()
+    candidates = [saturate(Cat(low[:k], high).as_signed(), shape) for high in (a_hi + b_hi, plus_one)]
     return Mux(low[k], candidates[1], candidates[0])
 
 
