@@ -172,8 +172,9 @@ class Eas(wiring.Component):
         with m.If(delayed(m, t_valid[8], "t_valid9")):    # counted once best_* hold the center's verdict
             m.d.sync += done_j.eq(done_j + 1)
 
-        # the decision, a state per stage: the two products' partials (DSPs, loaded every cycle:
-        # here they hold best_*'s) and rho's shift; their sums (rho's with its rounding half), two
+        # the decision, a state per stage: rho's shift sh from best_rc's exponent (SHIFT); the two
+        # products' partials (DSPs, loaded every cycle: here they hold best_*'s) and sh's left/right
+        # amounts; their sums (rho's with its rounding half), two
         # stages; the join compare and rho's shift; the choice. rho = sat(round_shift(dot rc, sh)) with
         # sh = e + mf - rho_frac: sh <= 0 shifts left; a right shift of pw - 1 or more gives 0
         # (|dot rc| < 2^(pw - 3)), so it is cut to pw - 1.
@@ -184,8 +185,7 @@ class Eas(wiring.Component):
         rho_pieces = register_partials(m, 1, partial_products(rho_dot, rho_mantissa), "rho")
         pw = len(best_dot) + mf + 3      # dot rc plus its rounding half
         up_max = max(0, cfg.rho_frac - mf)
-        sh = Signal(signed(8))
-        m.d.comb += sh.eq(best_rc.exponent + (mf - cfg.rho_frac))
+        sh = Signal(signed(8))    # registered in SHIFT (its add, then the compares below, were 9.1 ns)
         rho_up, rho_down = Signal(range(up_max + 1)), Signal(range(pw))
         rho_half = Signal(pw)
         kk_cos = split_sum(m, placed(kk_pieces), cfg.kk_width + COS_FRAC + 1, "kk_cos")
@@ -258,7 +258,10 @@ class Eas(wiring.Component):
                     m.d.sync += [kdot.eq(vpu_k.o.payload.dot), kdot_j.eq(out_j), out_j.eq(out_j + 1)]
                 with m.If((done_j == count) & ~r_resp.valid & ~vpu_q.o.valid & ~Cat(sc_valid).any()):
                     m.d.sync += out_j.eq(0)
-                    m.next = "PRODUCTS"
+                    m.next = "SHIFT"
+            with m.State("SHIFT"):
+                m.d.sync += sh.eq(best_rc.exponent + (mf - cfg.rho_frac))
+                m.next = "PRODUCTS"
             with m.State("PRODUCTS"):
                 with m.If(sh <= 0):
                     m.d.sync += [rho_up.eq(-sh), rho_down.eq(0), rho_half.eq(0)]
