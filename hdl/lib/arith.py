@@ -5,7 +5,7 @@ bit-accurate model agree by construction of one definition each.
 """
 from __future__ import annotations
 
-from amaranth import Cat, Const, Mux, Shape, Value
+from amaranth import Const, Mux, Shape, Value
 
 
 def round_shift(value: Value, shift) -> Value:
@@ -39,27 +39,20 @@ def saturate(value: Value, shape: Shape) -> Value:
     return Mux(negative, 0, Mux(over, hi, value[:width]))[:width]
 
 
-SPLIT_ADD_ABOVE = 48   # bits: a wider saturating add is split in two carry chains (carry select)
-
-
-def saturating_add(a: Value, b: Value, shape, split_above: int = SPLIT_ADD_ABOVE) -> Value:
-    """``saturate(a + b, shape)`` for signed ``a``, ``b`` and ``shape``, as a carry-select adder when
-    ``shape`` is wider than ``split_above`` bits: the low half's sum runs beside the high half's
-    two sums (carry in 0 and 1, each with its own range check), and the low half's carry picks one.
-    An accumulator's loop (``acc <= sat(acc + x)``) cannot be retimed, so its carry chain and range
-    check are shortened instead (AC's 62-bit accumulators: one 31-cell chain then the range check
-    were its 98.9 MHz limit at ecp5-85f)."""
+def saturating_add(a: Value, b: Value, shape) -> Value:
+    """``saturate(a + b, shape)`` for an ``a`` of ``shape`` (signed) and a signed ``b``, where
+    ``b`` is clamped first to one bit more than ``shape`` when it is wider: exact, since a ``b``
+    beyond that is clamped to ``2 max + 1`` (or ``2 min``) and ``a + b`` reaches ``max`` (``min``)
+    either way. The sum
+    then has three bits above ``shape``'s sign, so the range check and the choice of each result
+    bit are one LUT4 (the bit and those three) after one carry chain. An accumulator's loop
+    (``acc <= sat(acc + x)``) cannot be retimed: AC's 62-bit accumulator + its 65-bit beat sum, a
+    chain and then two more LUT levels for the range check, were lad-ac's 98.9 MHz limit."""
     shape = Shape.cast(shape)
-    a, b = Value.cast(a), Value.cast(b)
-    if shape.width <= split_above:
-        return saturate(a + b, shape)
-    k = shape.width // 2
-    low = a[:k] + b[:k]                              # k + 1 bits: the low half and its carry out
-    a_hi, b_hi = a[k:].as_signed(), b[k:].as_signed()
-    # a_hi + b_hi + 1 as one chain and no inverter: (2 a_hi + 1) + (2 b_hi + 1) = 2 (a_hi + b_hi + 1)
-    plus_one = (Cat(Const(1, 1), a_hi).as_signed() + Cat(Const(1, 1), b_hi).as_signed())[1:].as_signed()
-    candidates = [saturate(Cat(low[:k], high).as_signed(), shape) for high in (a_hi + b_hi, plus_one)]
-    return Mux(low[k], candidates[1], candidates[0])
+    b = Value.cast(b)
+    if len(b) > shape.width + 1:
+        b = saturate(b, Shape(shape.width + 1, True))
+    return saturate(a + b, shape)
 
 
 def stall_all_enable(output_stream) -> Value:
