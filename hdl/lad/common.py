@@ -81,13 +81,15 @@ def sram_banks(cfg: LadTileConfig) -> dict[str, SramConfig]:
         # as a registered tree of three stages (2:1 each at 8 banks: each stage's mux can sit
         # between its two sources; with two stages, 4:1 then 2:1, the RAMs' outputs crossed the
         # device to the first: 7.9 ns, lad-eas's 102.4 MHz); the scores and recips with their
-        # read address from a register too (EAS's FSM is far from them), hdl/lib/sram.py
+        # read address from a register too (EAS's FSM is far from them), the recips' word
+        # registered once more (its DP16KD -> the output FIFO's LUT RAM was 7.9 ns of routing,
+        # lad-eas's 109.8 MHz), hdl/lib/sram.py
         "eas.centers": SramConfig(depth=max(2, cfg.max_centers * cfg.eas_beats), width=cfg.eas_lanes * cfg.kv_width,
                                   read_latency=6, address_register=True),
         "eas.center_scores": SramConfig(depth=max(2, cfg.max_centers), width=xw, read_latency=4,
                                         address_register=True),
         "eas.center_recips": SramConfig(depth=max(2, cfg.max_centers), width=recip_resp_layout(cfg).size,
-                                        read_latency=4, address_register=True),
+                                        read_latency=5, address_register=True),
         # APID's banks: read data registered once more after the RAM (APID's register slices
         # take it from a fabric register next to the RAM, not from the RAM's output pins)
         "apid.metadata": SramConfig(depth=cfg.max_positions, width=meta_layout(cfg).size, read_latency=2),
