@@ -13,7 +13,7 @@ the saturated AXPY lanes (every beat).
 """
 from __future__ import annotations
 
-from amaranth import Module, Signal, signed, unsigned
+from amaranth import Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -146,16 +146,16 @@ class Vpu(wiring.Component):
             m.d.sync += [s3_lanes[l].eq(s2_round[l] + s2_acc[l]) for l in range(cfg.lanes)]
         s2_valid, s2_op, s2_last, s2_beat_sum, s2_lanes = s3_valid, s3_op, s3_last, s3_beat_sum, s3_lanes
 
-        # Stage 7: accumulate with saturation, or saturate the AXPY lanes.
-        acc = Signal(signed(cfg.acc_width))
+        # Stage 7: accumulate with saturation, or saturate the AXPY lanes. A reduction's first
+        # beat adds to 0 (``fresh``: the last beat was a reduction's last), so acc needs no clear
+        # after the add: the loop is the add and its range check only.
+        acc, fresh = Signal(signed(cfg.acc_width)), Signal(init=1)
         acc_next = Signal(signed(cfg.acc_width))
-        m.d.comb += acc_next.eq(saturating_add(acc, s2_beat_sum, signed(cfg.acc_width)))
+        m.d.comb += acc_next.eq(saturating_add(Mux(fresh, 0, acc), s2_beat_sum, signed(cfg.acc_width)))
         with m.If(ce):
             m.d.sync += self.o.valid.eq(s2_valid & ((s2_op == VpuOp.AXPY) | s2_last))
             with m.If(s2_valid & (s2_op != VpuOp.AXPY)):
-                m.d.sync += [self.o.payload.dot.eq(acc_next), acc.eq(acc_next)]
-                with m.If(s2_last):
-                    m.d.sync += acc.eq(0)
+                m.d.sync += [self.o.payload.dot.eq(acc_next), acc.eq(acc_next), fresh.eq(s2_last)]
             for l in range(cfg.lanes):
                 m.d.sync += self.o.payload.vec[l].eq(saturate(s2_lanes[l], signed(cfg.acc_width)))
         return m
