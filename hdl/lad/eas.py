@@ -127,14 +127,14 @@ class Eas(wiring.Component):
         # t_j of each center behind its recip's read, a pipeline that never stalls (one center a
         # cycle at most): the partial products of (k_n.c_j)^2 (DSPs), registered twice; their sum
         # in two stages; the sum and rc_j copied, their partial products and the rounding half
-        # 2^(mf+e_j-1); their sum in two stages; the shift by mf + e_j; the compare (in carry
+        # 2^(mf+e_j-1); their sum in two stages; the shift by mf + e_j in two; the compare (in carry
         # chains side by side). Centers reach the compare in order, so the first maximum wins as
         # in the model.
         m.d.comb += r_resp.ready.eq(1)
         dot, dot_j = kdot, kdot_j   # k_n.c_j waits for its recip's read
         for i in range(banks["eas.center_recips"].read_latency - 1):
             dot, dot_j = delayed(m, dot, f"kdot_d{i}"), delayed(m, dot_j, f"kdot_j_d{i}")
-        T_STAGES = 9
+        T_STAGES = 10
         t_valid = [Signal(name=f"t_valid{i}") for i in range(T_STAGES)]
         side = data.StructLayout({"dot": signed(cfg.eas_vpu.acc_width), "j": unsigned(cfg.center_width), "rc": rl})
         t_side = [Signal(side, name=f"t_side{i}") for i in range(T_STAGES)]
@@ -153,23 +153,28 @@ class Eas(wiring.Component):
         t_half = Signal(2 * cfg.eas_vpu.acc_width + mf + 2)
         m.d.sync += t_half.eq((Const(1, 1) << (mf + t_side[4].rc.exponent)) >> 1)
         prod = split_sum(m, placed(prod_pieces) + [t_half], len(t_half), "prod")              # stages 6, 7
+        # the shift by mf + e_j in two steps: by its multiple of 4 (stage 8), then by the rest
+        # (stage 9; in one step, its 5-6 mux levels were 9.0 ns, lad-eas's limit at 111.3 MHz)
+        t_shift = mf + t_side[7].rc.exponent
+        t_coarse, t_fine = Signal.like(prod, name="t_coarse"), Signal(2, name="t_fine")
+        m.d.sync += [t_coarse.eq(prod >> Cat(Const(0, 2), t_shift[2:])), t_fine.eq(t_shift[:2])]  # stage 8
         t_now = Signal.like(best_t)
-        m.d.sync += t_now.eq(prod >> (mf + t_side[7].rc.exponent))                             # stage 8
-        # the running maximum in two steps (the first maximum wins, as in the model). Stage 8
+        m.d.sync += t_now.eq(t_coarse >> t_fine)                                                # stage 9
+        # the running maximum in two steps (the first maximum wins, as in the model). Stage 10
         # compares t_j with the maximum so far, which is the pending center when that one won
         # (best_* do not hold it yet), else best_*, and registers the verdict (pending_won) with
-        # the center (pending_*); stage 9 loads best_* from pending_* when it won. The compare's
+        # the center (pending_*); stage 11 loads best_* from pending_* when it won. The compare's
         # carry chains end at one flip-flop, and best_*'s enables come from that flip-flop (in one
         # step, the compare fanned out to them: lad-eas's critical path, 112 MHz).
         pending_won, pending_t, pending = Signal(), Signal.like(best_t, name="pending_t"), Signal(side, name="pending")
         beats_pending = greater(t_now, pending_t)
         beats_best = ~best_valid | greater(t_now, best_t)
-        m.d.sync += [pending_won.eq(t_valid[8] & Mux(pending_won, beats_pending, beats_best)),
-                     pending_t.eq(t_now), pending.eq(t_side[8])]
+        m.d.sync += [pending_won.eq(t_valid[9] & Mux(pending_won, beats_pending, beats_best)),
+                     pending_t.eq(t_now), pending.eq(t_side[9])]
         with m.If(pending_won):
             m.d.sync += [best_valid.eq(1), best_t.eq(pending_t), best_j.eq(pending.j), best_dot.eq(pending.dot),
                          best_rc.exponent.eq(pending.rc.exponent), best_rc.mantissa.eq(~pending.rc.mantissa)]
-        with m.If(delayed(m, t_valid[8], "t_valid9")):    # counted once best_* hold the center's verdict
+        with m.If(delayed(m, t_valid[9], "t_valid10")):    # counted once best_* hold the center's verdict
             m.d.sync += done_j.eq(done_j + 1)
 
         # the decision, a state per stage: rho's shift sh from best_rc's exponent (SHIFT); the two
