@@ -497,9 +497,12 @@ class Ac(wiring.Component):
                     m.next = "COMBINE_WAIT"
             with m.State("COMBINE_WAIT"):
                 m.d.comb += main_busy.eq(1)
+                # issue and D's read address are TERMS_Z's alone: set while waiting, so the last
+                # write's arrival drives the state only (shared with them, its decode sat by D's
+                # read address across the device: 94.8 MHz, seed 1)
+                m.d.sync += issue.eq(0)
+                D.read_next(m, 0)
                 with m.If(cw_valid & cw_last):
-                    m.d.sync += issue.eq(0)
-                    D.read_next(m, 0)
                     m.next = "TERMS_Z"
             with m.State("TERMS_Z"):   # q.D_r on VPU 0 (the engine is idle: no update since the pass):
                 m.d.comb += main_busy.eq(1)  # D's beats read (d_word), rounded (dot_load), into the VPU
