@@ -179,8 +179,8 @@ class Eas(wiring.Component):
 
         # the decision, a state per stage: rho's shift sh from best_rc's exponent (SHIFT); the two
         # products' partials (DSPs, loaded every cycle: here they hold best_*'s) and sh's left/right
-        # amounts; their sums (rho's with its rounding half), two
-        # stages; the join compare and rho's shift; the choice. rho = sat(round_shift(dot rc, sh)) with
+        # amounts; their sums (rho's with its rounding half), two stages; the join compare and
+        # rho's shift; the choice. rho = sat(round_shift(dot rc, sh)) with
         # sh = e + mf - rho_frac: sh <= 0 shifts left; a right shift of pw - 1 or more gives 0
         # (|dot rc| < 2^(pw - 3)), so it is cut to pw - 1.
         kk_pieces = register_partials(m, 1, partial_products(kk, cfg.cos2_raw), "kk_cos")

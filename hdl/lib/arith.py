@@ -43,11 +43,10 @@ def saturating_add(a: Value, b: Value, shape) -> Value:
     """``saturate(a + b, shape)`` for an ``a`` of ``shape`` (signed) and a signed ``b``, where
     ``b`` is clamped first to one bit more than ``shape`` when it is wider: exact, since a ``b``
     beyond that is clamped to ``2 max + 1`` (or ``2 min``) and ``a + b`` reaches ``max`` (``min``)
-    either way. The sum
-    then has three bits above ``shape``'s sign, so the range check and the choice of each result
-    bit are one LUT4 (the bit and those three) after one carry chain. An accumulator's loop
-    (``acc <= sat(acc + x)``) cannot be retimed: AC's 62-bit accumulator + its 65-bit beat sum, a
-    chain and then two more LUT levels for the range check, were lad-ac's 98.9 MHz limit."""
+    either way. The sum then has three bits above ``shape``'s sign, so the range check after the
+    carry chain reads three bits, not all of a wide addend's. An accumulator's loop
+    (``acc <= sat(acc + x)``) cannot be retimed: AC's 62-bit accumulator + its 65-bit beat sum,
+    the chain then the range check, were lad-ac's 98.9 MHz limit (docs/lad-tile.md, session 35)."""
     shape = Shape.cast(shape)
     b = Value.cast(b)
     if len(b) > shape.width + 1:
