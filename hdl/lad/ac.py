@@ -108,8 +108,9 @@ class LaneFile:
 
 class ScalarFile:
     """The ``g`` of two cache updates (``d`` lanes of ``width`` bits each, copy ``buf`` 0 or 1) in
-    memories (LUT RAM, or a block RAM where Yosys picks one, as at ecp5-85f), written a lane group (``group_lanes``) a cycle by BEATS and read a row (``row_lanes``,
-    one per VPU) a cycle by the A engine. Word ``w`` (``u = gcd(group_lanes, row_lanes)`` lanes)
+    memories (LUT RAM, or a block RAM where Yosys picks one, as at ecp5-85f), written a lane group
+    (``group_lanes``) a cycle by BEATS and read a row (``row_lanes``, one per VPU) a cycle by the A
+    engine. Word ``w`` (``u = gcd(group_lanes, row_lanes)`` lanes)
     lives in memory ``w mod M`` (``M = lcm / u`` memories of one write port each), so a group's
     ``a = group_lanes / u`` words go to ``a`` distinct memories (chosen by the group's index mod
     ``b = row_lanes / u``) and a row's ``b`` words come from ``b`` distinct memories (chosen by the
