@@ -111,7 +111,7 @@ class Eas(wiring.Component):
         req_j, req_b = Signal(range(cfg.max_centers + 1)), Signal(beat_shape)
         scan_issue = Signal()   # SCAN's reads go on: req_j < count, as a register (the compare and the
                                 # state had reached the centers' read enable and req_b: 104.7 MHz)
-        resp_b = Signal(beat_shape)
+        resp_b = Signal(beat_shape)   # the beat into the VPUs (SELF's, and SCAN's responses)
         done_j = Signal(range(cfg.max_centers + 1))
         best_valid = Signal()
         best_j = Signal(cfg.center_width)
@@ -225,31 +225,38 @@ class Eas(wiring.Component):
         # centers' reads (they come only in SCAN, into the VPUs: the state -> their ready -> the
         # bank's output enables, 102.8 MHz)
         m.d.comb += [vpu_q.o.ready.eq(1), vpu_k.o.ready.eq(1), c_resp.ready.eq(1)]
+        # SCAN's reads of the centers, outside the state machine: scan_issue is set only on entering
+        # SCAN and clears at its last read, before SCAN ends, so it is the state's decode as a
+        # register. req_b and req_j wrap to 0 after the last read, so they are 0 at every SCAN's
+        # start without a reset. (They load the bank's address register, which fans out to every
+        # DP16KD: with the state in their enables, the decode crossed the device twice to reach
+        # them, 7.1 ns of routing, lad-eas's limit at 111.4 MHz.)
+        m.d.comb += c_req.valid.eq(scan_issue)
+        with m.If(c_req.valid & c_req.ready):
+            m.d.sync += req_b.eq(incr(req_b, nb))
+            with m.If(req_b == nb - 1):
+                more = req_j + 1 < count
+                m.d.sync += [req_j.eq(Mux(more, req_j + 1, 0)), scan_issue.eq(more)]
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.start.ready.eq(1)
                 with m.If(self.start.valid):
-                    m.d.sync += [req_b.eq(0), resp_b.eq(0), req_j.eq(0), done_j.eq(0), best_valid.eq(0)]
+                    m.d.sync += [done_j.eq(0), best_valid.eq(0)]   # (resp_b, req_b, req_j: 0, wrapped)
                     m.next = "SELF"
             with m.State("SELF"):   # q.k_n and k_n.k_n, one beat per cycle
-                for vpu, other in ((vpu_q, q_beats[req_b]), (vpu_k, k_beats[req_b])):
-                    m.d.comb += [vpu.i.valid.eq(1), vpu.i.payload.op.eq(VpuOp.DOT), vpu.i.payload.last.eq(req_b == nb - 1),
-                                 vpu.i.payload.a.eq(k_beats[req_b]), vpu.i.payload.b.eq(other)]
+                for vpu, other in ((vpu_q, q_beats[resp_b]), (vpu_k, k_beats[resp_b])):
+                    m.d.comb += [vpu.i.valid.eq(1), vpu.i.payload.op.eq(VpuOp.DOT), vpu.i.payload.last.eq(resp_b == nb - 1),
+                                 vpu.i.payload.a.eq(k_beats[resp_b]), vpu.i.payload.b.eq(other)]
                 with m.If(vpu_q.i.ready):
-                    m.d.sync += req_b.eq(incr(req_b, nb))
-                    with m.If(req_b == nb - 1):
+                    m.d.sync += resp_b.eq(incr(resp_b, nb))
+                    with m.If(resp_b == nb - 1):
                         m.next = "SELF_WAIT"
             with m.State("SELF_WAIT"):
                 m.d.comb += [score_in.eq(vpu_q.o.valid), score_in_self.eq(1)]
                 with m.If(vpu_q.o.valid):
                     m.d.sync += [kk.eq(vpu_k.o.payload.dot), scan_issue.eq(count != 0)]
                     m.next = "SCAN"
-            with m.State("SCAN"):   # every center: q.c_j and k_n.c_j in lockstep
-                m.d.comb += c_req.valid.eq(scan_issue)
-                with m.If(c_req.valid & c_req.ready):
-                    m.d.sync += req_b.eq(incr(req_b, nb))
-                    with m.If(req_b == nb - 1):
-                        m.d.sync += [req_j.eq(req_j + 1), scan_issue.eq(req_j + 1 < count)]
+            with m.State("SCAN"):   # every center: q.c_j and k_n.c_j in lockstep (the reads: above)
                 for vpu, other in ((vpu_q, q_beats[resp_b]), (vpu_k, k_beats[resp_b])):
                     m.d.comb += [vpu.i.valid.eq(c_resp.valid), vpu.i.payload.op.eq(VpuOp.DOT),
                                  vpu.i.payload.last.eq(resp_b == nb - 1), vpu.i.payload.a.eq(c_resp.payload),
