@@ -183,9 +183,13 @@ class Eas(wiring.Component):
         # rho's shift; the choice. rho = sat(round_shift(dot rc, sh)) with
         # sh = e + mf - rho_frac: sh <= 0 shifts left; a right shift of pw - 1 or more gives 0
         # (|dot rc| < 2^(pw - 3)), so it is cut to pw - 1.
-        kk_pieces = register_partials(m, 1, partial_products(kk, cfg.cos2_raw), "kk_cos")
-        # (rho's operands through a plain copy of best_*: the compare that loads best_* would
-        # otherwise reach the DSPs' clock enables once synth/absorb.py moves best_* into them)
+        # (kk through a copy read only by the DSPs, which synth/absorb.py moves into their input
+        # registers: kk itself also feeds the join's kk != 0 and RECIP, and from the fabric the
+        # route into the DSP column and its multiply were 8.2 ns, lad-eas's limit at 121.6 MHz;
+        # kk is set in SELF_WAIT, its product read in COMPARE five states later, so one stage more
+        # is free. rho's operands through a plain copy of best_*: the compare that loads best_*
+        # would otherwise reach the DSPs' clock enables once absorb.py moves best_* into them)
+        kk_pieces = register_partials(m, 1, partial_products(delayed(m, kk, "kk_op"), cfg.cos2_raw), "kk_cos")
         rho_dot, rho_mantissa = delayed(m, best_dot, "rho_dot"), delayed(m, best_rc.mantissa, "rho_mantissa")
         rho_pieces = register_partials(m, 1, partial_products(rho_dot, rho_mantissa), "rho")
         pw = len(best_dot) + mf + 3      # dot rc plus its rounding half
