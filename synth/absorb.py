@@ -219,6 +219,13 @@ def _dsps(module: dict) -> int:
             for pin in _signal_pins(dsp, port):
                 dsp["connections"][pin] = cells[drivers[dsp["connections"][pin][0]][0]]["connections"]["DI"]
             operand_ffs |= got[port][0]
+        # a constant operand (every pin tied) gets its register too, on the same control: it
+        # loads the same constant, reset and enabled with the other operand, so the product is
+        # unchanged, and nextpnr times both inputs as registered (with one, as neither:
+        # EAS's kk * cos2 from its operand's register through the multiply, 8.2 ns)
+        for port in "AB":
+            if port not in ports:
+                _clock_register(dsp, f"INPUT{port}", next(iter(controls)))
     # an operand register leaves the fabric once every multiplier reading it holds its copy
     loads_now = _loads(module)
     for ff in operand_ffs:

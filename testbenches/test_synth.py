@@ -464,6 +464,33 @@ def test_dsp_operand_registered_twice_moves_in(tmp_path, b_enable, moved):
         assert "REG_INPUTA_CLK" not in p and "REG_INPUTB_CLK" not in p
 
 
+def test_dsp_constant_operand_registered_with_the_other(tmp_path):
+    """A multiply by a constant (B's pins all tied): A's twice-registered operand moves in, and B
+    gets its register on the same control (nextpnr times a DSP with one input registered as if
+    neither were); B's pins stay tied to the constant."""
+    from synth import absorb
+    netlist = _dsp_netlist()
+    cells = netlist["modules"]["core"]["cells"]
+    cells["fz0"], cells["fz1"] = _ff(2, 8, 70, 10), _ff(2, 8, 71, 11)
+    cells["dsp"]["connections"]["B0"] = ["1"]
+    del cells["fb0"]
+    path = tmp_path / "top.json"
+    path.write_text(json.dumps(netlist))
+    assert absorb.absorb(path) == {"bram": 0, "dsp": 4}    # fp0, fp1 and fa0, fa1
+    cells = json.loads(path.read_text())["modules"]["core"]["cells"]
+    p, c = cells["dsp"]["parameters"], cells["dsp"]["connections"]
+    assert c["A0"] == [10] and c["A1"] == [11] and c["B0"] == ["1"]
+    assert p["REG_INPUTA_CLK"] == p["REG_INPUTB_CLK"] == p["REG_OUTPUT_CLK"] == "CLK0"
+    assert p["REG_INPUTB_CE"] == p["REG_INPUTA_CE"] == "CE0" and c["CE0"] == [8]
+    # with A's register left in the fabric (read by logic too), B stays unregistered as well
+    netlist = _dsp_netlist(shared_a=True)
+    netlist["modules"]["core"]["cells"]["dsp"]["connections"]["B0"] = ["1"]
+    path.write_text(json.dumps(netlist))
+    absorb.absorb(path)
+    p = json.loads(path.read_text())["modules"]["core"]["cells"]["dsp"]["parameters"]
+    assert "REG_INPUTA_CLK" not in p and "REG_INPUTB_CLK" not in p
+
+
 @pytest.mark.parametrize("second_absorbs", [True, False])
 def test_dsp_shared_operand_register_copied_into_each_multiplier(tmp_path, second_absorbs):
     """B's register fb0 (loaded from fz2) read by two multipliers goes into each as a copy and
