@@ -39,7 +39,7 @@ def lookup_layout(cfg: LadTileConfig) -> data.StructLayout:
 
 
 class Eas(wiring.Component):
-    LOOKUP_STAGES = 4   # registers after the score SRAM's read: operands, partial products, the sum's halves, the result
+    LOOKUP_STAGES = 5   # registers after the score SRAM's read: operands twice, partial products, the sum's halves, the result
 
     @classmethod
     def lookups_in_flight(cls, cfg: LadTileConfig) -> int:
@@ -84,8 +84,11 @@ class Eas(wiring.Component):
         m.d.comb += self.centers.eq(count)
 
         # lookups, a stall-all pipeline several deep: the score SRAM's registered read; the operands
-        # registered; their partial products (in the DSPs); the sum, rounded and saturated. Each
-        # lookup's rho waits in a FIFO for its score.
+        # registered twice (the second copy read only by the DSPs, which synth/absorb.py moves into
+        # their input registers: from the FIFO's and the bank's outputs in one register, the route
+        # into the DSP column and the multiply were 8.1 ns, lad-eas's limit at 122.8 MHz); their
+        # partial products; the sum, rounded and saturated. Each lookup's rho waits in a FIFO for
+        # its score.
         lookup_en = stall_all_enable(self.approx)
         m.submodules.rho_fifo = rho_fifo = SyncFIFO(width=cfg.rho_width, depth=banks["eas.center_scores"].read_latency + 1)
         m.d.comb += [s_req.valid.eq(self.lookup.valid & rho_fifo.w_rdy), s_req.payload.addr.eq(self.lookup.payload.center),
@@ -94,6 +97,7 @@ class Eas(wiring.Component):
                      s_resp.ready.eq(lookup_en), rho_fifo.r_en.eq(s_resp.valid & lookup_en)]
         l_valid = [Signal(name=f"lookup_valid{i}") for i in range(self.LOOKUP_STAGES)]
         l_score, l_rho, l_approx = Signal(signed(xw)), Signal(signed(cfg.rho_width)), Signal(signed(xw))
+        l_score_in, l_rho_in = Signal.like(l_score, name="l_score_in"), Signal.like(l_rho, name="l_rho_in")
         l_pieces = register_partials(m, lookup_en, partial_products(l_score, l_rho), "lookup")
         # the sum in two halves either side of a register (as one carry chain after the pieces'
         # registers, then the shift and the saturation: 108.3 MHz at ecp5-85f)
@@ -101,7 +105,7 @@ class Eas(wiring.Component):
                           ce=lookup_en).as_signed()
         with m.If(lookup_en):
             m.d.sync += [l_valid[0].eq(s_resp.valid), *(l_valid[i + 1].eq(l_valid[i]) for i in range(len(l_valid) - 1)),
-                         l_score.eq(s_resp.payload), l_rho.eq(rho_fifo.r_data),
+                         l_score_in.eq(s_resp.payload), l_rho_in.eq(rho_fifo.r_data), l_score.eq(l_score_in), l_rho.eq(l_rho_in),
                          l_approx.eq(saturate(l_sum >> cfg.rho_frac, signed(xw)))]
         m.d.comb += [self.approx.valid.eq(l_valid[-1]), self.approx.payload.eq(l_approx)]
 
