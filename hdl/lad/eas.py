@@ -113,6 +113,7 @@ class Eas(wiring.Component):
         kk = Signal(cfg.kk_width)
         beat_shape = range(max(nb, 2))        # (at eas_beats = 1 the beat counters stay 0)
         req_j, req_b = Signal(range(cfg.max_centers + 1)), Signal(beat_shape)
+        req_j_next = Signal.like(req_j, init=1, name="req_j_next")   # req_j + 1
         scan_issue = Signal()   # SCAN's reads go on: req_j < count, as a register (the compare and the
                                 # state had reached the centers' read enable and req_b: 104.7 MHz)
         resp_b = Signal(beat_shape)   # the beat into the VPUs (SELF's, and SCAN's responses)
@@ -243,8 +244,12 @@ class Eas(wiring.Component):
         with m.If(c_req.valid & c_req.ready):
             m.d.sync += req_b.eq(incr(req_b, nb))
             with m.If(req_b == nb - 1):
-                more = req_j + 1 < count
-                m.d.sync += [req_j.eq(Mux(more, req_j + 1, 0)), scan_issue.eq(more)]
+                # req_j + 1 kept in its own register, so "another center" is an equality (reads
+                # go only while req_j < count, so req_j + 1 <= count), not the add and then a
+                # compare in series (two carry chains into scan_issue: 8.4 ns, 119.8 MHz)
+                more = req_j_next != count
+                m.d.sync += [req_j.eq(Mux(more, req_j_next, 0)), req_j_next.eq(Mux(more, req_j_next + 1, 1)),
+                             scan_issue.eq(more)]
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.start.ready.eq(1)
