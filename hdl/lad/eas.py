@@ -8,8 +8,7 @@ RECIP of ``|c_j|^2`` picks the best center (first maximum; a running maximum in 
 steps, compare then load). ``k_n`` joins it when
 ``t_j 2^16 >= cos^2 |k_n|^2`` (or the table is full), with
 ``rho = round_shift((k_n.c_j) rc_j, mf + e_j - rho_frac)``; otherwise it becomes a new center
-(its RECIP through the ``recip_*`` ports). The result leaves on ``key_out``. ``q`` and ``k`` hold
-their values from ``start``'s transfer until ``key_out``'s.
+(its RECIP through the ``recip_*`` ports). The result leaves on ``key_out``.
 ``lookup (center, rho)`` -> ``approx``: ``s^ = sat(round_shift(score_j * rho, rho_frac))``.
 """
 from __future__ import annotations
@@ -118,16 +117,6 @@ class Eas(wiring.Component):
         scan_issue = Signal()   # SCAN's reads go on: req_j < count, as a register (the compare and the
                                 # state had reached the centers' read enable and req_b: 104.7 MHz)
         resp_b = Signal(beat_shape)   # the beat into the VPUs (SELF's, and SCAN's responses)
-        # beat resp_b of q and k, registered: both candidates (beats resp_b and resp_b + 1, looked
-        # up from the registered resp_b) are ready and `advance` picks one, so no 8:1 select lies
-        # between resp_b and the VPUs' input registers (8.97 ns, 7.3 of them routing, lad-eas's
-        # limit at 111.5 MHz; MD's q_beat likewise)
-        advance = Signal()            # resp_b moves on this cycle
-        q_beat, k_beat = Signal(len(q_beats[0]), name="q_beat"), Signal(len(k_beats[0]), name="k_beat")
-        for reg, beats in ((q_beat, q_beats), (k_beat, k_beats)):
-            m.d.sync += reg.eq(Mux(advance, beats[incr(resp_b, nb)], beats[resp_b]))
-        with m.If(advance):
-            m.d.sync += resp_b.eq(incr(resp_b, nb))
         done_j = Signal(range(cfg.max_centers + 1))
         best_valid = Signal()
         best_j = Signal(cfg.center_width)
@@ -268,11 +257,11 @@ class Eas(wiring.Component):
                     m.d.sync += [done_j.eq(0), best_valid.eq(0)]   # (resp_b, req_b, req_j: 0, wrapped)
                     m.next = "SELF"
             with m.State("SELF"):   # q.k_n and k_n.k_n, one beat per cycle
-                for vpu, other in ((vpu_q, q_beat), (vpu_k, k_beat)):
+                for vpu, other in ((vpu_q, q_beats[resp_b]), (vpu_k, k_beats[resp_b])):
                     m.d.comb += [vpu.i.valid.eq(1), vpu.i.payload.op.eq(VpuOp.DOT), vpu.i.payload.last.eq(resp_b == nb - 1),
-                                 vpu.i.payload.a.eq(k_beat), vpu.i.payload.b.eq(other)]
+                                 vpu.i.payload.a.eq(k_beats[resp_b]), vpu.i.payload.b.eq(other)]
                 with m.If(vpu_q.i.ready):
-                    m.d.comb += advance.eq(1)
+                    m.d.sync += resp_b.eq(incr(resp_b, nb))
                     with m.If(resp_b == nb - 1):
                         m.next = "SELF_WAIT"
             with m.State("SELF_WAIT"):
@@ -281,12 +270,12 @@ class Eas(wiring.Component):
                     m.d.sync += [kk.eq(vpu_k.o.payload.dot), scan_issue.eq(count != 0)]
                     m.next = "SCAN"
             with m.State("SCAN"):   # every center: q.c_j and k_n.c_j in lockstep (the reads: above)
-                for vpu, other in ((vpu_q, q_beat), (vpu_k, k_beat)):
+                for vpu, other in ((vpu_q, q_beats[resp_b]), (vpu_k, k_beats[resp_b])):
                     m.d.comb += [vpu.i.valid.eq(c_resp.valid), vpu.i.payload.op.eq(VpuOp.DOT),
                                  vpu.i.payload.last.eq(resp_b == nb - 1), vpu.i.payload.a.eq(c_resp.payload),
                                  vpu.i.payload.b.eq(other)]
                 with m.If(c_resp.valid & c_resp.ready):
-                    m.d.comb += advance.eq(1)
+                    m.d.sync += resp_b.eq(incr(resp_b, nb))
                 # a center's dots: its score to the score SRAM, k_n.c_j waits for the center's recip
                 m.d.comb += score_in.eq(vpu_q.o.valid)
                 with m.If(vpu_q.o.valid):
