@@ -191,7 +191,7 @@ class Eas(wiring.Component):
         # (kk through a copy read only by the DSPs, which synth/absorb.py moves into their input
         # registers: kk itself also feeds the join's kk != 0 and RECIP, and from the fabric the
         # route into the DSP column and its multiply were 8.2 ns, lad-eas's limit at 121.6 MHz;
-        # kk is set in SELF_WAIT, its product read in COMPARE five states later, so one stage more
+        # kk is set in SELF_WAIT, its product read in COMPARE six states later, so one stage more
         # is free. rho's operands through a plain copy of best_*: the compare that loads best_*
         # would otherwise reach the DSPs' clock enables once absorb.py moves best_* into them)
         kk_pieces = register_partials(m, 1, partial_products(delayed(m, kk, "kk_op"), cfg.cos2_raw), "kk_cos")
