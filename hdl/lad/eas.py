@@ -254,7 +254,7 @@ class Eas(wiring.Component):
             with m.State("IDLE"):
                 m.d.comb += self.start.ready.eq(1)
                 with m.If(self.start.valid):
-                    m.d.sync += [done_j.eq(0), best_valid.eq(0)]   # (resp_b, req_b, req_j: 0, wrapped)
+                    m.d.sync += [done_j.eq(0), best_valid.eq(0)]   # (resp_b, req_b, req_j, req_j_next: back at 0, 0, 0, 1, wrapped)
                     m.next = "SELF"
             with m.State("SELF"):   # q.k_n and k_n.k_n, one beat per cycle
                 for vpu, other in ((vpu_q, q_beats[resp_b]), (vpu_k, k_beats[resp_b])):
