@@ -97,15 +97,15 @@ def test_round_shift_matches_golden_exhaustively(shift):
 
 def test_greater_exhaustive_and_split_sum_random():
     """hdl/lib/pipe.py's timing helpers: ``greater`` (chunked compare) equals ``>`` on every pair of
-    6-bit values with 2-bit chunks; ``split_sum`` (two registered stages) equals the exact sum
+    6-bit values with 2-bit chunks, and its registered form equals the previous pair's ``>``; ``split_sum`` (two registered stages) equals the exact sum
     of a signed 40 x 40 product's partial pieces plus a constant, modulo 2^81, one cycle late
     per tick after the first, on 300 random operand pairs (seed 1)."""
     import random
     from amaranth import signed
     from hdl.lib.pipe import greater, partial_products, placed, split_sum
     m = Module()
-    a, b, gt = Signal(6), Signal(6), Signal()
-    m.d.comb += gt.eq(greater(a, b, chunk=2))
+    a, b, gt, gt_late = Signal(6), Signal(6), Signal(), Signal()
+    m.d.comb += [gt.eq(greater(a, b, chunk=2)), gt_late.eq(greater(a, b, chunk=2, m=m, name="late"))]
     x, y = Signal(signed(40)), Signal(signed(40))
     total = split_sum(m, placed(partial_products(x, y)) + [77], 81, "total")
     rng = random.Random(1)
@@ -115,11 +115,16 @@ def test_greater_exhaustive_and_split_sum_random():
     pairs[:3] = [(-2**39, -2**39), (2**39 - 1, -2**39), (0, 0)]
 
     async def bench(ctx):
+        last = None
         for av in range(64):
             for bv in range(64):
                 ctx.set(a, av)
                 ctx.set(b, bv)
                 assert ctx.get(gt) == int(av > bv), (av, bv)
+                if last is not None:   # the registered form: the pair before this one
+                    assert ctx.get(gt_late) == int(last[0] > last[1]), (last, av, bv)
+                last = (av, bv)
+                await ctx.tick()
         for i, (xv, yv) in enumerate(pairs):
             ctx.set(x, xv)
             ctx.set(y, yv)

@@ -4,8 +4,8 @@
 position's exact score) and ``|k_n|^2``, then read every center ``c_j`` once from the centers SRAM,
 ``eas_lanes`` elements per cycle (a center is ``eas_beats`` words; ``eas_beats`` cycles per center), computing ``q.c_j`` (its scaled score goes to the center-score SRAM) and ``k_n.c_j``
 in lockstep; ``t_j = round_shift((k_n.c_j)^2 rc_j, mf + e_j)`` with ``(rc_j, e_j)`` the stored
-RECIP of ``|c_j|^2`` picks the best center (first maximum; a running maximum in two registered
-steps, compare then load). ``k_n`` joins it when
+RECIP of ``|c_j|^2`` picks the best center (first maximum; a running maximum in three registered
+steps: compares, verdict, load). ``k_n`` joins it when
 ``t_j 2^16 >= cos^2 |k_n|^2`` (or the table is full), with
 ``rho = round_shift((k_n.c_j) rc_j, mf + e_j - rho_frac)``; otherwise it becomes a new center
 (its RECIP through the ``recip_*`` ports). The result leaves on ``key_out``.
@@ -116,7 +116,7 @@ class Eas(wiring.Component):
         req_j_next = Signal.like(req_j, init=1, name="req_j_next")   # req_j + 1
         scan_issue = Signal()   # SCAN's reads go on: req_j < count, as a register (the compare and the
                                 # state had reached the centers' read enable and req_b: 104.7 MHz)
-        resp_b = Signal(beat_shape)   # the beat into the VPUs (SELF's, and SCAN's responses)
+        self_b = Signal(beat_shape)   # SELF's beat
         done_j = Signal(range(cfg.max_centers + 1))
         best_valid = Signal()
         best_j = Signal(cfg.center_width)
@@ -139,7 +139,7 @@ class Eas(wiring.Component):
         dot, dot_j = kdot, kdot_j   # k_n.c_j waits for its recip's read
         for i in range(banks["eas.center_recips"].read_latency - 1):
             dot, dot_j = delayed(m, dot, f"kdot_d{i}"), delayed(m, dot_j, f"kdot_j_d{i}")
-        T_STAGES = 10
+        T_STAGES = 12
         t_valid = [Signal(name=f"t_valid{i}") for i in range(T_STAGES)]
         side = data.StructLayout({"dot": signed(cfg.eas_vpu.acc_width), "j": unsigned(cfg.center_width), "rc": rl})
         t_side = [Signal(side, name=f"t_side{i}") for i in range(T_STAGES)]
@@ -165,21 +165,27 @@ class Eas(wiring.Component):
         m.d.sync += [t_coarse.eq(prod >> Cat(Const(0, 2), t_shift[2:])), t_fine.eq(t_shift[:2])]  # stage 8
         t_now = Signal.like(best_t)
         m.d.sync += t_now.eq(t_coarse >> t_fine)                                                # stage 9
-        # the running maximum in two steps (the first maximum wins, as in the model). Stage 10
-        # compares t_j with the maximum so far, which is the pending center when that one won
-        # (best_* do not hold it yet), else best_*, and registers the verdict (pending_won) with
-        # the center (pending_*); stage 11 loads best_* from pending_* when it won. The compare's
-        # carry chains end at one flip-flop, and best_*'s enables come from that flip-flop (in one
-        # step, the compare fanned out to them: lad-eas's critical path, 112 MHz).
-        pending_won, pending_t, pending = Signal(), Signal.like(best_t, name="pending_t"), Signal(side, name="pending")
-        beats_pending = greater(t_now, pending_t)
-        beats_best = ~best_valid | greater(t_now, best_t)
-        m.d.sync += [pending_won.eq(t_valid[9] & Mux(pending_won, beats_pending, beats_best)),
-                     pending_t.eq(t_now), pending.eq(t_side[9])]
-        with m.If(pending_won):
-            m.d.sync += [best_valid.eq(1), best_t.eq(pending_t), best_j.eq(pending.j), best_dot.eq(pending.dot),
+        # the running maximum in three steps (the first maximum wins, as in the model). t_j beats
+        # the maximum so far iff it beats every earlier t_i, strictly: stage 10 compares t_j with
+        # best_t, which holds the centers three or more cycles ahead, and with the (valid) t of the
+        # two cycles just ahead (t_prev1, t_prev2: not in best_* yet), each compare's chunks
+        # registered; stage 11 combines them into the verdict (pending_won); stage 12 loads best_*
+        # from the center when it won. No compare depends on an earlier verdict, and best_*'s
+        # enables come from one flip-flop (with the last verdict choosing between two compares
+        # in the verdict's own cycle, 8.3 ns: lad-eas's limit at 120.8 MHz, seed 3; in one step,
+        # the compare fanned out to best_*'s enables: 112 MHz).
+        t_prev1, t_prev2 = delayed(m, t_now, "t_prev1"), Signal.like(t_now, name="t_prev2")
+        m.d.sync += t_prev2.eq(t_prev1)
+        beaten = [delayed(m, ~valid, f"{name}_empty") | greater(t_now, t, m=m, name=f"beats_{name}")
+                  for name, t, valid in (("best", best_t, best_valid), ("prev1", t_prev1, t_valid[10]),
+                                         ("prev2", t_prev2, t_valid[11]))]
+        pending_won = Signal()
+        m.d.sync += pending_won.eq(t_valid[10] & Cat(beaten).all())
+        with m.If(pending_won):   # stage 12: t_j in t_prev2, its side in t_side[11]
+            pending = t_side[11]
+            m.d.sync += [best_valid.eq(1), best_t.eq(t_prev2), best_j.eq(pending.j), best_dot.eq(pending.dot),
                          best_rc.exponent.eq(pending.rc.exponent), best_rc.mantissa.eq(~pending.rc.mantissa)]
-        with m.If(delayed(m, t_valid[9], "t_valid10")):    # counted once best_* hold the center's verdict
+        with m.If(t_valid[11]):    # counted as best_* take the center's verdict
             m.d.sync += done_j.eq(done_j + 1)
 
         # the decision, a state per stage: rho's shift sh from best_rc's exponent (SHIFT); the two
@@ -250,38 +256,51 @@ class Eas(wiring.Component):
                 more = req_j_next != count
                 m.d.sync += [req_j.eq(Mux(more, req_j_next, 0)), req_j_next.eq(Mux(more, req_j_next + 1, 1)),
                              scan_issue.eq(more)]
+        # the VPUs' operands, outside the state machine: a center's beat from the SRAM against q's
+        # and k_n's beats of the same index (SCAN), or k_n's beat against them (SELF). Each read's
+        # beat index (SCAN: req_b) or SELF's (self_b; one of the two is 0, as they never overlap
+        # and both wrap to 0) travels through registers as deep as the read, and q's and k_n's
+        # beats of it are picked into registers one cycle before the read's data comes (the read
+        # port never stalls: c_resp.ready is 1). (Picked in the VPUs' input cycle by a counter of
+        # the responses, the 8:1 select reached the VPUs' input registers through 7.3 ns of
+        # routing: lad-eas's limit at 111.5 MHz, seed 1.)
+        in_self = Signal()
+        op_beat, op_self = self_b | req_b, in_self
+        for i in range(banks["eas.centers"].read_latency - 1):
+            op_beat, op_self = delayed(m, op_beat, f"op_beat{i}"), delayed(m, op_self, f"op_self{i}")
+        q_op, k_op = delayed(m, q_beats[op_beat], "q_op"), delayed(m, k_beats[op_beat], "k_op")
+        op_last, op_self = delayed(m, op_beat == nb - 1, "op_last"), delayed(m, op_self, "op_self")
+        for vpu, other in ((vpu_q, q_op), (vpu_k, k_op)):
+            m.d.comb += [vpu.i.valid.eq(c_resp.valid | op_self), vpu.i.payload.op.eq(VpuOp.DOT),
+                         vpu.i.payload.last.eq(op_last), vpu.i.payload.a.eq(Mux(op_self, k_op, c_resp.payload)),
+                         vpu.i.payload.b.eq(other)]
+        # SCAN's end: every center's verdict in best_*, nothing in flight, as a register (from the
+        # recips' read valid into the state's enable: 8.5 ns, lad-eas's limit at 117.3 MHz, seed 2)
+        scan_drained = Signal()
+        m.d.sync += scan_drained.eq((done_j == count) & ~r_resp.valid & ~vpu_q.o.valid & ~Cat(sc_valid).any())
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.start.ready.eq(1)
                 with m.If(self.start.valid):
-                    m.d.sync += [done_j.eq(0), best_valid.eq(0)]   # (resp_b, req_b, req_j, req_j_next: back at 0, 0, 0, 1, wrapped)
+                    m.d.sync += [done_j.eq(0), best_valid.eq(0)]   # (self_b, req_b, req_j, req_j_next: back at 0, 0, 0, 1, wrapped)
                     m.next = "SELF"
-            with m.State("SELF"):   # q.k_n and k_n.k_n, one beat per cycle
-                for vpu, other in ((vpu_q, q_beats[resp_b]), (vpu_k, k_beats[resp_b])):
-                    m.d.comb += [vpu.i.valid.eq(1), vpu.i.payload.op.eq(VpuOp.DOT), vpu.i.payload.last.eq(resp_b == nb - 1),
-                                 vpu.i.payload.a.eq(k_beats[resp_b]), vpu.i.payload.b.eq(other)]
-                with m.If(vpu_q.i.ready):
-                    m.d.sync += resp_b.eq(incr(resp_b, nb))
-                    with m.If(resp_b == nb - 1):
-                        m.next = "SELF_WAIT"
+            with m.State("SELF"):   # q.k_n and k_n.k_n, one beat per cycle (the operands: above)
+                m.d.comb += in_self.eq(1)
+                m.d.sync += self_b.eq(incr(self_b, nb))
+                with m.If(self_b == nb - 1):
+                    m.next = "SELF_WAIT"
             with m.State("SELF_WAIT"):
                 m.d.comb += [score_in.eq(vpu_q.o.valid), score_in_self.eq(1)]
                 with m.If(vpu_q.o.valid):
                     m.d.sync += [kk.eq(vpu_k.o.payload.dot), scan_issue.eq(count != 0)]
                     m.next = "SCAN"
-            with m.State("SCAN"):   # every center: q.c_j and k_n.c_j in lockstep (the reads: above)
-                for vpu, other in ((vpu_q, q_beats[resp_b]), (vpu_k, k_beats[resp_b])):
-                    m.d.comb += [vpu.i.valid.eq(c_resp.valid), vpu.i.payload.op.eq(VpuOp.DOT),
-                                 vpu.i.payload.last.eq(resp_b == nb - 1), vpu.i.payload.a.eq(c_resp.payload),
-                                 vpu.i.payload.b.eq(other)]
-                with m.If(c_resp.valid & c_resp.ready):
-                    m.d.sync += resp_b.eq(incr(resp_b, nb))
+            with m.State("SCAN"):   # every center: q.c_j and k_n.c_j in lockstep (the reads, the operands: above)
                 # a center's dots: its score to the score SRAM, k_n.c_j waits for the center's recip
                 m.d.comb += score_in.eq(vpu_q.o.valid)
                 with m.If(vpu_q.o.valid):
                     m.d.comb += r_req.valid.eq(1)
                     m.d.sync += [kdot.eq(vpu_k.o.payload.dot), kdot_j.eq(out_j), out_j.eq(out_j + 1)]
-                with m.If((done_j == count) & ~r_resp.valid & ~vpu_q.o.valid & ~Cat(sc_valid).any()):
+                with m.If(scan_drained):
                     m.d.sync += out_j.eq(0)
                     m.next = "SHIFT"
             with m.State("SHIFT"):

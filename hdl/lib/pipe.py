@@ -232,16 +232,21 @@ def split_sum(m, terms, width: int, name: str) -> Signal:
     return out
 
 
-def greater(a: Value, b: Value, chunk: int = 24) -> Value:
+def greater(a: Value, b: Value, chunk: int = 24, m=None, name: str = "greater") -> Value:
     """``a > b`` for unsigned ``a``, ``b`` as carry chains of ``chunk`` bits side by side (each
-    chunk's compare and equality at once, then a few LUTs), not one chain over the full width."""
+    chunk's compare and equality at once, then a few LUTs), not one chain over the full width.
+    Given ``m``, each chunk's compare and equality are registered (the chains end at flip-flops)
+    and the verdict, of ``a`` and ``b`` one cycle earlier, is the LUTs after them."""
     a, b = Value.cast(a), Value.cast(b)
     width = max(len(a), len(b))
     a, b = _extend(a, width), _extend(b, width)
     result = Const(0, 1)
     for lo in range(0, width, chunk):   # from the low chunk up: a higher chunk decides unless equal
         hi = min(width, lo + chunk)
-        result = (a[lo:hi] > b[lo:hi]) | ((a[lo:hi] == b[lo:hi]) & result)
+        above, equal = a[lo:hi] > b[lo:hi], a[lo:hi] == b[lo:hi]
+        if m is not None:
+            above, equal = delayed(m, above, f"{name}_above{lo // chunk}"), delayed(m, equal, f"{name}_equal{lo // chunk}")
+        result = above | (equal & result)
     return result
 
 
