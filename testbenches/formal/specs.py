@@ -194,7 +194,7 @@ SPECS: dict[str, FormalSpec] = {s.block: s for s in [
                abstract=CUT, note=_FSM_NOTE),
     FormalSpec("lad-tile", _TINY_LAD, _SMALL_LAD, _tile_rules, _d(None, 12, None, 16, deep=30), abstract=CUT,
                note=_FSM_NOTE),
-    FormalSpec("lad-eas", _TINY_LAD, _SMALL_LAD, _eas_rules, _d(None, 2, None, 24, deep=24), abstract=CUT,
+    FormalSpec("lad-eas", _TINY_LAD, _SMALL_LAD, _eas_rules, _d(None, 2, None, 32, deep=24), abstract=CUT,
                note=_FSM_NOTE),
     FormalSpec("lad-apid", _TINY_LAD, _SMALL_LAD, _apid_rules, _d(None, 10, None, 12, deep=16), abstract=CUT,
                note=_FSM_NOTE),
