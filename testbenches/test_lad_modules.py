@@ -20,15 +20,18 @@ TRACE = Path(__file__).parent / "data" / "smollm2_lad_trace.pt"   # real SmolLM2
 WIDE_RHO = replace(SMALL, rho_width=24, rho_frac=22)
 
 
-@pytest.mark.parametrize("kind, steps, seed", [("drift", 40, SEED), ("trace", 24, SEED + 1)])
-def test_lad_eas_rtl_equals_golden(kind, steps, seed):
+@pytest.mark.parametrize("kind, steps, seed, eas_beats", [("drift", 40, SEED, 1), ("trace", 24, SEED + 1, 1),
+                                                       ("drift", 40, SEED + 6, 4)])
+def test_lad_eas_rtl_equals_golden(kind, steps, seed, eas_beats):
     """Drift with the EAS corner keys (first step, zero key, rho saturating both ways, rho < 0,
-    full center table, zero key joining) at rho_frac 22 (a tiny center's rho shifts left), and a
-    real SmolLM2 head (every key a new center until the table is full) at the small preset."""
+    full center table, zero key joining) at rho_frac 22 (a tiny center's rho shifts left), one
+    center per cycle and one per 4 cycles (``eas_beats``: each center and q, k_n read in 4
+    beats), and a real SmolLM2 head (every key a new center until the table is full) at the
+    small preset."""
     params = {"steps": steps, "kind": kind, "eas_corners": kind == "drift", "extra_lookups": 4}
     if kind == "trace":
         params.update(trace=str(TRACE), head=1)
-    cfg = WIDE_RHO if kind == "drift" else SMALL
+    cfg = replace(WIDE_RHO if kind == "drift" else SMALL, eas_beats=eas_beats)
     r = simulate("lad-eas", cfg, "testbenches.tb.tb_lad_eas", seed=seed, name=kind, params=params)
     assert r["mismatches"] == 0 and r["steps"] == steps, r["mismatch_list"]
     assert r["centers"] == SMALL.max_centers and r["full_joins"] > 0 and r["recips"] == r["new_centers"]
