@@ -261,9 +261,10 @@ class Eas(wiring.Component):
         # beat index (SCAN: req_b) or SELF's (self_b; one of the two is 0, as they never overlap
         # and both wrap to 0) travels through registers as deep as the read, and q's and k_n's
         # beats of it are picked into registers one cycle before the read's data comes (the read
-        # port never stalls: c_resp.ready is 1). (Picked in the VPUs' input cycle by a counter of
-        # the responses, the 8:1 select reached the VPUs' input registers through 7.3 ns of
-        # routing: lad-eas's limit at 111.5 MHz, seed 1.)
+        # port never stalls: c_resp.ready is 1; nor do the VPUs, whose results are always taken, so
+        # their input ready is 1 and SELF feeds one beat a cycle). (Picked in the VPUs' input
+        # cycle by a counter of the responses, the 8:1 select reached the VPUs' input registers
+        # through 7.3 ns of routing: lad-eas's limit at 111.5 MHz, seed 1.)
         in_self = Signal()
         op_beat, op_self = self_b | req_b, in_self
         for i in range(banks["eas.centers"].read_latency - 1):
