@@ -97,9 +97,10 @@ def test_round_shift_matches_golden_exhaustively(shift):
 
 def test_greater_exhaustive_and_split_sum_random():
     """hdl/lib/pipe.py's timing helpers: ``greater`` (chunked compare) equals ``>`` on every pair of
-    6-bit values with 2-bit chunks, and its registered form equals the previous pair's ``>``; ``split_sum`` (two registered stages) equals the exact sum
-    of a signed 40 x 40 product's partial pieces plus a constant, modulo 2^81, one cycle late
-    per tick after the first, on 300 random operand pairs (seed 1)."""
+    6-bit values with 2-bit chunks, and its registered form equals the previous pair's ``>``;
+    ``split_sum`` (two registered stages) equals the exact sum of a signed 40 x 40 product's
+    partial pieces plus a constant, modulo 2^81, one cycle late per tick after the first, on 300
+    random operand pairs (seed 1)."""
     import random
     from amaranth import signed
     from hdl.lib.pipe import greater, partial_products, placed, split_sum
