@@ -192,6 +192,9 @@ class SfmConfig(BlockConfig):
 PRESETS = {
     "default": SfmConfig(),
     "lad16": SfmConfig(intervals=16, cutoff=-10.0, x_width=18, x_frac=11),
+    # scores to +-128: EXP2 clamps |x| at 2^14 raw (44.4 and up give exponent 63), below x's own
+    # range, so its clamp from below is built (at the others the clamp is x's range)
+    "wide_x": SfmConfig(x_width=16, x_frac=8),
     "small": SfmConfig(x_width=12, x_frac=7, coef_frac=12, out_width=12, out_frac=11, intervals=4,
                        cutoff=-6.0, recip_in_width=20, table_index_bits=5, table_delta_bits=6,
                        mantissa_frac=12),

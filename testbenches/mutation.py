@@ -16,7 +16,9 @@ the hardware does changed; for a helper line: it does not change this block); if
 elaborate it is killed at once; otherwise the block's tests run against it (``pytest -x``, the
 block's own test selection) and a failure kills it. Score = killed / (killed + survived).
 ``--limit`` samples that many mutants with ``--seed`` (recorded in the JSON), for a quick estimate;
-``--survivors-of`` re-runs only an earlier run's survivors (after a bench gained checks); ``--resume``
+``--survivors-of`` keeps an earlier run's kills and evaluates every other mutant (after a bench gained
+checks or a preset: its survivors, its equivalents and any new mutant; ``--survivors-only``: its
+survivors alone); ``--resume``
 takes the outcomes an interrupted run recorded (same sources and benches: the JSON's fingerprint) and
 evaluates the rest. The tests
 run unmutated first (they must pass); their builds are kept and shared by every mutant, so a preset
@@ -293,7 +295,10 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="mutants evaluated at once (one repository copy each)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--survivors-of", type=Path, default=None,
-                        help="a result JSON: evaluate only the mutants that survived in it")
+                        help="a result JSON of an earlier run: keep its kills, evaluate every other mutant (its "
+                             "survivors, its equivalents, which a new preset may tell apart, and new mutants)")
+    parser.add_argument("--survivors-only", action="store_true",
+                        help="with --survivors-of: evaluate only its survivors (a bench gained checks, no preset)")
     parser.add_argument("--resume", type=Path, default=None,
                         help="a result JSON of an interrupted run: keep its outcomes (same fingerprint), evaluate the rest")
     args = parser.parse_args(argv)
@@ -337,13 +342,21 @@ def main(argv=None) -> int:
     total = len(mutants)
     if args.limit and args.limit < total:
         mutants = sorted(random.Random(args.seed).sample(mutants, args.limit), key=lambda m: (m.file, m.line))
-    if args.survivors_of:   # after a bench fix: only what survived an earlier run (benches only gain checks)
+    if args.survivors_of:   # after a bench fix: what an earlier run did not kill (benches only gain checks)
         earlier = json.loads(args.survivors_of.read_text())["mutants"]
-        wanted = {(m["file"], m["before"], m["after"]) for m in earlier if m["outcome"] == "survived"}
-        mutants = [m for m in mutants if (m.file, m.before, m.after) in wanted]
-        missing = wanted - {(m.file, m.before, m.after) for m in mutants}
+        key = lambda m: (m["file"], m["before"], m["after"]) if isinstance(m, dict) else (m.file, m.before, m.after)
+        killed_then = {key(m): m for m in earlier if m["outcome"].startswith("killed") or m["outcome"] == "timeout"}
+        if args.survivors_only:
+            wanted = {key(m) for m in earlier if m["outcome"] == "survived"}
+            mutants = [m for m in mutants if key(m) in wanted]
+        else:   # every mutant but the earlier kills, which are carried over: the counts are the block's
+            wanted = {key(m) for m in earlier if not killed_then.get(key(m))}
+            for m in mutants:
+                if key(m) in killed_then:
+                    m.outcome, m.seconds = killed_then[key(m)]["outcome"], killed_then[key(m)]["seconds"]
+        missing = wanted - {key(m) for m in mutants}
         if missing:
-            sys.exit(f"ladmac: error: {len(missing)} of the survivors in {args.survivors_of} "
+            sys.exit(f"ladmac: error: {len(missing)} of the mutants to re-run from {args.survivors_of} "
                      "are no longer mutants of the sources (their lines changed)")
     for m in mutants:   # --resume: outcomes already recorded
         recorded = done.get((m.file, m.line, m.before, m.after))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import cocotb
 import torch
 
-from golden.sfm import SfmConfig, SfmOp, exp2, exp_pwl, recip
-from hdl.lib.sfm import sfm_in_layout, sfm_out_layout
+from golden.sfm import SfmConfig, SfmOp, exp2, exp_interval, exp_pwl, recip
+from hdl.lib.sfm import exp2_clamp, sfm_in_layout, sfm_out_layout
 from testbenches.streams import Bench
 
 
@@ -20,7 +20,62 @@ def corner_inputs(cfg: SfmConfig) -> list[tuple[int, int]]:
     zs = [0, 1, 2, 3, zmax, zmax - 1] + [1 << k for k in range(cfg.recip_in_width)] \
         + [(1 << k) - 1 for k in range(2, cfg.recip_in_width + 1)]
     x2 = [0, -1, 1, xf.min_raw, xf.max_raw, -(1 << xf.frac), -(64 << xf.frac) if -(64 << xf.frac) >= xf.min_raw else -1]
-    return [(SfmOp.EXP, x) for x in xs] + [(SfmOp.RECIP, z) for z in zs] + [(SfmOp.EXP2, x) for x in x2]
+    x2 += [-exp2_clamp(cfg) + d for d in (-1, 0, 1) if -exp2_clamp(cfg) + d >= xf.min_raw]   # EXP2's clamp of |x|
+    return ([(SfmOp.EXP, x) for x in xs] + [(SfmOp.RECIP, z) for z in zs] + [(SfmOp.EXP2, x) for x in x2]
+            + rounding_corners(cfg))
+
+
+ENUMERATE_MAX = 1 << 20   # inputs a rounding search looks at (every one, up to this many)
+
+
+def _span(lo: int, hi: int) -> torch.Tensor:
+    """``lo..hi`` inclusive, every value, or an even spread of ENUMERATE_MAX of them."""
+    step = max(1, -(-(hi - lo + 1) // ENUMERATE_MAX))
+    return torch.arange(lo, hi + 1, step, dtype=torch.int64)
+
+
+def rounding_corners(cfg: SfmConfig) -> list[tuple[int, int]]:
+    """Inputs at the rounding steps, found by searching the input space: EXP's ``a x + bias``
+    and EXP2's ``|x| log2e + half`` closest below a step of their shifts (a sum off by one
+    changes the output only there), and the table lines' ties, ``c1 * offset`` at ``2^(k-1)``
+    and one below modulo ``2^k`` (RECIP over every index and offset, EXP2 over the ``u`` its x
+    reach): the only inputs where the rounding constant of ``c0 - round_shift(c1 * offset, k)``
+    shows."""
+    xf, k = cfg.x_format, cfg.table_offset_shift
+    tie = (1 << (k - 1)) if k > 0 else 0
+    out = []
+    # EXP: per interval, the x whose sum is furthest into its step, and the one at a step
+    x = _span(xf.min_raw, xf.max_raw)
+    r = exp_interval(x, cfg)
+    slope, icpt = torch.tensor(cfg.exp_slopes_raw)[r], torch.tensor(cfg.exp_intercepts_raw)[r]
+    half = (1 << (cfg.exp_shift - 1)) if cfg.exp_shift > 0 else 0
+    res = (slope * x + (icpt << cfg.x_frac) + half) % (1 << max(cfg.exp_shift, 0))
+    for n in range(cfg.intervals + 1):
+        here = r == n
+        if here.any():
+            out += [(SfmOp.EXP, int(x[here][res[here].argmax()])), (SfmOp.EXP, int(x[here][res[here].argmin()]))]
+    # EXP2: |x| up to the clamp (beyond it every |x| gives the same result)
+    x = _span(max(xf.min_raw, -exp2_clamp(cfg)), 0)
+    half2 = (1 << (cfg.exp2_shift - 1)) if cfg.exp2_shift > 0 else 0
+    big = -x * cfg.log2e_raw + half2
+    u = big >> cfg.exp2_shift if cfg.exp2_shift >= 0 else big << -cfg.exp2_shift
+    res = big % (1 << max(cfg.exp2_shift, 0))
+    out += [(SfmOp.EXP2, int(x[res.argmax()])), (SfmOp.EXP2, int(x[res.argmin()]))]
+    j = (u >> cfg.table_delta_bits) & ((1 << cfg.table_index_bits) - 1)
+    p = torch.tensor(cfg.exp2_c1_raw)[j] * (u & ((1 << cfg.table_delta_bits) - 1)) % (1 << k)
+    out += [(SfmOp.EXP2, int(v)) for v in x[(p == tie) | (p == tie - 1)][:4]]
+    # RECIP: z with its top bit set, every (index, offset) the input's bits can hold
+    w, ib, db = cfg.recip_in_width, cfg.table_index_bits, cfg.table_delta_bits
+    low = w - 1 - ib - db
+    step = 1 << max(0, -low)                     # offsets below the input's last bit are 0
+    step *= max(1, -(-(len(cfg.recip_c1_raw) << db) // (ENUMERATE_MAX * step)))   # (or a spread of them)
+    c1 = torch.tensor(cfg.recip_c1_raw)[:, None]
+    offset = torch.arange(0, 1 << db, step)[None, :]
+    jj, oo = torch.nonzero(((c1 * offset) % (1 << k) == tie) | ((c1 * offset) % (1 << k) == tie - 1), as_tuple=True)
+    for jv, ov in list(zip(jj.tolist(), (offset[0][oo]).tolist()))[:4]:
+        rest = ov << low if low >= 0 else ov >> -low
+        out.append((SfmOp.RECIP, (1 << (w - 1)) | (jv << (w - 1 - ib)) | rest))
+    return list(dict.fromkeys(out))
 
 
 def random_inputs(cfg: SfmConfig, rng, n: int) -> list[tuple[int, int]]:
