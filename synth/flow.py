@@ -59,8 +59,9 @@ NEXTPNR_OPTS = ["--report", "report.json", "--timing-allow-fail", "--seed", "1"]
 ROUTER2_BLOCKS = frozenset({"lad-tile"})
 # nextpnr HeAP's maximum placement density per block (--placer-heap-beta; nextpnr's default 0.9
 # elsewhere). The tile at `ecp5-85f` fills 62 % of the LUT/carry cells and 81 % of the DSPs; packed
-# at 0.9 it placed but router2 still had 58,557 overused wires after 4 iterations (session 32),
-# so it is spread over the device instead.
+# at 0.9 it placed in 44 min and router2 still had 58,557 overused wires after 4 iterations
+# (session 32). At 0.7 (session 38) it places in 11 min (HeAP 4.5, annealing 6.4) and router2's
+# overuse falls faster (38,669 after 4) but levels off near 32k (iterations 6-10): not routed yet.
 PLACER_DENSITY = {"lad-tile": 0.7}
 
 
