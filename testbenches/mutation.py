@@ -302,6 +302,8 @@ def main(argv=None) -> int:
     parser.add_argument("--resume", type=Path, default=None,
                         help="a result JSON of an interrupted run: keep its outcomes (same fingerprint), evaluate the rest")
     args = parser.parse_args(argv)
+    if args.survivors_only and not args.survivors_of:
+        parser.error("--survivors-only needs --survivors-of JSON")
     own, tests = BLOCKS[args.block]
     sources = own + helpers_of(args.block)
     args.fingerprint = block_fingerprint(args.block)   # of the sources copied below
