@@ -277,6 +277,11 @@ def drop_new_builds(work: Path) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
+def is_kill(outcome: str) -> bool:
+    """Whether an outcome counts as killed in the score (a timeout is: the tests did not pass)."""
+    return outcome.startswith("killed") or outcome == "timeout"
+
+
 def block_fingerprint(block: str) -> str:
     """What a mutant's outcome depends on besides its line: the block's sources and helpers, its
     tests, its bench and the golden models (:func:`testbenches.runner.bench_sources`)."""
@@ -345,17 +350,17 @@ def main(argv=None) -> int:
     if args.limit and args.limit < total:
         mutants = sorted(random.Random(args.seed).sample(mutants, args.limit), key=lambda m: (m.file, m.line))
     if args.survivors_of:   # after a bench fix: what an earlier run did not kill (benches only gain checks)
-        earlier = json.loads(args.survivors_of.read_text())["mutants"]
-        key = lambda m: (m["file"], m["before"], m["after"]) if isinstance(m, dict) else (m.file, m.before, m.after)
-        killed_then = {key(m): m for m in earlier if m["outcome"].startswith("killed") or m["outcome"] == "timeout"}
+        earlier = {(m["file"], m["before"], m["after"]): m for m in json.loads(args.survivors_of.read_text())["mutants"]}
+        key = lambda m: (m.file, m.before, m.after)   # not the line: lines above may have moved
         if args.survivors_only:
-            wanted = {key(m) for m in earlier if m["outcome"] == "survived"}
+            wanted = {k for k, m in earlier.items() if m["outcome"] == "survived"}
             mutants = [m for m in mutants if key(m) in wanted]
         else:   # every mutant but the earlier kills, which are carried over: the counts are the block's
-            wanted = {key(m) for m in earlier if not killed_then.get(key(m))}
+            wanted = {k for k, m in earlier.items() if not is_kill(m["outcome"])}
             for m in mutants:
-                if key(m) in killed_then:
-                    m.outcome, m.seconds = killed_then[key(m)]["outcome"], killed_then[key(m)]["seconds"]
+                then = earlier.get(key(m))
+                if then and is_kill(then["outcome"]):
+                    m.outcome, m.seconds = then["outcome"], then["seconds"]
         missing = wanted - {key(m) for m in mutants}
         if missing:
             sys.exit(f"ladmac: error: {len(missing)} of the mutants to re-run from {args.survivors_of} "
@@ -387,7 +392,7 @@ def main(argv=None) -> int:
             counts[mut.outcome] = counts.get(mut.outcome, 0) + 1
             if args.out:   # written as it goes: an interrupted run leaves its results
                 write(args, total, mutants, counts)
-    killed = sum(v for k, v in counts.items() if k.startswith("killed") or k == "timeout")
+    killed = sum(v for k, v in counts.items() if is_kill(k))
     survived = counts.get("survived", 0)
     score = killed / max(1, killed + survived)
     print(f"{args.block}: {len(mutants)} of {total} mutants (seed {args.seed}): {counts}; "

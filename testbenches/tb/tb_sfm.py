@@ -71,7 +71,8 @@ def rounding_corners(cfg: SfmConfig) -> list[tuple[int, int]]:
     step *= max(1, -(-(len(cfg.recip_c1_raw) << db) // (ENUMERATE_MAX * step)))   # (or a spread of them)
     c1 = torch.tensor(cfg.recip_c1_raw)[:, None]
     offset = torch.arange(0, 1 << db, step)[None, :]
-    jj, oo = torch.nonzero(((c1 * offset) % (1 << k) == tie) | ((c1 * offset) % (1 << k) == tie - 1), as_tuple=True)
+    p = (c1 * offset) % (1 << k)
+    jj, oo = torch.nonzero((p == tie) | (p == tie - 1), as_tuple=True)
     for jv, ov in list(zip(jj.tolist(), (offset[0][oo]).tolist()))[:4]:
         rest = ov << low if low >= 0 else ov >> -low
         out.append((SfmOp.RECIP, (1 << (w - 1)) | (jv << (w - 1 - ib)) | rest))
