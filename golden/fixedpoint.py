@@ -18,6 +18,12 @@ import torch
 from .errors import ConfigError
 
 
+def rounding_half(shift: int) -> int:
+    """The constant that :func:`round_shift` adds before shifting right by ``shift`` (0 when it
+    does not shift right)."""
+    return (1 << (shift - 1)) if shift > 0 else 0
+
+
 def round_shift(x, shift):
     """Divide by ``2**shift`` rounding half up: ``(x + (2**shift >> 1)) >> shift``.
 
@@ -31,7 +37,7 @@ def round_shift(x, shift):
         return (x + half) >> shift
     if shift <= 0:
         return x * (1 << -shift)
-    return (x + (1 << (shift - 1))) >> shift
+    return (x + rounding_half(shift)) >> shift
 
 
 def saturate(x, fmt: "FixedFormat"):

@@ -19,6 +19,7 @@ from amaranth import Array, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from golden.fixedpoint import rounding_half
 from golden.sfm import EXPONENT_WIDTH, LOG2E_FRAC, SfmConfig, SfmOp
 
 from .arith import round_shift, saturate, stall_all_enable
@@ -47,7 +48,7 @@ def exp2_clamp(cfg: SfmConfig) -> int:
     two at or above it (stage 1) and its constant product is no wider than that
     (``|x| <= 2^(x_width-1)`` where that is smaller)."""
     limit = ((1 << EXPONENT_WIDTH) << cfg.table_offset_shift)  # u >= limit <=> k > kmax
-    half = (1 << (cfg.exp2_shift - 1)) if cfg.exp2_shift > 0 else 0
+    half = rounding_half(cfg.exp2_shift)
     # round_shift(a * L, s) >= limit  <=>  a * L + half >= limit << s
     need = (limit << cfg.exp2_shift) - half if cfg.exp2_shift >= 0 else limit >> -cfg.exp2_shift
     amax = -(-need // cfg.log2e_raw)
@@ -130,7 +131,7 @@ class Sfm(wiring.Component):
         low = w - 1 - cfg.table_index_bits - cfg.table_delta_bits
         recip_index = frac[w - 1 - cfg.table_index_bits:]
         recip_offset = rest[low:] if low >= 0 else rest << -low
-        half = (1 << (cfg.exp2_shift - 1)) if cfg.exp2_shift > 0 else None
+        half = rounding_half(cfg.exp2_shift)
         u_full = Signal(u_width)
         m.d.comb += u_full.eq(csa_sum(m, scaled + ([Const(half, u_width)] if half else []), u_width, "s3_u"))
         u = Signal(len(u_full))
@@ -170,7 +171,7 @@ class Sfm(wiring.Component):
         exp2_c1 = Array(Const(v, mant) for v in cfg.exp2_c1_raw)
         # EXP's intercept comes as (b << x_frac) + the rounding half of exp_shift, so stage 6
         # has one add: round_shift(a x + (b << x_frac), exp_shift) = (a x + bias) >> exp_shift
-        exp_half = (1 << (cfg.exp_shift - 1)) if cfg.exp_shift > 0 else 0
+        exp_half = rounding_half(cfg.exp_shift)
         bias_raw = [(v << cfg.x_frac) + exp_half for v in cfg.exp_intercepts_raw]
         bias_shape = unsigned(max(1, max(bias_raw).bit_length()))
         biases = Array(Const(v, bias_shape) for v in bias_raw)

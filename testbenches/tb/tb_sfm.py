@@ -5,6 +5,7 @@ from __future__ import annotations
 import cocotb
 import torch
 
+from golden.fixedpoint import rounding_half
 from golden.sfm import SfmConfig, SfmOp, exp2, exp_interval, exp_pwl, recip
 from hdl.lib.sfm import exp2_clamp, sfm_in_layout, sfm_out_layout
 from testbenches.streams import Bench
@@ -48,7 +49,7 @@ def rounding_corners(cfg: SfmConfig) -> list[tuple[int, int]]:
     x = _span(xf.min_raw, xf.max_raw)
     r = exp_interval(x, cfg)
     slope, icpt = torch.tensor(cfg.exp_slopes_raw)[r], torch.tensor(cfg.exp_intercepts_raw)[r]
-    half = (1 << (cfg.exp_shift - 1)) if cfg.exp_shift > 0 else 0
+    half = rounding_half(cfg.exp_shift)
     res = (slope * x + (icpt << cfg.x_frac) + half) % (1 << max(cfg.exp_shift, 0))
     for n in range(cfg.intervals + 1):
         here = r == n
@@ -56,7 +57,7 @@ def rounding_corners(cfg: SfmConfig) -> list[tuple[int, int]]:
             out += [(SfmOp.EXP, int(x[here][res[here].argmax()])), (SfmOp.EXP, int(x[here][res[here].argmin()]))]
     # EXP2: |x| up to the clamp (beyond it every |x| gives the same result)
     x = _span(max(xf.min_raw, -exp2_clamp(cfg)), 0)
-    half2 = (1 << (cfg.exp2_shift - 1)) if cfg.exp2_shift > 0 else 0
+    half2 = rounding_half(cfg.exp2_shift)
     big = -x * cfg.log2e_raw + half2
     u = big >> cfg.exp2_shift if cfg.exp2_shift >= 0 else big << -cfg.exp2_shift
     res = big % (1 << max(cfg.exp2_shift, 0))
