@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from amaranth import Const, Mux, Shape, Value
 
+from golden.fixedpoint import rounding_half
+
 
 def round_shift(value: Value, shift) -> Value:
     """``floor(value / 2**shift + 1/2)`` (round half up); ``shift <= 0`` multiplies.
@@ -15,7 +17,7 @@ def round_shift(value: Value, shift) -> Value:
         return (value + ((Const(1, 1) << shift) >> 1)) >> shift
     if shift <= 0:
         return value << -shift
-    return (value + (1 << (shift - 1))) >> shift
+    return (value + rounding_half(shift)) >> shift
 
 
 def saturate(value: Value, shape: Shape) -> Value:
