@@ -114,22 +114,38 @@ def fingerprint(paths) -> str:
     return h.hexdigest()[:16]
 
 
-def bench_sources(block: str) -> list[str]:
-    """The block's testbench module and the project modules it imports (recursively, within
-    ``testbenches``), and the golden models: what its verdicts depend on besides the RTL."""
-    todo, seen = [get_block(block).testbench], set()
+PROJECT_PACKAGES = ("testbenches", "golden")
+
+
+def _imported_modules(mod: str, tree: ast.AST) -> list[str]:
+    """The modules of ``PROJECT_PACKAGES`` that ``mod`` imports (relative imports resolved; an
+    imported name may itself be a module: ``from golden import sfm``)."""
+    package = mod.rsplit(".", 1)[0]
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            names += [base, *(f"{base}.{a.name}" for a in node.names)]
+    return [n for n in names if n.split(".")[0] in PROJECT_PACKAGES]
+
+
+def bench_sources(block: str, *roots: str) -> list[str]:
+    """The block's testbench module, the bench helpers (``streams``, ``runner``), the modules ``roots``
+    and the project modules they import, recursively, within ``testbenches`` and ``golden``: what
+    the block's verdicts depend on besides the RTL (a golden model nothing imports does not count)."""
+    todo, seen = [get_block(block).testbench, "testbenches.streams", "testbenches.runner", *roots], set()
     while todo:
         mod = todo.pop()
         rel = mod.replace(".", "/") + ".py"
         if rel in seen or not (PROJECT_ROOT / rel).is_file():
             continue
         seen.add(rel)
-        for node in ast.walk(ast.parse((PROJECT_ROOT / rel).read_text())):
-            names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module else
-                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
-            todo += [n for n in names if n.startswith("testbenches.")]
-    golden = [str(p.relative_to(PROJECT_ROOT)) for p in (PROJECT_ROOT / "golden").glob("*.py")]
-    return sorted(seen | {"testbenches/streams.py", "testbenches/runner.py"}) + sorted(golden)
+        todo += _imported_modules(mod, ast.parse((PROJECT_ROOT / rel).read_text()))
+    return sorted(seen)
 
 
 def build(block: str, cfg, waves: bool = False) -> Path:

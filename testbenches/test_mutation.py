@@ -64,3 +64,14 @@ def test_attribute_only_changes_are_told_apart():
     c = a.replace("[3:0]", "[4:0]")
     assert without_attributes(a) == without_attributes(b) and a != b
     assert without_attributes(a) != without_attributes(c)
+
+
+def test_a_block_depends_on_the_golden_models_its_bench_and_sources_import():
+    from testbenches.mutation import block_fingerprint
+    from testbenches.runner import bench_sources
+    sources = bench_sources("mac-match", "hdl.mac.match")
+    # followed through relative imports: mac_unit -> .sfm, .fixedpoint
+    assert {"testbenches/tb/tb_mac_match.py", "golden/mac_unit.py", "golden/sfm.py", "golden/fixedpoint.py",
+            "testbenches/streams.py"} <= set(sources)
+    assert "golden/lad_tile.py" not in sources and "golden/attncache.py" not in sources
+    assert len(block_fingerprint("mac-match")) == 16
