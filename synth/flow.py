@@ -57,16 +57,9 @@ NEXTPNR_OPTS = ["--report", "report.json", "--timing-allow-fail", "--seed", "1"]
 # router1 now converges on it (about 4 min a seed) at 125.7 MHz (126.6 / 123.3 / 127.2) against
 # 95.9 (92.0 / 93.2 / 102.4) under router2, the same netlist, seeds 1-3.
 ROUTER2_BLOCKS = frozenset({"lad-tile"})
-# nextpnr HeAP's maximum placement density per block (--placer-heap-beta; nextpnr's default 0.9
-# elsewhere). The tile at `ecp5-85f` fills 62 % of the LUT/carry cells and 81 % of the DSPs; packed
-# at 0.9 it placed in 44 min and router2 still had 58,557 overused wires after 4 iterations
-# (session 32). At 0.7 (session 38) it places in 11 min (HeAP 4.5, annealing 6.4) and router2's
-# overuse falls faster (38,669 after 4) but levels off near 32k (iterations 6-10): not routed yet.
-PLACER_DENSITY = {"lad-tile": 0.7}
-
-
-def placer_opts(block: str) -> list[str]:
-    return ["--placer-heap-beta", str(PLACER_DENSITY[block])] if block in PLACER_DENSITY else []
+# No placement-density option: nextpnr-ecp5's `Arch::place()` sets HeAP's maximum density to 0.75
+# over whatever `--placer-heap-beta` said (session 39: the tile at `--set lanes=4` placed at 0.5 and
+# at 0.7 gave the same placement, iteration for iteration; session 38's 0.7 changed nothing).
 
 
 def router(block: str) -> str:
@@ -303,7 +296,7 @@ def _yosys_two_phase(block: str, work: Path, yosys: str) -> dict:
 
 def _nextpnr_seed(env: dict, dev: dict, work: Path, seed: int, block: str) -> float:
     """Post-route Fmax of one more placement (seed ``seed``) of the synthesised netlist."""
-    opts = [*NEXTPNR_OPTS, "--router", router(block), *placer_opts(block)]
+    opts = [*NEXTPNR_OPTS, "--router", router(block)]
     opts[opts.index("--seed") + 1] = str(seed)
     opts[opts.index("--report") + 1] = f"report_seed{seed}.json"
     done = _run([env["NEXTPNR_ECP5"], "--quiet", "--log", f"top_seed{seed}.tim",
@@ -333,7 +326,7 @@ def run_ecp5(block: str, component, work: Path, freq_mhz: float, bitstream: bool
     done = _run([env["NEXTPNR_ECP5"], "--quiet", "--log", "top.tim",
                  type(platform())._nextpnr_device_options[dev["device"]], "--package", dev["package"],
                  "--speed", str(dev["speed"]), "--json", "top.json", "--lpf", "top.lpf",
-                 *NEXTPNR_OPTS, "--router", router(block), *placer_opts(block), "--threads", "2",
+                 *NEXTPNR_OPTS, "--router", router(block), "--threads", "2",
                  *(["--textcfg", "top.config"] if bitstream else [])],
                 work, "nextpnr.log", env=env)
     log = _read(work / "top.tim") + done.stdout + done.stderr
@@ -363,7 +356,6 @@ def run_ecp5(block: str, component, work: Path, freq_mhz: float, bitstream: bool
         "critical_path": pnr["critical_path"],
         "lut_mapper": cells.get("lut_mapper", "abc9"),
         "router": router(block),
-        **({"placer_density": PLACER_DENSITY[block]} if block in PLACER_DENSITY else {}),
         "absorbed_ffs": cells["absorbed"],
         "seconds": {"yosys": round(t_yosys, 1), "nextpnr": round(elapsed - t_yosys + t_seeds, 1)},
     }
