@@ -284,12 +284,13 @@ def is_kill(outcome: str) -> bool:
 
 def block_fingerprint(block: str) -> str:
     """What a mutant's outcome depends on besides its line: the block's sources and helpers, its
-    tests, its bench and the golden models any of these import (:func:`testbenches.runner.bench_sources`)."""
-    from testbenches.runner import bench_sources, fingerprint
+    tests, its bench, and the RTL and golden models any of these import
+    (:func:`testbenches.runner.bench_sources`)."""
+    from testbenches.runner import bench_sources, fingerprint, imported_sources
     own, tests = BLOCKS[block]
     files = [*own, *helpers_of(block), *(t for t in tests if t.endswith(".py")), "testbenches/conftest.py"]
-    modules = [f[:-3].replace("/", ".") for f in files]   # and the golden models these import
-    return fingerprint([*files, *bench_sources(block, *modules)])
+    rtl = imported_sources([f[:-3].replace("/", ".") for f in own], ("hdl", "golden"))
+    return fingerprint([*files, *rtl, *bench_sources(block, *(f[:-3].replace("/", ".") for f in files))])
 
 
 def main(argv=None) -> int:

@@ -117,9 +117,9 @@ def fingerprint(paths) -> str:
 PROJECT_PACKAGES = ("testbenches", "golden")
 
 
-def _imported_modules(mod: str, tree: ast.AST) -> list[str]:
-    """The modules of ``PROJECT_PACKAGES`` that ``mod`` imports (relative imports resolved; an
-    imported name may itself be a module: ``from golden import sfm``)."""
+def _imported_modules(mod: str, tree: ast.AST, packages) -> list[str]:
+    """The modules of ``packages`` that ``mod`` imports (relative imports resolved; an imported
+    name may itself be a module: ``from golden import sfm``)."""
     package = mod.rsplit(".", 1)[0]
     names = []
     for node in ast.walk(tree):
@@ -130,22 +130,27 @@ def _imported_modules(mod: str, tree: ast.AST) -> list[str]:
             if node.level:
                 base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
             names += [base, *(f"{base}.{a.name}" for a in node.names)]
-    return [n for n in names if n.split(".")[0] in PROJECT_PACKAGES]
+    return [n for n in names if n.split(".")[0] in packages]
 
 
-def bench_sources(block: str, *roots: str) -> list[str]:
-    """The block's testbench module, the bench helpers (``streams``, ``runner``), the modules ``roots``
-    and the project modules they import, recursively, within ``testbenches`` and ``golden``: what
-    the block's verdicts depend on besides the RTL (a golden model nothing imports does not count)."""
-    todo, seen = [get_block(block).testbench, "testbenches.streams", "testbenches.runner", *roots], set()
+def imported_sources(roots, packages=PROJECT_PACKAGES) -> list[str]:
+    """The files of the modules ``roots`` and of the modules of ``packages`` they import, recursively."""
+    todo, seen = list(roots), set()
     while todo:
         mod = todo.pop()
         rel = mod.replace(".", "/") + ".py"
         if rel in seen or not (PROJECT_ROOT / rel).is_file():
             continue
         seen.add(rel)
-        todo += _imported_modules(mod, ast.parse((PROJECT_ROOT / rel).read_text()))
+        todo += _imported_modules(mod, ast.parse((PROJECT_ROOT / rel).read_text()), packages)
     return sorted(seen)
+
+
+def bench_sources(block: str, *roots: str) -> list[str]:
+    """The block's testbench module, the bench helpers (``streams``, ``runner``), the modules ``roots``
+    and the project modules they import, recursively, within ``testbenches`` and ``golden``: what
+    the block's verdicts depend on besides the RTL (a golden model nothing imports does not count)."""
+    return imported_sources([get_block(block).testbench, "testbenches.streams", "testbenches.runner", *roots])
 
 
 def build(block: str, cfg, waves: bool = False) -> Path:

@@ -74,4 +74,9 @@ def test_a_block_depends_on_the_golden_models_its_bench_and_sources_import():
     assert {"testbenches/tb/tb_mac_match.py", "golden/mac_unit.py", "golden/sfm.py", "golden/fixedpoint.py",
             "testbenches/streams.py"} <= set(sources)
     assert "golden/lad_tile.py" not in sources and "golden/attncache.py" not in sources
+    assert [s for s in sources if s.startswith("hdl/")] == ["hdl/mac/match.py"]   # the root; hdl not followed
+    # a mutant's outcome also depends on the RTL its block instantiates: relative imports inside hdl
+    from testbenches.runner import imported_sources
+    rtl = imported_sources(["hdl.lad.eas"], ("hdl", "golden"))
+    assert {"hdl/lib/sram.py", "hdl/lib/vpu.py", "hdl/lad/common.py", "golden/lad_tile.py"} <= set(rtl)
     assert len(block_fingerprint("mac-match")) == 16
