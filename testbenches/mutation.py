@@ -284,8 +284,8 @@ def is_kill(outcome: str) -> bool:
 
 def block_fingerprint(block: str) -> str:
     """What a mutant's outcome depends on besides its line: the block's sources and helpers, its
-    tests, its bench, and the RTL and golden models any of these import
-    (:func:`testbenches.runner.bench_sources`)."""
+    tests, its bench, the RTL and golden models its sources import, and the golden models its tests
+    and bench import (:func:`testbenches.runner.imported_sources`)."""
     from testbenches.runner import bench_sources, fingerprint, imported_sources
     own, tests = BLOCKS[block]
     files = [*own, *helpers_of(block), *(t for t in tests if t.endswith(".py")), "testbenches/conftest.py"]
