@@ -289,8 +289,9 @@ def block_fingerprint(block: str) -> str:
     from testbenches.runner import bench_sources, fingerprint, imported_sources
     own, tests = BLOCKS[block]
     files = [*own, *helpers_of(block), *(t for t in tests if t.endswith(".py")), "testbenches/conftest.py"]
-    rtl = imported_sources([f[:-3].replace("/", ".") for f in own], ("hdl", "golden"))
-    return fingerprint([*files, *rtl, *bench_sources(block, *(f[:-3].replace("/", ".") for f in files))])
+    module = {f: f[:-3].replace("/", ".") for f in files}
+    rtl = imported_sources([module[f] for f in own], ("hdl", "golden"))
+    return fingerprint([*files, *rtl, *bench_sources(block, *module.values())])
 
 
 def main(argv=None) -> int:

@@ -68,7 +68,7 @@ def test_attribute_only_changes_are_told_apart():
 
 def test_a_block_depends_on_the_golden_models_its_bench_and_sources_import():
     from testbenches.mutation import block_fingerprint
-    from testbenches.runner import bench_sources
+    from testbenches.runner import bench_sources, imported_sources
     sources = bench_sources("mac-match", "hdl.mac.match")
     # followed through relative imports: mac_unit -> .sfm, .fixedpoint
     assert {"testbenches/tb/tb_mac_match.py", "golden/mac_unit.py", "golden/sfm.py", "golden/fixedpoint.py",
@@ -76,7 +76,6 @@ def test_a_block_depends_on_the_golden_models_its_bench_and_sources_import():
     assert "golden/lad_tile.py" not in sources and "golden/attncache.py" not in sources
     assert [s for s in sources if s.startswith("hdl/")] == ["hdl/mac/match.py"]   # the root; hdl not followed
     # a mutant's outcome also depends on the RTL its block instantiates: relative imports inside hdl
-    from testbenches.runner import imported_sources
     rtl = imported_sources(["hdl.lad.eas"], ("hdl", "golden"))
     assert {"hdl/lib/sram.py", "hdl/lib/vpu.py", "hdl/lad/common.py", "golden/lad_tile.py"} <= set(rtl)
     assert len(block_fingerprint("mac-match")) == 16
