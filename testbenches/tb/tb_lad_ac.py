@@ -2,7 +2,7 @@
 terms N = qA/sqrt(d) - mB + C, Z = qD/sqrt(d) - mE + F; §1.3 corrections N += w v, Z += w;
 §1.4 mode-change and §1.5 absorption cache updates; o = N RECIP(Z)), bit-exact.
 
-The bench plays the tile sequencer, MD and the SFM from the golden trace: per step it sets q and
+The bench plays the tile sequencer, MD and the SFM from the golden trace: per step it loads q (``q_load``: random beat order and gaps) and
 sends ``cmd`` TERMS(m), half the time after a QA (checks ``z`` = Z from the caches, and with ``probe`` a FINISH whose ``o``
 must equal ``LadTileModel.finish`` of the cache terms: the caches seen directly), the MD
 corrections of the step's actives (BEATS with w, alpha, beta, update = mode change, k_i, v_i),
@@ -18,9 +18,8 @@ import cocotb
 from amaranth import unsigned
 
 from golden.lad_tile import LadTileConfig
-from hdl.lad.common import AcOp, ac_command_layout, beat_layout, recip_resp_layout, vector_layout, w_width
-from testbenches.streams import pack
-from testbenches.tb.lad_steps import beats, open_bench, sfm_recip
+from hdl.lad.common import AcOp, ac_command_layout, beat_layout, recip_resp_layout, w_width
+from testbenches.tb.lad_steps import beats, load_vector, open_bench, sfm_recip
 
 
 def command(cfg: LadTileConfig, rng, **fields) -> dict:
@@ -60,7 +59,7 @@ async def ac_matches_golden(dut):
 
     for rec in recs:
         n = rec.n
-        dut.q.value = pack(vector_layout(cfg), rec.q)
+        await load_vector(bench, "q_load", rec.q)
         if rng.random() < 0.5:   # the q.A pass ahead of TERMS, as the tile sends it
             qa_passes += 1
             cmd_src.put(command(cfg, rng, op=AcOp.QA))

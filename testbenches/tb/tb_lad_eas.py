@@ -1,7 +1,7 @@
 """cocotb: LAD EAS (hdl/lad/eas.py) alone == golden.lad_tile.LadTileModel's EAS (docs/algorithms.md §1.4:
 center update of k_n, rho, s_n; s^_i = rho_i q.c_j(i) / sqrt(d)), bit-exact.
 
-The bench plays the tile sequencer and the SFM: per golden step it sets q, k_n, sends
+The bench plays the tile sequencer and the SFM: per golden step it loads q, k_n (``q_load``, ``k_load``: random beat order and gaps), sends
 ``start``, serves RECIP of a new center's |k|^2 (``recip_req``/``recip_resp``, golden.sfm.recip,
 random latency), checks ``key_out`` (center, rho, new_center, s_n) and ``centers``, then sends
 APID's lookups of the step (every absorbed position's center and rho) plus random extra
@@ -14,11 +14,9 @@ import cocotb
 import torch
 from amaranth import signed, unsigned
 
-from hdl.lad.common import vector_layout
 from hdl.lad.common import recip_resp_layout
 from hdl.lad.eas import key_out_layout, lookup_layout
-from testbenches.streams import pack
-from testbenches.tb.lad_steps import open_bench, sfm_recip
+from testbenches.tb.lad_steps import load_vector, open_bench, sfm_recip
 
 
 @cocotb.test()
@@ -37,8 +35,8 @@ async def eas_matches_golden(dut):
     want_recip = []
     extra_count = 0
     for i, rec in enumerate(recs):
-        dut.q.value = pack(vector_layout(cfg), rec.q)
-        dut.k.value = pack(vector_layout(cfg), rec.k)
+        await load_vector(bench, "q_load", rec.q)
+        await load_vector(bench, "k_load", rec.k)
         start_src.put(0)
         C = rec.centers_before
         await key_sink.wait_for(i + 1, timeout_cycles=20 * (C + 4) * cfg.beats + 2000)

@@ -2,7 +2,7 @@
 §1.3-1.4: exact x_i = s_i - m, interval r_i, false alarm / active, counter of r_i bumped with
 halving, mode change, alpha_i, beta_i, w_i = alpha_i x_i + beta_i), bit-exact.
 
-The bench plays the tile sequencer, APID, the KV memory and AC: per step it sets q and m, sends
+The bench plays the tile sequencer, APID, the KV memory and AC: per step it loads q (``q_load``: random beat order and gaps) and m, sends
 the golden trace's candidates (position, mode, counters) plus random extra candidates (random
 mode, counters at or near saturation), serves ``kv_req`` from the step sequence's K/V
 (random latency), and checks every ``verdict`` (mode, counters), every KV request (k_i beats
@@ -19,10 +19,10 @@ import torch
 from cocotb.triggers import ReadOnly, RisingEdge
 
 from golden.lad_tile import LadTileConfig
-from hdl.lad.common import AcOp, ac_command_layout, beat_layout, candidate_layout, vector_layout
+from hdl.lad.common import AcOp, ac_command_layout, beat_layout, candidate_layout
 from hdl.lad.dense import kv_request_layout
-from testbenches.streams import kv_lookup, pack
-from testbenches.tb.lad_steps import beats, open_bench
+from testbenches.streams import kv_lookup
+from testbenches.tb.lad_steps import beats, load_vector, open_bench
 
 
 def random_candidates(cfg: LadTileConfig, rng, count: int, positions: int) -> list[tuple[int, int, list[int]]]:
@@ -69,7 +69,7 @@ async def md_matches_golden(dut):
     totals = {"active": 0, "false_alarms": 0, "mode_changes": 0}
     halvings, x_saturated, intervals_seen = 0, 0, set()
     for step, (qv, m, cands) in enumerate(plan):
-        dut.q.value = pack(vector_layout(cfg), qv)
+        await load_vector(bench, "q_load", qv)
         dut.m.value = m & ((1 << xf.width) - 1)
         if not cands:
             continue
