@@ -83,10 +83,13 @@ class Mutation:
 
 
 def stream_ports(component) -> dict[str, Flow]:
-    """Every stream member of ``component``'s signature: name -> In or Out."""
+    """Every stream member of ``component``'s signature with a handshake: name -> In or Out. An
+    always-ready stream (the LAD modules' ``q_load`` / ``k_load``) has none: every beat is taken,
+    so holding and stalling cannot happen (its stall cover would be unreachable)."""
     out = {}
     for name, member in component.signature.members.items():
-        if member.is_signature and isinstance(member.signature, stream.Signature):
+        if (member.is_signature and isinstance(member.signature, stream.Signature)
+                and not member.signature.always_ready):
             out[name] = member.flow
     return out
 
