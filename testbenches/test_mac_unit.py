@@ -26,10 +26,11 @@ def test_match_rtl_equals_golden(name):
     assert report["at_threshold"] > 0  # distance exactly at the threshold (a miss) was seen
 
 
-@pytest.mark.parametrize("heads, banks", [(5, 2), (9, 3), (17, 5)])
+@pytest.mark.parametrize("heads, banks", [(5, 2), (9, 3), (13, 4), (17, 5)])
 def test_match_rtl_equals_golden_across_ring_banks(heads, banks):
     """A ring deeper than one bank (512 words per head, 2048 per bank, the last bank a part
-    one): the pair-then-bank select with an odd bank out (3, 5) and several pairs (5)."""
+    one): the pair-then-bank select with an odd bank out (3, 5), several pairs (4, 5) and every
+    pair full (4: the second pair's select was not exercised without it, mutation run s39)."""
     from hdl.mac.match import RING_BANK_DEPTH
     cfg = MacUnitConfig(window=64, head_dim=64, heads=heads, lanes=8)
     assert (banks - 1) * RING_BANK_DEPTH < cfg.ring_words < banks * RING_BANK_DEPTH
