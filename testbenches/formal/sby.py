@@ -21,7 +21,7 @@ from pathlib import Path
 from amaranth.back import rtlil
 
 from golden.paths import BUILD_ROOT
-from hdl.registry import get_block
+from hdl.registry import get_block, top_ports
 
 from .harness import FormalWrapper, Mutation
 from .specs import SPECS
@@ -99,7 +99,7 @@ def run(block: str, cfg=None, mode: str = "prove", depth: int | None = None, *, 
     cfg = cfg if cfg is not None else (spec.big if big else spec.small)
     depth = depth if depth is not None else getattr(spec.depths(cfg), mode)
     top = wrapper(block, cfg, mode, mutation)
-    text = rtlil.convert(top, name="top", emit_src=True)
+    text = rtlil.convert(top, name="top", ports=top_ports(top), emit_src=True)
     name = f"{block}-{cfg.key()}-{mode}-{depth}" + (f"-{mutation.port}-{mutation.kind}" if mutation else "")
     workdir = (workroot or BUILD_ROOT / "formal") / f"{name}-{os.getpid()}"
     if workdir.exists():
