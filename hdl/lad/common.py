@@ -35,11 +35,6 @@ def beat_layout(cfg: LadTileConfig) -> data.ArrayLayout:
     return data.ArrayLayout(signed(cfg.kv_width), cfg.lanes)
 
 
-def vector_layout(cfg: LadTileConfig) -> data.ArrayLayout:
-    """A whole head_dim vector (the golden model's q, k as the benches pack them)."""
-    return data.ArrayLayout(signed(cfg.kv_width), cfg.head_dim)
-
-
 def beat_load_layout(cfg: LadTileConfig) -> data.StructLayout:
     """One beat of the step's q (or k_n) as the tile broadcasts it while it loads the step."""
     return data.StructLayout({"beat": range(cfg.beats), "data": beat_layout(cfg)})

@@ -19,7 +19,7 @@ reads positions ``0..n``; its ``o``, ``m``, ``Z`` leave with ``path = EXACT``. P
 """
 from __future__ import annotations
 
-from amaranth import Array, Cat, Const, Module, Signal, signed, unsigned
+from amaranth import Array, Const, Module, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -90,6 +90,8 @@ class LadTile(wiring.Component):
             m.d.comb += [x for port in ports for x in (port.valid.eq(load.valid), port.payload.eq(load.payload))]
         q_buf, k_buf, v_buf = (beat_copy(m, cfg, loads[name], f"{name}_copy", L, 1)[0] for name in "qkv")
         m.d.comb += [buf.addr.eq(beat) for buf in (q_buf, k_buf, v_buf)]
+        m.d.comb += [x for name, load in loads.items()   # (the payload whatever the state: only valid is LOAD's)
+                     for x in (load.payload.beat.eq(beat), load.payload.data.eq(self.step_in.payload[name]))]
         m_ref = Signal(signed(xw))
         m.d.comb += md.m.eq(m_ref)
 
@@ -145,9 +147,7 @@ class LadTile(wiring.Component):
         with m.FSM():
             with m.State("LOAD"):
                 m.d.comb += [self.step_in.ready.eq(1), env_wait.eq(~self.step_in.valid)]
-                for name, load in loads.items():
-                    m.d.comb += [load.valid.eq(self.step_in.valid), load.payload.beat.eq(beat),
-                                 load.payload.data.eq(self.step_in.payload[name])]
+                m.d.comb += [load.valid.eq(self.step_in.valid) for load in loads.values()]
                 with m.If(self.step_in.valid):
                     m.d.sync += beat.eq(incr(beat, nb))
                     with m.If(beat == nb - 1):

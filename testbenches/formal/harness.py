@@ -21,7 +21,7 @@ property's ``src_loc`` is set to its name, so SymbiYosys reports it by name.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from amaranth import Module, Mux, Signal, ResetSignal, Value
 from amaranth.hdl import Assert, Assume, Cover
