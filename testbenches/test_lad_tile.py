@@ -48,13 +48,15 @@ def test_lad_tile_rtl_equals_golden_corner_sequences(kind, steps):
 
 def test_lad_tile_rtl_equals_golden_fpga_structure():
     """The structure of the ``ecp5-85f`` preset at the small shape: one AC VPU, EAS a quarter of a
-    center a cycle, AC's scalar arithmetic one lane a cycle (``ac_lanes = 1``); every position
-    active, random latency, gaps and back-pressure."""
-    cfg = replace(SMALL, vpus=4, eas_beats=4, ac_lanes=1)
+    center a cycle, AC's scalar arithmetic one lane a cycle (``ac_lanes = 1``), no exact pass
+    (``kv_positions = max_positions``: past it every step is BEYOND, and no dense baseline is
+    built); every position active, random latency, gaps and back-pressure."""
+    cfg = replace(SMALL, vpus=4, eas_beats=4, ac_lanes=1, max_positions=16, kv_positions=16)
     r = simulate("lad-tile", cfg, "testbenches.tb.tb_lad_tile", seed=SEED + 2, name="fpga",
                  params={"steps": 20, "kind": "all_active", "latency": [1, 10], "gap": 0.5, "stall": 0.5})
     assert r["mismatches"] == 0 and r["steps"] == 20
-    assert r["active"] > 0.5 * sum(r["positions"]) and r["mode_changes"] > 0
+    assert r["paths"] == [StepPath.LAD] * 16 + [StepPath.BEYOND] * 4
+    assert r["active"] > 0.5 * sum(r["positions"][:16]) and r["mode_changes"] > 0
     assert r["nonzero_outputs"] > r["beats"] // 2
 
 

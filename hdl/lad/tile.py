@@ -16,6 +16,8 @@ Past ``max_positions`` a step is the exact pass: the query goes to a dense basel
 (``hdl.lad.dense.DenseAttention`` at ``cfg.fallback()``), which owns the KV port for the step and
 reads positions ``0..n``; its ``o``, ``m``, ``Z`` leave with ``path = EXACT``. Past
 ``kv_positions`` a step returns ``o = 0`` with ``path = BEYOND`` (docs/lad-tile.md, "Past max_positions").
+With ``kv_positions = max_positions`` there is no exact pass (no dense baseline is built): every
+step past ``max_positions`` is BEYOND.
 """
 from __future__ import annotations
 
@@ -79,7 +81,9 @@ class LadTile(wiring.Component):
         m.submodules.md = md = Md(cfg)
         m.submodules.ac = ac = Ac(cfg)
         m.submodules.sfm = sfm = Sfm(sfm_cfg)
-        m.submodules.exact = exact = DenseAttention(cfg.fallback())
+        exact_path = cfg.kv_positions > cfg.max_positions   # else a step past max_positions is BEYOND at once
+        if exact_path:
+            m.submodules.exact = exact = DenseAttention(cfg.fallback())
 
         # LOAD broadcasts the step's beats: q to EAS, MD, AC and the tile's copy (the exact pass's
         # query), k_n to EAS and the tile's (the absorption), v_n to the tile's; each keeps its own
@@ -102,9 +106,10 @@ class LadTile(wiring.Component):
         # the KV port: MD's (candidates) or, past max_positions, the exact pass's
         exact_pass = Signal()
         with m.If(exact_pass):
-            m.d.comb += [self.kv_req.valid.eq(exact.kv_req.valid), self.kv_req.payload.eq(exact.kv_req.payload),
-                         exact.kv_req.ready.eq(self.kv_req.ready), exact.kv_resp.valid.eq(self.kv_resp.valid),
-                         exact.kv_resp.payload.eq(self.kv_resp.payload), self.kv_resp.ready.eq(exact.kv_resp.ready)]
+            if exact_path:
+                m.d.comb += [self.kv_req.valid.eq(exact.kv_req.valid), self.kv_req.payload.eq(exact.kv_req.payload),
+                             exact.kv_req.ready.eq(self.kv_req.ready), exact.kv_resp.valid.eq(self.kv_resp.valid),
+                             exact.kv_resp.payload.eq(self.kv_resp.payload), self.kv_resp.ready.eq(exact.kv_resp.ready)]
         with m.Else():
             req = md.kv_req.payload
             m.d.comb += [self.kv_req.valid.eq(md.kv_req.valid), self.kv_req.payload.value.eq(req.value),
@@ -155,8 +160,9 @@ class LadTile(wiring.Component):
                         m.d.sync += [s.eq(c) for s, c in zip(snap, counts)]
                         with m.If(n >= cfg.kv_positions):
                             m.next = "BEYOND"
-                        with m.Elif(n >= cfg.max_positions):
-                            m.next = "EXACT_QUERY"
+                        if exact_path:
+                            with m.Elif(n >= cfg.max_positions):
+                                m.next = "EXACT_QUERY"
                         with m.Else():
                             m.next = "EAS"
             with m.State("EAS"):
@@ -275,26 +281,27 @@ class LadTile(wiring.Component):
                 with m.If(absorb_sent | apid.absorb.ready):
                     m.d.sync += [n.eq(n + 1), beat.eq(0)]
                     m.next = "LOAD"
-            with m.State("EXACT_QUERY"):   # past max_positions: the query to the exact pass
-                m.d.comb += [exact.query.valid.eq(1), exact.query.payload.q.eq(q_buf.data),
-                             exact.query.payload.length.eq(n + 1)]
-                with m.If(exact.query.ready):
-                    m.d.sync += beat.eq(incr(beat, nb))
-                    with m.If(beat == nb - 1):
-                        m.next = "EXACT"
-            with m.State("EXACT"):         # it owns the KV port; its o beats leave with its statistics
-                d = exact.out.payload
-                m.d.comb += [exact_pass.eq(1), self.out.valid.eq(exact.out.valid), exact.out.ready.eq(self.out.ready),
-                             self.out.payload.o.eq(d.o), self.out.payload.position.eq(n),
-                             self.out.payload.path.eq(StepPath.EXACT), self.out.payload.centers.eq(eas.centers),
-                             self.out.payload.m.eq(d.m), self.out.payload.z.eq(d.z),
-                             self.out.payload.kv_beats.eq(d.kv_beats), self.out.payload.cycles.eq(d.cycles)]
-                with m.If(self.out.valid & self.out.ready):
-                    m.d.sync += beat.eq(incr(beat, nb))
-                    with m.If(beat == nb - 1):
-                        m.d.sync += n.eq(n + 1)
-                        m.d.comb += step_done.eq(1)
-                        m.next = "LOAD"
+            if exact_path:
+                with m.State("EXACT_QUERY"):   # past max_positions: the query to the exact pass
+                    m.d.comb += [exact.query.valid.eq(1), exact.query.payload.q.eq(q_buf.data),
+                                 exact.query.payload.length.eq(n + 1)]
+                    with m.If(exact.query.ready):
+                        m.d.sync += beat.eq(incr(beat, nb))
+                        with m.If(beat == nb - 1):
+                            m.next = "EXACT"
+                with m.State("EXACT"):         # it owns the KV port; its o beats leave with its statistics
+                    d = exact.out.payload
+                    m.d.comb += [exact_pass.eq(1), self.out.valid.eq(exact.out.valid), exact.out.ready.eq(self.out.ready),
+                                 self.out.payload.o.eq(d.o), self.out.payload.position.eq(n),
+                                 self.out.payload.path.eq(StepPath.EXACT), self.out.payload.centers.eq(eas.centers),
+                                 self.out.payload.m.eq(d.m), self.out.payload.z.eq(d.z),
+                                 self.out.payload.kv_beats.eq(d.kv_beats), self.out.payload.cycles.eq(d.cycles)]
+                    with m.If(self.out.valid & self.out.ready):
+                        m.d.sync += beat.eq(incr(beat, nb))
+                        with m.If(beat == nb - 1):
+                            m.d.sync += n.eq(n + 1)
+                            m.d.comb += step_done.eq(1)
+                            m.next = "LOAD"
             with m.State("BEYOND"):        # past kv_positions: no output, nothing changes
                 m.d.comb += [self.out.valid.eq(1), self.out.payload.position.eq(n),
                              self.out.payload.path.eq(StepPath.BEYOND), self.out.payload.centers.eq(eas.centers)]
