@@ -53,7 +53,7 @@ def beat_copy(m, cfg: LadTileConfig, load, name: str, lanes: int, reads: int) ->
 
     Each module keeps its copy beside the logic that reads it, so the step's beats (not whole
     head_dim vectors, 1,024 bits at d = 64) cross the tile (docs/lad-tile.md "Synthesis": the
-    vectors and their beat selects were what the ECP5's router could not route). Written and read
+    vectors and their beat selects were the tile's densest routing on the ECP5). Written and read
     as the registers it replaces were: a beat written in one cycle is read from the next."""
     r, beat_bits = lanes // cfg.lanes, cfg.lanes * cfg.kv_width
     mem = memory.Memory(shape=unsigned(lanes * cfg.kv_width), depth=cfg.head_dim // lanes, init=[])
