@@ -92,12 +92,13 @@ async def wait_until(cycles: Cycles, condition, timeout_cycles: int, what: str =
 class _StreamPort:
     """One ``<prefix>__valid/ready/payload`` port: every rising edge ``_drive`` sets this side's
     handshake signal, then in the ReadOnly phase ``_sample`` returns the item transferred in
-    this cycle (or None), which is logged as ``(cycle, item)``."""
+    this cycle (or None), which is logged as ``(cycle, item)``. An always-ready stream has no
+    ``__ready`` wire (``ready`` is None: every valid item is taken)."""
 
     def __init__(self, dut, prefix, shape, cycles: Cycles, rng: random.Random):
         self.name = prefix
         self.valid = getattr(dut, f"{prefix}__valid")
-        self.ready = getattr(dut, f"{prefix}__ready")
+        self.ready = getattr(dut, f"{prefix}__ready", None)
         self.payload = getattr(dut, f"{prefix}__payload")
         self.shape, self.cycles, self.rng = shape, cycles, rng
         self.log: list[tuple[int, object]] = []
@@ -168,7 +169,7 @@ class StreamSource(_StreamPort):
 
     def _sample(self):
         item = self._current
-        if item is not None and int(self.ready.value):
+        if item is not None and (self.ready is None or int(self.ready.value)):
             self._current = None
             return item
         return None

@@ -6,12 +6,10 @@ them); and the SFM's RECIP as a memory lookup."""
 from __future__ import annotations
 
 import torch
-from cocotb.triggers import RisingEdge
 
 from golden.lad_tile import LadTileConfig, LadTileModel, StepTrace
 from golden.sfm import recip
-from hdl.lad.common import beat_load_layout
-from testbenches.streams import Bench, pack, split_beats
+from testbenches.streams import Bench, split_beats
 
 
 def random_sequence(cfg: LadTileConfig, seed: int, steps: int, kind: str):
@@ -108,19 +106,13 @@ async def open_bench(dut):
     return bench, (q, k, v), model, recs
 
 
-async def load_vector(bench: Bench, port: str, vec) -> None:
-    """``vec`` (q or k_n) into a module's own copy over ``port`` (``q_load`` / ``k_load``,
-    hdl.lad.common.beat_copy), a beat a cycle as the tile sends them, but in a random order with random
-    idle cycles whose payload is random (the copy is addressed by beat and written only on ``valid``)."""
-    cfg, rng, dut = bench.cfg, bench.rng, bench.dut
-    layout = beat_load_layout(cfg)
-    valid, payload = getattr(dut, f"{port}__valid"), getattr(dut, f"{port}__payload")
-    order = list(enumerate(split_beats(vec, cfg.lanes)))
-    rng.shuffle(order)
-    for b, beat in order:
-        while rng.random() < bench.gap:
-            valid.value, payload.value = 0, rng.getrandbits(layout.size)
-            await RisingEdge(dut.clk)
-        valid.value, payload.value = 1, pack(layout, {"beat": b, "data": beat})
-        await RisingEdge(dut.clk)
-    valid.value, payload.value = 0, rng.getrandbits(layout.size)
+
+async def load_vector(bench: Bench, source, vec) -> None:
+    """``vec`` (q or k_n) into a module's own copy (hdl.lad.common.beat_copy) over ``source``, the
+    bench's StreamSource on its ``q_load`` / ``k_load`` (layout ``beat_load_layout``): a beat a
+    transfer as the tile sends them, but in a random order (the copy is addressed by beat) with the
+    source's random gaps and idle payload; returns once every beat is written."""
+    order = list(enumerate(split_beats(vec, bench.cfg.lanes)))
+    bench.rng.shuffle(order)
+    source.put(*({"beat": b, "data": beat} for b, beat in order))
+    await bench.until(lambda: source.idle, 100 * len(order), f"{source.name} loaded")

@@ -18,7 +18,7 @@ import cocotb
 from amaranth import unsigned
 
 from golden.lad_tile import LadTileConfig
-from hdl.lad.common import AcOp, ac_command_layout, beat_layout, recip_resp_layout, w_width
+from hdl.lad.common import AcOp, ac_command_layout, beat_layout, beat_load_layout, recip_resp_layout, w_width
 from testbenches.tb.lad_steps import beats, load_vector, open_bench, sfm_recip
 
 
@@ -38,6 +38,7 @@ def command(cfg: LadTileConfig, rng, **fields) -> dict:
 async def ac_matches_golden(dut):
     bench, (q, k, v), model, recs = await open_bench(dut)
     cfg, rng = bench.cfg, bench.rng
+    q_src = bench.source("q_load", beat_load_layout(cfg))
     cmd_src = bench.source("cmd", ac_command_layout(cfg))
     out_sink = bench.sink("out", beat_layout(cfg))
     sfm = bench.memory("recip_req", unsigned(cfg.sfm.recip_in_width), "recip_resp", recip_resp_layout(cfg),
@@ -59,7 +60,7 @@ async def ac_matches_golden(dut):
 
     for rec in recs:
         n = rec.n
-        await load_vector(bench, "q_load", rec.q)
+        await load_vector(bench, q_src, rec.q)
         if rng.random() < 0.5:   # the q.A pass ahead of TERMS, as the tile sends it
             qa_passes += 1
             cmd_src.put(command(cfg, rng, op=AcOp.QA))

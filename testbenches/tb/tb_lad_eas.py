@@ -14,7 +14,7 @@ import cocotb
 import torch
 from amaranth import signed, unsigned
 
-from hdl.lad.common import recip_resp_layout
+from hdl.lad.common import beat_load_layout, recip_resp_layout
 from hdl.lad.eas import key_out_layout, lookup_layout
 from testbenches.tb.lad_steps import load_vector, open_bench, sfm_recip
 
@@ -24,6 +24,7 @@ async def eas_matches_golden(dut):
     bench, _, model, recs = await open_bench(dut)
     cfg, rng = bench.cfg, bench.rng
     xw, rf = cfg.sfm.x_width, cfg.rho_format
+    q_src, k_src = (bench.source(port, beat_load_layout(cfg)) for port in ("q_load", "k_load"))
     start_src = bench.source("start", unsigned(1))
     key_sink = bench.sink("key_out", key_out_layout(cfg))
     lookup_src = bench.source("lookup", lookup_layout(cfg))
@@ -35,8 +36,8 @@ async def eas_matches_golden(dut):
     want_recip = []
     extra_count = 0
     for i, rec in enumerate(recs):
-        await load_vector(bench, "q_load", rec.q)
-        await load_vector(bench, "k_load", rec.k)
+        await load_vector(bench, q_src, rec.q)
+        await load_vector(bench, k_src, rec.k)
         start_src.put(0)
         C = rec.centers_before
         await key_sink.wait_for(i + 1, timeout_cycles=20 * (C + 4) * cfg.beats + 2000)

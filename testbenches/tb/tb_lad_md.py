@@ -19,7 +19,7 @@ import torch
 from cocotb.triggers import ReadOnly, RisingEdge
 
 from golden.lad_tile import LadTileConfig
-from hdl.lad.common import AcOp, ac_command_layout, beat_layout, candidate_layout
+from hdl.lad.common import AcOp, ac_command_layout, beat_layout, beat_load_layout, candidate_layout
 from hdl.lad.dense import kv_request_layout
 from testbenches.streams import kv_lookup
 from testbenches.tb.lad_steps import beats, load_vector, open_bench
@@ -42,6 +42,7 @@ async def md_matches_golden(dut):
     cfg, rng, p = bench.cfg, bench.rng, bench.params
     xf, nb = cfg.sfm.x_format, cfg.beats
     steps = q.shape[0]
+    q_src = bench.source("q_load", beat_load_layout(cfg))
     cand_src = bench.source("cand", candidate_layout(cfg))
     verdict_sink = bench.sink("verdict", candidate_layout(cfg))
     memory = bench.memory("kv_req", kv_request_layout(cfg), "kv_resp", beat_layout(cfg), kv_lookup(k, v, cfg.lanes))
@@ -69,7 +70,7 @@ async def md_matches_golden(dut):
     totals = {"active": 0, "false_alarms": 0, "mode_changes": 0}
     halvings, x_saturated, intervals_seen = 0, 0, set()
     for step, (qv, m, cands) in enumerate(plan):
-        await load_vector(bench, "q_load", qv)
+        await load_vector(bench, q_src, qv)
         dut.m.value = m & ((1 << xf.width) - 1)
         if not cands:
             continue
