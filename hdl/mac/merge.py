@@ -92,7 +92,7 @@ class MergeUnit(wiring.Component):
         x = Signal(signed(cfg.score_width))
         s1, s2, small = Signal(cfg.sum_width), Signal(cfg.sum_width), Signal(cfg.sum_width)
         a, b = Signal(cfg.sum_width + 1), Signal(cfg.sum_width + 1)
-        s_full = Signal(signed(cfg.sum_width + 3))
+        cancel = Signal()       # the cancellation flag of s = a +- b, registered with s (SUM)
         s_out = Signal(cfg.sum_width)
         flagged = Signal()
         ww = cfg.weight_width
@@ -144,7 +144,7 @@ class MergeUnit(wiring.Component):
         # the SFM's operands do not depend on the state (only its valid does): x for EXP2,
         # the saturated sum for RECIP; ``recip`` selects the function
         recip = Signal()
-        sat = Signal(cfg.sum_width)   # saturate(s_full), registered with it (the RECIP operand)
+        sat = Signal(cfg.sum_width)   # saturate(a +- b), the RECIP operand
         m.d.comb += [sfm.i.payload.op.eq(Mux(recip, SfmOp.RECIP, SfmOp.EXP2)), sfm.i.payload.x.eq(x),
                      sfm.i.payload.z.eq(sat)]
         with m.If(peek):
@@ -153,6 +153,15 @@ class MergeUnit(wiring.Component):
         scale_t, scale_zero, scale_sh, scale_load = rounding(scale_pp, cfg.sum_width + len(mant), "scale")
         w1_t, w1_zero, w1_sh, w1_load = rounding(w1_pp, cfg.sum_width + 1 + len(mant), "w1")
         w2_t, w2_zero, w2_sh, w2_load = rounding(w2_pp, cfg.sum_width + 1 + len(mant), "w2")
+        # the flag from a and b (unsigned), beside s's own add rather than after it (after it, the
+        # compare's carry chain fed the FSM: mac-unit's critical path, 103 MHz): s <= 0 is a = b = 0
+        # for ⊕ and a <= b for ⊖, and ⊖'s (a - b) 2^cancel_bits < a is the sign of
+        # (a << cancel_bits) - (b << cancel_bits) - a, three terms summed in one carry chain
+        cb = cfg.cancel_bits
+        cw = len(a) + cb + 2
+        down_terms = [Cat(Const(0, cb), a), ~Cat(Const(0, cb), b, Const(0, cw - cb - len(b))),
+                      ~Cat(a, Const(0, cw - len(a))), Const(2, cw)]
+        down_cancel = (a <= b) | csa_sum(m, down_terms, cw, "cancel")[-1]
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += peek.eq(self.i.valid & ~pending & ~loaded)
@@ -178,10 +187,10 @@ class MergeUnit(wiring.Component):
                 m.next = "SUM"
             with m.State("SUM"):
                 s_next = Mux(op == MergeOp.DOWNDATE, a - b, a + b)
-                m.d.sync += [s_full.eq(s_next), sat.eq(saturate(s_next, unsigned(cfg.sum_width))), recip.eq(1)]
+                m.d.sync += [sat.eq(saturate(s_next, unsigned(cfg.sum_width))), recip.eq(1),
+                             cancel.eq(Mux(op == MergeOp.DOWNDATE, down_cancel, (a == 0) & (b == 0)))]
                 m.next = "CHECK"
             with m.State("CHECK"):
-                cancel = (s_full <= 0) | ((op == MergeOp.DOWNDATE) & ((s_full << cfg.cancel_bits) < a))
                 m.d.comb += sfm.i.valid.eq(~cancel)
                 m.d.sync += [flagged.eq(cancel), s_out.eq(sat)]
                 with m.If(cancel):
