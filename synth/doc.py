@@ -113,8 +113,10 @@ def render(results: list[dict], command: str | None = None) -> str:
       "(an operand registered twice, as the VPU's) and read only by multipliers gets their input registers (a copy "
       "in each, when one operand is shared by every lane, as dense's reciprocal); "
       "Yosys maps none of them. FF counts below are Yosys's, before those flip-flops moved into the hard blocks.")
-    w(f"- Router: nextpnr's router1 (its default), router2 for {', '.join(sorted(ROUTER2_BLOCKS))}, on which "
-      "router1 does not converge (`synth/flow.py`, `ROUTER2_BLOCKS`); router2 times high-fan-out nets worse "
+    router2 = (f", router2 for {', '.join(sorted(ROUTER2_BLOCKS))}, on which router1 does not converge"
+               if ROUTER2_BLOCKS else "")
+    w(f"- Router: nextpnr's router1 (its default){router2} (`synth/flow.py`, `ROUTER2_BLOCKS`); "
+      "`LADMAC_ROUTER=router2` tries the other; router2 times high-fan-out nets worse "
       "(mac-merge: 70.3 MHz under router2, its pipeline enable's ~1,800 flip-flop enables taking 13.5 ns of "
       "routing, against 108.5 under router1).")
     w("- Technology-independent count: the core alone through generic `synth` (memories kept as `$mem` "

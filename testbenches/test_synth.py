@@ -50,7 +50,7 @@ def test_sram_end_to_end_report_and_cache(cache_dir, tmp_path, capsys):
     g = r["generic"]
     assert g["memory_bits"] == 256 * 32 and g["num_cells"] > 0 and 0.5 < g["ge"]["memory_share"] <= 1.0
     assert "Fmax" in table and "DP16KD" in table
-    assert e["router"] == "router1" and flow.router("lad-tile") == "router2"   # the report names nextpnr's router
+    assert e["router"] == "router1" and flow.router("lad-tile") == "router1"   # the report names nextpnr's router
     # the synchronised reset reaches the flip-flops over a global network (synth/harness.py)
     pnr_log = (flow.run_dir("sram", r["key"]) / "ecp5" / "top.tim").read_text()
     assert re.search(r"routing clock net \S*rst\S* using global", pnr_log)
