@@ -263,9 +263,9 @@ PRESETS = {
     "default": LadTileConfig(),
     # kv_positions = max_positions + 4: a short run steps through all three paths (LAD, exact, beyond)
     "small": LadTileConfig(head_dim=32, lanes=8, vpus=5, max_positions=64, max_centers=8, kv_positions=68),
-    # head_dim 64 on the LFE5U-85F (docs/lad-tile.md "Synthesis"): 155 of 208 DP16KD (centers 2048 x 1024 bits),
-    # about 133 of 156 MULT18X18D (EAS 2 x 8 lanes, one AC VPU, AC's scalar arithmetic a lane a cycle)
-    # no exact pass (kv_positions = max_positions: steps past 2048 are BEYOND): with it the tile did not route
+    # head_dim 64 on the LFE5U-85F (docs/lad-tile.md "Synthesis"): 151 of 208 DP16KD (centers 2048 x 1024 bits),
+    # 96 of 156 MULT18X18D (EAS 2 x 8 lanes, one AC VPU, AC's scalar arithmetic a lane a cycle); no exact pass
+    # (kv_positions = max_positions: steps past 2048 are BEYOND): with it the tile did not route
     "ecp5-85f": LadTileConfig(max_positions=2048, max_centers=2048, kv_positions=2048, eas_beats=8, vpus=4, ac_lanes=1),
 }
 
