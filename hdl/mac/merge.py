@@ -92,7 +92,7 @@ class MergeUnit(wiring.Component):
         x = Signal(signed(cfg.score_width))
         s1, s2, small = Signal(cfg.sum_width), Signal(cfg.sum_width), Signal(cfg.sum_width)
         a, b = Signal(cfg.sum_width + 1), Signal(cfg.sum_width + 1)
-        cancel = Signal()       # the cancellation flag of s = a +- b, registered in SUM with sat
+        cancel = Signal()       # the cancellation flag of s = a +- b, registered with s (SUM)
         s_out = Signal(cfg.sum_width)
         flagged = Signal()
         ww = cfg.weight_width
