@@ -171,7 +171,7 @@ class Md(wiring.Component):
             with m.If(rb == nb - 1):
                 m.d.comb += tags.r_en.eq(1)
 
-        # the score pipeline (stops as a whole when its output waits): the VPU's dot -> the
+        # the score pipeline: the VPU's dot -> the
         # partial products of dot * scale -> their sum with the rounding half -> the scaled score
         # (shifted and saturated, as score_of) -> x = sat(score - m) -> its interval r, one carry
         # chain per stage
@@ -181,29 +181,24 @@ class Md(wiring.Component):
         sp_x1, sp_x2, sp_x = (Signal(signed(xw), name=n) for n in ("sp_x1", "sp_x2", "sp_x"))
         sp_below = Signal(len(cfg.sfm.exp_boundaries_raw))   # boundary_tests of x
         sp_r = Signal(sfm.interval_width)
-        # a skid entry after the pipeline: it advances unless its last stage is full and the
-        # entry too (registers), so the decision FSM's state does not reach the VPU's stall-all
-        # enable and kv_resp.ready in the same cycle (FSM -> take_score -> VPU -> kv_resp.ready
-        # -> the key beat's 128-bit select was lad-md's critical path, 83 % routing); the
-        # FSM reads the entry, or the last stage straight through (no latency added)
-        skid_full = Signal(name="skid_full")
-        skid_x, skid_r = Signal(signed(xw), name="skid_x"), Signal(sfm.interval_width, name="skid_r")
-        sp_ce = ~sp_valid[-1] | ~skid_full
-        m.d.comb += vpu.o.ready.eq(sp_ce)
-        score_valid = skid_full | sp_valid[-1]
-        score_x, score_r = Mux(skid_full, skid_x, sp_x), Mux(skid_full, skid_r, sp_r)
-        score_taken = take_score & score_valid
-        with m.If(skid_full):
-            with m.If(score_taken):
-                m.d.sync += skid_full.eq(0)
-        with m.Elif(sp_valid[-1] & ~score_taken):      # the last stage moves on, into the entry
-            m.d.sync += [skid_full.eq(1), skid_x.eq(sp_x), skid_r.eq(sp_r)]
-        sp_score = scaled_round(m, vpu.o.payload.dot, cfg.scale_raw, cfg.score_shift, signed(xw), "sp_score", sp_ce)
-        with m.If(sp_ce):
-            m.d.sync += [sp_valid[0].eq(vpu.o.valid), *(sp_valid[i + 1].eq(sp_valid[i]) for i in range(SP_STAGES - 1)),
-                         sp_x1.eq(saturate(sp_score - self.m, signed(xw))),
-                         sp_x2.eq(sp_x1), sp_below.eq(boundary_tests(sp_x1, cfg)),
-                         sp_x.eq(sp_x2), sp_r.eq(interval_count(sp_below))]
+        # the VPU and the score pipeline never stall (vpu.o.ready = 1): each score in flight belongs
+        # to a slot not yet decided, so at most S of them wait, in a FIFO of S entries after the
+        # pipeline. Nothing downstream (the decision FSM) reaches the VPU's enable or kv_resp.ready
+        # (score5_valid -> VPU o.ready -> its i.ready -> kv_resp.ready -> the q-beat select crossed
+        # the die twice: the tile's critical path, 88 % routing). The FSM reads the FIFO's head,
+        # or the last stage straight through when the FIFO is empty (no latency added).
+        m.submodules.scores = scores = SyncFIFO(width=xw + sfm.interval_width, depth=S)
+        m.d.comb += vpu.o.ready.eq(1)
+        score_valid = scores.r_rdy | sp_valid[-1]
+        fifo_x, fifo_r = scores.r_data[:xw].as_signed(), scores.r_data[xw:]
+        score_x, score_r = Mux(scores.r_rdy, fifo_x, sp_x), Mux(scores.r_rdy, fifo_r, sp_r)
+        m.d.comb += [scores.r_en.eq(take_score),
+                     scores.w_en.eq(sp_valid[-1] & ~(take_score & ~scores.r_rdy)), scores.w_data.eq(Cat(sp_x, sp_r))]
+        sp_score = scaled_round(m, vpu.o.payload.dot, cfg.scale_raw, cfg.score_shift, signed(xw), "sp_score")
+        m.d.sync += [sp_valid[0].eq(vpu.o.valid), *(sp_valid[i + 1].eq(sp_valid[i]) for i in range(SP_STAGES - 1)),
+                     sp_x1.eq(saturate(sp_score - self.m, signed(xw))),
+                     sp_x2.eq(sp_x1), sp_below.eq(boundary_tests(sp_x1, cfg)),
+                     sp_x.eq(sp_x2), sp_r.eq(interval_count(sp_below))]
 
         # decisions, one candidate at a time in slot order
         mode = Signal(sfm.interval_width)

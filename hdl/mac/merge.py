@@ -92,7 +92,7 @@ class MergeUnit(wiring.Component):
         x = Signal(signed(cfg.score_width))
         s1, s2, small = Signal(cfg.sum_width), Signal(cfg.sum_width), Signal(cfg.sum_width)
         a, b = Signal(cfg.sum_width + 1), Signal(cfg.sum_width + 1)
-        cancel = Signal()       # the cancellation flag of s = a +- b, registered with s (SUM)
+        cancel = Signal()       # the cancellation flag of s = a +- b, registered in SUM with sat
         s_out = Signal(cfg.sum_width)
         flagged = Signal()
         ww = cfg.weight_width
@@ -155,13 +155,14 @@ class MergeUnit(wiring.Component):
         w2_t, w2_zero, w2_sh, w2_load = rounding(w2_pp, cfg.sum_width + 1 + len(mant), "w2")
         # the flag from a and b (unsigned), beside s's own add rather than after it (after it, the
         # compare's carry chain fed the FSM: mac-unit's critical path, 103 MHz): s <= 0 is a = b = 0
-        # for ⊕ and a <= b for ⊖, and ⊖'s (a - b) 2^cancel_bits < a is the sign of
-        # (a << cancel_bits) - (b << cancel_bits) - a, three terms summed in one carry chain
+        # for ⊕; for ⊖, s <= 0 (a <= b) or s 2^cancel_bits < a is the sign of
+        # (a << cancel_bits) - (b << cancel_bits) - a (negative whenever a <= b, but for a = b = 0),
+        # three terms summed in one carry chain
         cb = cfg.cancel_bits
         cw = len(a) + cb + 2
         down_terms = [Cat(Const(0, cb), a), ~Cat(Const(0, cb), b, Const(0, cw - cb - len(b))),
                       ~Cat(a, Const(0, cw - len(a))), Const(2, cw)]
-        down_cancel = (a <= b) | csa_sum(m, down_terms, cw, "cancel")[-1]
+        both_zero, down_sign = (a == 0) & (b == 0), csa_sum(m, down_terms, cw, "cancel")[-1]
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += peek.eq(self.i.valid & ~pending & ~loaded)
@@ -188,7 +189,7 @@ class MergeUnit(wiring.Component):
             with m.State("SUM"):
                 s_next = Mux(op == MergeOp.DOWNDATE, a - b, a + b)
                 m.d.sync += [sat.eq(saturate(s_next, unsigned(cfg.sum_width))), recip.eq(1),
-                             cancel.eq(Mux(op == MergeOp.DOWNDATE, down_cancel, (a == 0) & (b == 0)))]
+                             cancel.eq(both_zero | ((op == MergeOp.DOWNDATE) & down_sign))]
                 m.next = "CHECK"
             with m.State("CHECK"):
                 m.d.comb += sfm.i.valid.eq(~cancel)

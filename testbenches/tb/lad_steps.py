@@ -106,7 +106,6 @@ async def open_bench(dut):
     return bench, (q, k, v), model, recs
 
 
-
 async def load_vector(bench: Bench, source, vec) -> None:
     """``vec`` (q or k_n) into a module's own copy (hdl.lad.common.beat_copy) over ``source``, the
     bench's StreamSource on its ``q_load`` / ``k_load`` (layout ``beat_load_layout``): a beat a
