@@ -105,6 +105,17 @@ class Apid(wiring.Component):
         # candidates sent to MD, verdict not yet back: their (center, rho), in order
         m.submodules.pending = pending = SyncFIFO(width=cfg.center_width + cfg.rho_width, depth=cfg.md_inflight)
 
+        # pass A's s^_i, taken whenever they come (only APPROX's lookups make them, and APPROX
+        # leaves once all are in): EAS's lookup pipeline never stalls on APID's state (APID's
+        # state -> approx.ready -> EAS's enables crossed between the blocks)
+        m.d.comb += self.approx.ready.eq(1)
+        with m.If(self.approx.valid):
+            m.d.comb += [amem.write.valid.eq(1), amem.write.payload.addr.eq(finished),
+                         amem.write.payload.data.eq(self.approx.payload)]
+            m.d.sync += finished.eq(finished + 1)
+            with m.If(self.approx.payload > best):
+                m.d.sync += best.eq(self.approx.payload)
+
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.scan.ready.eq(1)
@@ -116,9 +127,10 @@ class Apid(wiring.Component):
                         m.next = "CLASSIFY"
                     with m.Else():
                         m.next = "APPROX"
-                # the new position's metadata, between steps
-                m.d.comb += self.absorb.ready.eq(~self.scan.valid)
-                with m.If(self.absorb.valid & ~self.scan.valid):
+                # the new position's metadata, between steps (the tile never sends a scan with it;
+                # ready from the state alone: the tile's state does not reach its own next state here)
+                m.d.comb += self.absorb.ready.eq(1)
+                with m.If(self.absorb.valid):
                     a = self.absorb.payload
                     word = Signal(ml)
                     m.d.comb += [word.mode.eq(a.mode), word.center.eq(a.center), word.rho.eq(a.rho)]
@@ -133,14 +145,7 @@ class Apid(wiring.Component):
                     m.d.sync += issued.eq(issued + 1)
                 word = data.View(ml, meta_data)
                 m.d.comb += [self.lookup.valid.eq(meta_resp.valid), self.lookup.payload.center.eq(word.center),
-                             self.lookup.payload.rho.eq(word.rho), meta_resp.ready.eq(self.lookup.ready),
-                             self.approx.ready.eq(1)]
-                with m.If(self.approx.valid):
-                    m.d.comb += [amem.write.valid.eq(1), amem.write.payload.addr.eq(finished),
-                                 amem.write.payload.data.eq(self.approx.payload)]
-                    m.d.sync += finished.eq(finished + 1)
-                    with m.If(self.approx.payload > best):
-                        m.d.sync += best.eq(self.approx.payload)
+                             self.lookup.payload.rho.eq(word.rho), meta_resp.ready.eq(self.lookup.ready)]
                 with m.If(finished == length):
                     m.next = "MAX"
             with m.State("MAX"):

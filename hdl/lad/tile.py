@@ -29,10 +29,11 @@ from golden.lad_tile import LadTileConfig, StepPath
 from golden.sfm import SfmOp
 
 from ..lib.arith import incr, saturate
-from ..lib.sfm import Sfm
+from ..lib.sfm import Sfm, sfm_in_layout
 from .ac import Ac
 from .apid import Apid
-from .common import AcOp, beat_copy, beat_layout, beat_load_signature, coef_width
+from ..lib.slice import RegisterSlice
+from .common import AcOp, ac_command_layout, beat_copy, beat_layout, beat_load_signature, coef_width
 from .dense import DenseAttention, kv_request_layout
 from .eas import Eas
 from .md import Md
@@ -81,6 +82,17 @@ class LadTile(wiring.Component):
         m.submodules.md = md = Md(cfg)
         m.submodules.ac = ac = Ac(cfg)
         m.submodules.sfm = sfm = Sfm(sfm_cfg)
+        # between the blocks, for the clock (docs/synthesis.md): AC's commands and the SFM's requests
+        # go through register slices (registered valid, payload and ready; one cycle each), and the
+        # SFM never stalls (every requester waits for its result with ready high), so no ready
+        # crosses from AC or the SFM through the sequencer into MD, EAS or AC (AC's cmd.ready ->
+        # MD's corr.ready -> kv_resp.ready was two long routes in series)
+        m.submodules.ac_cmd = ac_cmd_slice = RegisterSlice(ac_command_layout(cfg))
+        m.submodules.sfm_in = sfm_in_slice = RegisterSlice(sfm_in_layout(sfm_cfg))
+        wiring.connect(m, ac_cmd_slice.o, ac.cmd)
+        wiring.connect(m, sfm_in_slice.o, sfm.i)
+        m.d.comb += sfm.o.ready.eq(1)
+        ac_cmd, sfm_i = ac_cmd_slice.i, sfm_in_slice.i
         exact_path = cfg.kv_positions > cfg.max_positions   # else a step past max_positions is BEYOND at once
         if exact_path:
             m.submodules.exact = exact = DenseAttention(cfg.fallback())
@@ -138,12 +150,12 @@ class LadTile(wiring.Component):
         with m.Elif(~env_wait):
             m.d.sync += cycles.eq(cycles + 1)
         m.d.comb += env_wait.eq(self.out.valid & ~self.out.ready)
-        cmd = ac.cmd.payload
+        cmd = ac_cmd.payload
         # the q.A pass goes to AC as soon as q is loaded; it overlaps EAS and APID pass A (TERMS would
         # otherwise run it)
         qa_sent = Signal()
-        send_qa = [ac.cmd.valid.eq(~qa_sent), cmd.op.eq(AcOp.QA)]
-        with m.If(ac.cmd.valid & ac.cmd.ready & (cmd.op == AcOp.QA)):
+        send_qa = [ac_cmd.valid.eq(~qa_sent), cmd.op.eq(AcOp.QA)]
+        with m.If(ac_cmd.valid & ac_cmd.ready & (cmd.op == AcOp.QA)):
             m.d.sync += qa_sent.eq(1)
 
         absorb_payload = [apid.absorb.payload.position.eq(n), apid.absorb.payload.center.eq(key.center),
@@ -172,9 +184,9 @@ class LadTile(wiring.Component):
                     m.next = "EAS_WAIT"
             with m.State("EAS_WAIT"):
                 m.d.comb += send_qa
-                m.d.comb += [sfm.i.valid.eq(eas.recip_req.valid), sfm.i.payload.op.eq(SfmOp.RECIP),
-                             sfm.i.payload.z.eq(eas.recip_req.payload), eas.recip_req.ready.eq(sfm.i.ready),
-                             eas.recip_resp.valid.eq(sfm.o.valid), sfm.o.ready.eq(eas.recip_resp.ready),
+                m.d.comb += [sfm_i.valid.eq(eas.recip_req.valid), sfm_i.payload.op.eq(SfmOp.RECIP),
+                             sfm_i.payload.z.eq(eas.recip_req.payload), eas.recip_req.ready.eq(sfm_i.ready),
+                             eas.recip_resp.valid.eq(sfm.o.valid),
                              eas.recip_resp.payload.mantissa.eq(sfm.o.payload.value),
                              eas.recip_resp.payload.exponent.eq(sfm.o.payload.exponent),
                              eas.key_out.ready.eq(1)]
@@ -197,8 +209,8 @@ class LadTile(wiring.Component):
                         m.d.sync += m_ref.eq(apid.smax.payload)
                     m.next = "TERMS"
             with m.State("TERMS"):
-                m.d.comb += [ac.cmd.valid.eq(1), cmd.op.eq(AcOp.TERMS), cmd.m.eq(m_ref)]
-                with m.If(ac.cmd.ready):
+                m.d.comb += [ac_cmd.valid.eq(1), cmd.op.eq(AcOp.TERMS), cmd.m.eq(m_ref)]
+                with m.If(ac_cmd.ready):
                     m.d.sync += stats.candidates.eq(0)
                     with m.If(n == 0):
                         m.next = "NEW_EXP"
@@ -210,40 +222,39 @@ class LadTile(wiring.Component):
                 with m.If(apid.scan.ready):
                     m.next = "CLASSIFY_WAIT"
             with m.State("CLASSIFY_WAIT"):   # candidates flow APID -> MD -> AC
-                wiring.connect(m, md.corr, ac.cmd)
+                wiring.connect(m, md.corr, ac_cmd)
                 m.d.comb += apid.done.ready.eq(1)
                 with m.If(apid.done.valid):
                     m.d.sync += stats.candidates.eq(apid.done.payload)
                     m.next = "MD_DRAIN"
             with m.State("MD_DRAIN"):
-                wiring.connect(m, md.corr, ac.cmd)
+                wiring.connect(m, md.corr, ac_cmd)
                 with m.If(~md.busy):
                     m.next = "NEW_EXP"
             with m.State("NEW_EXP"):   # the new position: (p_n, r_n) = EXP(sat(s_n - m))
                 x_new = saturate(key.s_new - m_ref, signed(xw))
-                m.d.comb += [sfm.i.valid.eq(1), sfm.i.payload.op.eq(SfmOp.EXP), sfm.i.payload.x.eq(x_new)]
-                with m.If(sfm.i.ready):
+                m.d.comb += [sfm_i.valid.eq(1), sfm_i.payload.op.eq(SfmOp.EXP), sfm_i.payload.x.eq(x_new)]
+                with m.If(sfm_i.ready):
                     m.next = "NEW_EXP_WAIT"
             with m.State("NEW_EXP_WAIT"):
-                m.d.comb += sfm.o.ready.eq(1)
                 with m.If(sfm.o.valid):
                     m.d.sync += [p_new.eq(sfm.o.payload.value), r_new.eq(sfm.o.payload.interval), beat.eq(0)]
                     m.next = "NEW_BEATS"
             with m.State("NEW_BEATS"):
-                m.d.comb += [ac.cmd.valid.eq(1), cmd.op.eq(AcOp.BEATS), cmd.w.eq(p_new), cmd.accumulate.eq(1),
+                m.d.comb += [ac_cmd.valid.eq(1), cmd.op.eq(AcOp.BEATS), cmd.w.eq(p_new), cmd.accumulate.eq(1),
                              cmd.update.eq(0), cmd.v.eq(v_buf.data)]
-                with m.If(ac.cmd.ready):
+                with m.If(ac_cmd.ready):
                     m.d.sync += beat.eq(incr(beat, nb))
                     with m.If(beat == nb - 1):
                         m.next = "FINISH"
             with m.State("FINISH"):
-                m.d.comb += [ac.cmd.valid.eq(1), cmd.op.eq(AcOp.FINISH)]
-                with m.If(ac.cmd.ready):
+                m.d.comb += [ac_cmd.valid.eq(1), cmd.op.eq(AcOp.FINISH)]
+                with m.If(ac_cmd.ready):
                     m.next = "FINISH_WAIT"
             with m.State("FINISH_WAIT"):
-                m.d.comb += [sfm.i.valid.eq(ac.recip_req.valid), sfm.i.payload.op.eq(SfmOp.RECIP),
-                             sfm.i.payload.z.eq(ac.recip_req.payload), ac.recip_req.ready.eq(sfm.i.ready),
-                             ac.recip_resp.valid.eq(sfm.o.valid), sfm.o.ready.eq(ac.recip_resp.ready),
+                m.d.comb += [sfm_i.valid.eq(ac.recip_req.valid), sfm_i.payload.op.eq(SfmOp.RECIP),
+                             sfm_i.payload.z.eq(ac.recip_req.payload), ac.recip_req.ready.eq(sfm_i.ready),
+                             ac.recip_resp.valid.eq(sfm.o.valid),
                              ac.recip_resp.payload.mantissa.eq(sfm.o.payload.value),
                              ac.recip_resp.payload.exponent.eq(sfm.o.payload.exponent)]
                 # o beats with the step's statistics
@@ -262,18 +273,18 @@ class LadTile(wiring.Component):
                         m.d.comb += step_done.eq(1)
                         m.next = "ABSORB"
             with m.State("ABSORB"):   # position n joins the caches with its interval as mode
-                m.d.comb += [ac.cmd.valid.eq(1), cmd.op.eq(AcOp.BEATS), cmd.alpha.eq(slopes[r_new]),
+                m.d.comb += [ac_cmd.valid.eq(1), cmd.op.eq(AcOp.BEATS), cmd.alpha.eq(slopes[r_new]),
                              cmd.beta.eq(intercepts[r_new]), cmd.accumulate.eq(0), cmd.update.eq(1),
                              cmd.k.eq(k_buf.data), cmd.v.eq(v_buf.data),
                              apid.absorb.valid.eq(~absorb_sent), *absorb_payload]
                 with m.If(apid.absorb.valid & apid.absorb.ready):
                     m.d.sync += absorb_sent.eq(1)
-                with m.If(ac.cmd.ready):
+                with m.If(ac_cmd.ready):
                     m.d.sync += beat.eq(incr(beat, nb))
-                with m.If((beat == nb - 1) & ac.cmd.ready & (absorb_sent | apid.absorb.ready)):
+                with m.If((beat == nb - 1) & ac_cmd.ready & (absorb_sent | apid.absorb.ready)):
                     m.d.sync += n.eq(n + 1)
                     m.next = "LOAD"
-                with m.If((beat == nb - 1) & ac.cmd.ready & ~(absorb_sent | apid.absorb.ready)):
+                with m.If((beat == nb - 1) & ac_cmd.ready & ~(absorb_sent | apid.absorb.ready)):
                     m.d.sync += beat.eq(beat)   # hold the last beat until APID took the metadata
                     m.next = "ABSORB_META"
             with m.State("ABSORB_META"):
