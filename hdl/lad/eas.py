@@ -67,8 +67,8 @@ class Eas(wiring.Component):
         L, nb = cfg.eas_lanes, cfg.eas_beats   # EAS's own beats: eas_lanes elements each
         xw, mf = cfg.sfm.x_width, cfg.sfm.mantissa_frac
         rl = recip_resp_layout(cfg)
-        m.submodules.vpu_q = vpu_q = Vpu(cfg.eas_vpu)
-        m.submodules.vpu_k = vpu_k = Vpu(cfg.eas_vpu)
+        m.submodules.vpu_q = vpu_q = Vpu(cfg.eas_vpu, ops=[VpuOp.DOT])
+        m.submodules.vpu_k = vpu_k = Vpu(cfg.eas_vpu, ops=[VpuOp.DOT])
         banks = sram_banks(cfg)
         m.submodules.center_mem = cmem = SramBank(banks["eas.centers"])
         m.submodules.score_mem = smem = SramBank(banks["eas.center_scores"])

@@ -15,9 +15,9 @@ reads go out back to back; an active's value read goes out as soon as its verdic
 (key beats to the VPU, value beats with the kept key beats to AC). Verdicts leave in
 candidate order; nothing assumes the VPU's latency. For the clock (docs/synthesis.md), the
 exact score goes through a four-stage pipeline after the VPU (scaled score; ``x``; the
-boundary compares; ``r``, their count),
-and ``alpha x`` is registered twice (DSP, fabric) before the one carry chain of ``w``: a
-decision takes 6 cycles, under the ``beats`` of its key read. q arrives beat by beat on ``q_load``
+boundary compares; ``r``, their count); neither ever stalls (the scores wait for the decision
+FSM in a FIFO of ``md_inflight`` entries, one a slot at most), and ``alpha x`` is registered
+twice (DSP, fabric) before the one carry chain of ``w``: a decision takes 6 cycles, under the ``beats`` of its key read. q arrives beat by beat on ``q_load``
 (MD keeps its own copy, hdl.lad.common.beat_copy).
 """
 from __future__ import annotations
@@ -60,7 +60,7 @@ class Md(wiring.Component):
         xw, cw = sfm.x_width, coef_width(cfg)
         cl = candidate_layout(cfg)
         cnt_width = cl.members["counters"].size
-        m.submodules.vpu = vpu = Vpu(cfg.score_vpu)
+        m.submodules.vpu = vpu = Vpu(cfg.score_vpu, ops=[VpuOp.DOT])
         q_now, q_next = beat_copy(m, cfg, self.q_load, "q_copy", L, 2)   # q's beats rb and rb + 1
         slopes = Array(Const(v, signed(cw)) for v in sfm.exp_slopes_raw)
         intercepts = Array(Const(v, signed(cw)) for v in sfm.exp_intercepts_raw)

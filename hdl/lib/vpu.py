@@ -62,8 +62,14 @@ class Vpu(wiring.Component):
 
     LATENCY = 7   # cycles from a beat's transfer on ``i`` to its result on ``o`` when nothing stalls
 
-    def __init__(self, cfg: VpuConfig):
+    def __init__(self, cfg: VpuConfig, ops=tuple(VpuOp)):
+        """``ops``: the operations its user issues (all by default); the others' datapaths are
+        not built (a DOT-only VPU has no AXPY lanes: ``o.vec`` stays 0), for a smaller netlist
+        and faster Verilog generation; an op outside ``ops`` on ``i`` gives no defined result."""
         self.cfg = cfg
+        self.ops = frozenset(ops)
+        if not self.ops or not self.ops <= set(VpuOp):
+            raise ValueError(f"Vpu ops must be a non-empty set of VpuOp, got {ops!r}")
         super().__init__({
             "i": In(stream.Signature(vpu_in_layout(cfg))),
             "o": Out(stream.Signature(vpu_out_layout(cfg))),
@@ -82,24 +88,34 @@ class Vpu(wiring.Component):
         s0_y = [Signal(signed(w + 1), name=f"s0_y{l}") for l in range(cfg.lanes)]
         s0_acc = [Signal(signed(cfg.acc_width), name=f"s0_acc{l}") for l in range(cfg.lanes)]
         p = self.i.payload
+        axpy = VpuOp.AXPY in self.ops
         with m.If(ce):
             m.d.sync += [s0_valid.eq(self.i.valid), s0_op.eq(p.op), s0_last.eq(p.last)]
             for l in range(cfg.lanes):
-                diff = Signal(signed(w + 1), name=f"diff{l}")
-                m.d.comb += diff.eq(p.a[l] - p.b[l])
+                operands = {}
+                if VpuOp.DOT in self.ops:
+                    operands[VpuOp.DOT] = (p.a[l], p.b[l])
+                if VpuOp.SQDIST in self.ops:
+                    diff = Signal(signed(w + 1), name=f"diff{l}")
+                    m.d.comb += diff.eq(p.a[l] - p.b[l])
+                    operands[VpuOp.SQDIST] = (diff, diff)
+                if axpy:
+                    operands[VpuOp.AXPY] = (p.scalar, p.a[l])
+                    m.d.sync += s0_acc[l].eq(p.acc[l])
+                *cases, last = operands.items()
                 with m.Switch(p.op):
-                    with m.Case(VpuOp.DOT):
-                        m.d.sync += [s0_x[l].eq(p.a[l]), s0_y[l].eq(p.b[l])]
-                    with m.Case(VpuOp.SQDIST):
-                        m.d.sync += [s0_x[l].eq(diff), s0_y[l].eq(diff)]
+                    for op, (x, y) in cases:
+                        with m.Case(op):
+                            m.d.sync += [s0_x[l].eq(x), s0_y[l].eq(y)]
                     with m.Default():
-                        m.d.sync += [s0_x[l].eq(p.scalar), s0_y[l].eq(p.a[l])]
-                m.d.sync += s0_acc[l].eq(p.acc[l])
+                        m.d.sync += [s0_x[l].eq(last[1][0]), s0_y[l].eq(last[1][1])]
 
         # Stages 2-4: the operands registered once more, the product, and the product registered once
         # more: one MULT18X18D per lane (in_width <= 17) whose input and output registers
         # synth/absorb.py moves into the DSP, so only routing is left on either side of it.
-        s0_valid, s0_op, s0_last, s0_acc = _delayed(m, ce, "s0b", s0_valid, s0_op, s0_last, s0_acc)
+        s0_valid, s0_op, s0_last = _delayed(m, ce, "s0b", s0_valid, s0_op, s0_last)
+        if axpy:
+            s0_acc, = _delayed(m, ce, "s0b_acc", s0_acc)
         s0_x = _delayed(m, ce, "s0b_x", *s0_x)
         s0_y = _delayed(m, ce, "s0b_y", *s0_y)
         s1_valid, s1_op, s1_last = Signal(), Signal(VpuOp), Signal()
@@ -109,7 +125,8 @@ class Vpu(wiring.Component):
         s1_acc = [Signal(signed(cfg.acc_width), name=f"s1_acc{l}") for l in range(cfg.lanes)]
         with m.If(ce):
             m.d.sync += [s1_valid.eq(s0_valid), s1_op.eq(s0_op), s1_last.eq(s0_last)]
-            m.d.sync += [s1_acc[l].eq(s0_acc[l]) for l in range(cfg.lanes)]
+            if axpy:
+                m.d.sync += [s1_acc[l].eq(s0_acc[l]) for l in range(cfg.lanes)]
         if w + 1 <= CHUNK + 1:   # one MULT18X18D a lane
             with m.If(ce):
                 m.d.sync += [s1_prod[l].eq(s0_x[l] * s0_y[l]) for l in range(cfg.lanes)]
@@ -122,7 +139,9 @@ class Vpu(wiring.Component):
             sums = [csa_sum(m, placed(pieces[l]), pw, f"s1_prod{l}").as_signed() for l in range(cfg.lanes)]
             with m.If(ce):
                 m.d.sync += [s1_prod[l].eq(sums[l]) for l in range(cfg.lanes)]
-        s1_valid, s1_op, s1_last, s1_acc = _delayed(m, ce, "s1b", s1_valid, s1_op, s1_last, s1_acc)
+        s1_valid, s1_op, s1_last = _delayed(m, ce, "s1b", s1_valid, s1_op, s1_last)
+        if axpy:
+            s1_acc, = _delayed(m, ce, "s1b_acc", s1_acc)
 
         # Stage 5: the first level of the beat's adder tree (pair sums); the AXPY products rounded.
         npairs = (cfg.lanes + 1) // 2
@@ -133,7 +152,7 @@ class Vpu(wiring.Component):
         with m.If(ce):
             m.d.sync += [s2_valid.eq(s1_valid), s2_op.eq(s1_op), s2_last.eq(s1_last)]
             m.d.sync += [s2_pairs[n].eq(tree_sum(s1_prod[2 * n:2 * n + 2])) for n in range(npairs)]
-            for l in range(cfg.lanes):
+            for l in range(cfg.lanes if axpy else 0):
                 m.d.sync += [s2_round[l].eq(round_shift(s1_prod[l], cfg.axpy_shift)), s2_acc[l].eq(s1_acc[l])]
 
         # Stage 6: the rest of the adder tree; the rounded AXPY products added to acc.
@@ -143,7 +162,7 @@ class Vpu(wiring.Component):
         with m.If(ce):
             m.d.sync += [s3_valid.eq(s2_valid), s3_op.eq(s2_op), s3_last.eq(s2_last),
                          s3_beat_sum.eq(tree_sum(s2_pairs))]
-            m.d.sync += [s3_lanes[l].eq(s2_round[l] + s2_acc[l]) for l in range(cfg.lanes)]
+            m.d.sync += [s3_lanes[l].eq(s2_round[l] + s2_acc[l]) for l in range(cfg.lanes if axpy else 0)]
         s2_valid, s2_op, s2_last, s2_beat_sum, s2_lanes = s3_valid, s3_op, s3_last, s3_beat_sum, s3_lanes
 
         # Stage 7: accumulate with saturation, or saturate the AXPY lanes. A reduction's first
@@ -153,9 +172,9 @@ class Vpu(wiring.Component):
         acc_next = Signal(signed(cfg.acc_width))
         m.d.comb += acc_next.eq(saturating_add(Mux(fresh, 0, acc), s2_beat_sum, signed(cfg.acc_width)))
         with m.If(ce):
-            m.d.sync += self.o.valid.eq(s2_valid & ((s2_op == VpuOp.AXPY) | s2_last))
-            with m.If(s2_valid & (s2_op != VpuOp.AXPY)):
+            m.d.sync += self.o.valid.eq(s2_valid & (((s2_op == VpuOp.AXPY) if axpy else 0) | s2_last))
+            with m.If(s2_valid & ((s2_op != VpuOp.AXPY) if axpy else 1)):
                 m.d.sync += [self.o.payload.dot.eq(acc_next), acc.eq(acc_next), fresh.eq(s2_last)]
-            for l in range(cfg.lanes):
+            for l in range(cfg.lanes if axpy else 0):
                 m.d.sync += self.o.payload.vec[l].eq(saturate(s2_lanes[l], signed(cfg.acc_width)))
         return m

@@ -65,7 +65,7 @@ class MatchUnit(wiring.Component):
         cfg, m = self.cfg, Module()
         nb, window = cfg.beats, cfg.window
         word = cfg.lanes * cfg.q_width
-        m.submodules.vpu = vpu = Vpu(cfg.vpu)
+        m.submodules.vpu = vpu = Vpu(cfg.vpu, ops=[VpuOp.SQDIST])
 
         # -- the ring: banks of RING_BANK_DEPTH words; read pipeline: bank read (all banks
         # at the low address bits); each bank's word registered; the addressed bank's word
