@@ -30,7 +30,7 @@ from amaranth.lib.wiring import In, Out
 from golden.lad_tile import LadTileConfig
 from golden.vpu import VpuOp
 
-from ..lib.arith import incr, saturate, stall_all_enable
+from ..lib.arith import incr, saturate
 from ..lib.pipe import SCALED_STAGES, csa_sum, partial_products, placed, register_partials, scaled_round
 from ..lib.vpu import Vpu
 from .dense import kv_request_layout
@@ -82,7 +82,6 @@ class Md(wiring.Component):
         count = Signal(range(S + 1))                           # slots in use
         kptr, kpend = Signal(range(S)), Signal(range(S + 1))   # next slot to read the key of; how many wait
         dptr = Signal(range(S))                                # next slot to decide (key dots come in order)
-        m.d.comb += self.busy.eq((count != 0) | self.corr.valid)   # a last correction may still wait
 
         def k_index(slot, b):
             return slot * nb + b if nb > 1 else slot
@@ -114,8 +113,11 @@ class Md(wiring.Component):
         with m.If(req_fire):
             m.d.sync += iss_b.eq(incr(iss_b, nb))
         key_load = Signal()
+        # room in the corrections' FIFO (below) for the value beats not yet read out of it
+        credits = Signal(range(2 * nb + 1), init=2 * nb)
+        m.d.sync += credits.eq(credits - Mux(vq.r_en, nb, 0) + (self.corr.valid & self.corr.ready))
         with m.If(~iss_active | (req_fire & (iss_b == nb - 1))):
-            with m.If(vq.r_rdy & tags.w_rdy):      # an active's value first
+            with m.If(vq.r_rdy & tags.w_rdy & (credits >= nb)):      # an active's value first
                 m.d.comb += [vq.r_en.eq(1), tags.w_en.eq(1), tags.w_data.eq(Cat(vq.r_data, Const(1, 1)))]
                 m.d.sync += [iss_active.eq(1), iss_value.eq(1), iss_slot.eq(vq.r_data)]
             with m.Elif((kpend != 0) & tags.w_rdy):
@@ -144,22 +146,31 @@ class Md(wiring.Component):
         k_write_index = Signal(range(S * nb))
         m.d.sync += k_write.eq(0)
         # corrections: a value beat and its slot's terms are registered as the kept key beat is
-        # read (the memory's read register), and leave together one cycle later
+        # read (the memory's read register), and go together into a FIFO of 2 beats entries one cycle
+        # later. A value read goes out only with room there for its beats (credits, below), so value
+        # beats are always taken: AC's ready (through the sequencer) does not reach kv_resp.ready
         cmd = self.corr.payload
-        corr_ce = stall_all_enable(self.corr)
-        corr_take = Signal()
-        m.d.comb += [k_rp.addr.eq(k_index(t_slot, rb)), k_rp.en.eq(corr_ce), cmd.k.eq(k_rp.data),
-                     cmd.op.eq(AcOp.BEATS), cmd.accumulate.eq(1)]
-        with m.If(corr_ce):
-            m.d.sync += [self.corr.valid.eq(corr_take), cmd.w.eq(slot_w[t_slot]), cmd.alpha.eq(slot_alpha[t_slot]),
-                         cmd.beta.eq(slot_beta[t_slot]), cmd.update.eq(slot_change[t_slot]),
-                         cmd.v.eq(self.kv_resp.payload)]
+        corr_fields = data.StructLayout({"w": signed(w_width(cfg)), "alpha": signed(cw), "beta": signed(cw),
+                                         "update": unsigned(1), "v": unsigned(L * kw)})
+        c_valid, c = Signal(), Signal(corr_fields)
+        m.submodules.corr_q = corr_q = SyncFIFO(width=corr_fields.size + L * kw, depth=2 * nb)
+        c_out = data.View(corr_fields, corr_q.r_data[:corr_fields.size])
+        m.d.comb += [k_rp.addr.eq(k_index(t_slot, rb)), k_rp.en.eq(1),
+                     corr_q.w_en.eq(c_valid), corr_q.w_data.eq(Cat(c, k_rp.data)),
+                     self.corr.valid.eq(corr_q.r_rdy), corr_q.r_en.eq(self.corr.ready),
+                     cmd.op.eq(AcOp.BEATS), cmd.accumulate.eq(1), cmd.w.eq(c_out.w), cmd.alpha.eq(c_out.alpha),
+                     cmd.beta.eq(c_out.beta), cmd.update.eq(c_out.update), cmd.v.eq(c_out.v),
+                     cmd.k.eq(corr_q.r_data[corr_fields.size:])]
+        m.d.sync += [c_valid.eq(0), c.w.eq(slot_w[t_slot]), c.alpha.eq(slot_alpha[t_slot]), c.beta.eq(slot_beta[t_slot]),
+                     c.update.eq(slot_change[t_slot]), c.v.eq(self.kv_resp.payload)]
+        m.d.comb += [self.kv_resp.ready.eq(tags.r_rdy),   # (key beats: the VPU never stalls)
+                     self.busy.eq((count != 0) | c_valid | self.corr.valid)]   # a last correction may still wait
         with m.If(tags.r_rdy):
             with m.If(t_value):
-                m.d.comb += [corr_take.eq(self.kv_resp.valid), self.kv_resp.ready.eq(corr_ce)]
                 m.d.comb += value_done.eq(resp_fire & (rb == nb - 1))
+                m.d.sync += c_valid.eq(self.kv_resp.valid)
             with m.Else():
-                m.d.comb += [vpu.i.valid.eq(self.kv_resp.valid), self.kv_resp.ready.eq(vpu.i.ready)]
+                m.d.comb += vpu.i.valid.eq(self.kv_resp.valid)
                 with m.If(resp_fire):
                     m.d.sync += [k_write.eq(1), k_write_index.eq(k_index(t_slot, rb)),
                                  k_write_data.eq(self.kv_resp.payload)]
