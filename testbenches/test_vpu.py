@@ -45,3 +45,16 @@ def test_vpu_config_rejects_bad_values():
         VpuConfig(in_width=16, acc_width=20)
     with pytest.raises(ConfigError, match="lanes"):
         VpuConfig(lanes=0)
+
+
+def test_vpu_builds_only_its_users_operations():
+    """A DOT-only VPU (EAS's, MD's) has no AXPY lanes or SQDIST subtractors: a smaller netlist;
+    an empty or foreign set of operations is refused. (Its results: the EAS, MD and tile benches.)"""
+    from amaranth.back import rtlil
+    from hdl.lib.vpu import Vpu
+    cfg = PRESETS["default"]
+    size = {ops: len(rtlil.convert(Vpu(cfg, ops=ops))) for ops in (tuple(VpuOp), (VpuOp.DOT,))}
+    assert size[(VpuOp.DOT,)] < 0.7 * size[tuple(VpuOp)]
+    for bad in ([], ["DOT"]):
+        with pytest.raises(ValueError, match="Vpu ops"):
+            Vpu(cfg, ops=bad)

@@ -12,12 +12,14 @@ Pipelined: MD holds up to ``md_inflight`` candidates (slots, in arrival order). 
 reads go out back to back; an active's value read goes out as soon as its verdict is given
 (before any key read not yet issued), so the KV port streams: a candidate costs its key's
 ``beats`` requests, an active its value's as well. A tag FIFO routes the in-order responses
-(key beats to the VPU, value beats with the kept key beats to AC). Verdicts leave in
-candidate order; nothing assumes the VPU's latency. For the clock (docs/synthesis.md), the
-exact score goes through a four-stage pipeline after the VPU (scaled score; ``x``; the
-boundary compares; ``r``, their count); neither ever stalls (the scores wait for the decision
-FSM in a FIFO of ``md_inflight`` entries, one a slot at most), and ``alpha x`` is registered
-twice (DSP, fabric) before the one carry chain of ``w``: a decision takes 6 cycles, under the ``beats`` of its key read. q arrives beat by beat on ``q_load``
+(key beats to the VPU, value beats with the kept key beats to AC, through a FIFO of ``2 beats``
+corrections; a value read goes out only with room there for its beats, so every response is
+taken as it comes). Verdicts leave in candidate order; nothing assumes the VPU's latency. For
+the clock (docs/synthesis.md), the exact score goes through a four-stage pipeline after the
+VPU (scaled score; ``x``; the boundary compares; ``r``, their count); neither ever stalls (the
+scores wait for the decision FSM in a FIFO of ``md_inflight`` entries, one a slot at most),
+and ``alpha x`` is registered twice (DSP, fabric) before the one carry chain of ``w``: a
+decision takes 6 cycles, under the ``beats`` of its key read. q arrives beat by beat on ``q_load``
 (MD keeps its own copy, hdl.lad.common.beat_copy).
 """
 from __future__ import annotations

@@ -30,9 +30,9 @@ from golden.sfm import SfmOp
 
 from ..lib.arith import incr, saturate
 from ..lib.sfm import Sfm, sfm_in_layout
+from ..lib.slice import RegisterSlice
 from .ac import Ac
 from .apid import Apid
-from ..lib.slice import RegisterSlice
 from .common import AcOp, ac_command_layout, beat_copy, beat_layout, beat_load_signature, coef_width
 from .dense import DenseAttention, kv_request_layout
 from .eas import Eas

@@ -69,6 +69,7 @@ class Vpu(wiring.Component):
         self.cfg = cfg
         self.ops = frozenset(ops)
         if not self.ops or not self.ops <= set(VpuOp):
+            self._MustUse__silence = True   # (never built: no "unused elaboratable" warning)
             raise ValueError(f"Vpu ops must be a non-empty set of VpuOp, got {ops!r}")
         super().__init__({
             "i": In(stream.Signature(vpu_in_layout(cfg))),
