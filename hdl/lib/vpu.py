@@ -13,7 +13,7 @@ the saturated AXPY lanes (every beat).
 """
 from __future__ import annotations
 
-from amaranth import Module, Mux, Signal, signed, unsigned
+from amaranth import Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -90,6 +90,7 @@ class Vpu(wiring.Component):
         s0_acc = [Signal(signed(cfg.acc_width), name=f"s0_acc{l}") for l in range(cfg.lanes)]
         p = self.i.payload
         axpy = VpuOp.AXPY in self.ops
+        axpy_lanes = range(cfg.lanes if axpy else 0)   # (no AXPY lanes in a VPU without AXPY)
         with m.If(ce):
             m.d.sync += [s0_valid.eq(self.i.valid), s0_op.eq(p.op), s0_last.eq(p.last)]
             for l in range(cfg.lanes):
@@ -153,7 +154,7 @@ class Vpu(wiring.Component):
         with m.If(ce):
             m.d.sync += [s2_valid.eq(s1_valid), s2_op.eq(s1_op), s2_last.eq(s1_last)]
             m.d.sync += [s2_pairs[n].eq(tree_sum(s1_prod[2 * n:2 * n + 2])) for n in range(npairs)]
-            for l in range(cfg.lanes if axpy else 0):
+            for l in axpy_lanes:
                 m.d.sync += [s2_round[l].eq(round_shift(s1_prod[l], cfg.axpy_shift)), s2_acc[l].eq(s1_acc[l])]
 
         # Stage 6: the rest of the adder tree; the rounded AXPY products added to acc.
@@ -163,7 +164,7 @@ class Vpu(wiring.Component):
         with m.If(ce):
             m.d.sync += [s3_valid.eq(s2_valid), s3_op.eq(s2_op), s3_last.eq(s2_last),
                          s3_beat_sum.eq(tree_sum(s2_pairs))]
-            m.d.sync += [s3_lanes[l].eq(s2_round[l] + s2_acc[l]) for l in range(cfg.lanes if axpy else 0)]
+            m.d.sync += [s3_lanes[l].eq(s2_round[l] + s2_acc[l]) for l in axpy_lanes]
         s2_valid, s2_op, s2_last, s2_beat_sum, s2_lanes = s3_valid, s3_op, s3_last, s3_beat_sum, s3_lanes
 
         # Stage 7: accumulate with saturation, or saturate the AXPY lanes. A reduction's first
@@ -173,9 +174,10 @@ class Vpu(wiring.Component):
         acc_next = Signal(signed(cfg.acc_width))
         m.d.comb += acc_next.eq(saturating_add(Mux(fresh, 0, acc), s2_beat_sum, signed(cfg.acc_width)))
         with m.If(ce):
-            m.d.sync += self.o.valid.eq(s2_valid & (((s2_op == VpuOp.AXPY) if axpy else 0) | s2_last))
-            with m.If(s2_valid & ((s2_op != VpuOp.AXPY) if axpy else 1)):
+            s2_axpy = (s2_op == VpuOp.AXPY) if axpy else Const(0)
+            m.d.sync += self.o.valid.eq(s2_valid & (s2_axpy | s2_last))
+            with m.If(s2_valid & ~s2_axpy):
                 m.d.sync += [self.o.payload.dot.eq(acc_next), acc.eq(acc_next), fresh.eq(s2_last)]
-            for l in range(cfg.lanes if axpy else 0):
+            for l in axpy_lanes:
                 m.d.sync += self.o.payload.vec[l].eq(saturate(s2_lanes[l], signed(cfg.acc_width)))
         return m
