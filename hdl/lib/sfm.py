@@ -20,7 +20,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from golden.fixedpoint import rounding_half
-from golden.sfm import EXPONENT_WIDTH, LOG2E_FRAC, SfmConfig, SfmOp
+from golden.sfm import EXPONENT_WIDTH, SfmConfig, SfmOp
 
 from .arith import round_shift, saturate, stall_all_enable
 from .pipe import constant_product, csa_sum, leading_one, partial_products, placed, register_partials
@@ -53,6 +53,23 @@ def exp2_clamp(cfg: SfmConfig) -> int:
     need = (limit << cfg.exp2_shift) - half if cfg.exp2_shift >= 0 else limit >> -cfg.exp2_shift
     amax = -(-need // cfg.log2e_raw)
     return min(amax, 1 << (cfg.x_width - 1))
+
+
+def signed_width(lo: int, hi: int) -> int:
+    """Bits of the narrowest signed format holding every integer in ``[lo, hi]``."""
+    return 1 + max(v.bit_length() if v >= 0 else (-v - 1).bit_length() for v in (lo, hi))
+
+
+def exp_sum_width(cfg: SfmConfig, bias_raw: list[int]) -> int:
+    """Signed width of EXP's sum ``a_r x + bias_r`` over every raw ``x`` of every interval ``r``.
+    The sum is linear in ``x`` within an interval, so its extremes lie at the intervals' ends: a
+    boundary ``e`` or ``e - 1``, or an end of x's format."""
+    xf = cfg.x_format
+    ends = {xf.min_raw, xf.max_raw}
+    ends |= {min(max(e + d, xf.min_raw), xf.max_raw) for e in cfg.exp_boundaries_raw for d in (-1, 0)}
+    sums = [cfg.exp_slopes_raw[r] * x + bias_raw[r]
+            for x in ends for r in [sum(x < e for e in cfg.exp_boundaries_raw)]]
+    return signed_width(min(sums), max(sums))
 
 
 class Sfm(wiring.Component):
@@ -117,7 +134,8 @@ class Sfm(wiring.Component):
             m.d.sync += carry(s2, s1, "valid", "op", "x", "lead", "zero")
             m.d.sync += [s2["norm"].eq(s1["z"] << shift),
                          s2["interval"].eq(sum(s1["lt"][n].as_unsigned() for n in range(len(bounds))))]
-        u_width = amax.bit_length() + LOG2E_FRAC + 3
+        half = rounding_half(cfg.exp2_shift)
+        u_width = (amax * cfg.log2e_raw + half).bit_length()   # u's largest value, at |x| = amax
         scaled_terms = constant_product(m, ax, cfg.log2e_raw, u_width, "s2_log2e")
         scaled = [Signal(u_width, name=f"s2_scaled{n}") for n in range(len(scaled_terms))]
         with m.If(ce):
@@ -131,7 +149,6 @@ class Sfm(wiring.Component):
         low = w - 1 - cfg.table_index_bits - cfg.table_delta_bits
         recip_index = frac[w - 1 - cfg.table_index_bits:]
         recip_offset = rest[low:] if low >= 0 else rest << -low
-        half = rounding_half(cfg.exp2_shift)
         u_full = Signal(u_width)
         m.d.comb += u_full.eq(csa_sum(m, scaled + ([Const(half, u_width)] if half else []), u_width, "s3_u"))
         u = Signal(len(u_full))
@@ -140,7 +157,7 @@ class Sfm(wiring.Component):
         over = u_int[EXPONENT_WIDTH:].any()
         # (EXP's slope is looked up here, a stage early: stage 4 then loads both of stage 5's
         # multiplier operands straight from flip-flops, so synth/absorb.py moves them into the DSP)
-        coef = unsigned(cfg.coef_frac + 1)
+        coef = unsigned(max(1, max(cfg.exp_slopes_raw).bit_length()))   # (slopes >= 0: exp rises)
         slopes = Array(Const(v, coef) for v in cfg.exp_slopes_raw)
         s3 = stage("s3", valid=1, op=2, x=signed(cfg.x_width), interval=cfg.interval_width,
                    exponent=EXPONENT_WIDTH, special=1, index=cfg.table_index_bits, offset=offset_width, slope=coef)
@@ -158,7 +175,7 @@ class Sfm(wiring.Component):
                              s3["index"].eq(recip_index), s3["offset"].eq(recip_offset)]
 
         # Stage 4: coefficient look-up (PWL line of the interval, or table line).
-        mant = unsigned(cfg.mantissa_frac + 1)
+        mant = unsigned(max(1, max(cfg.recip_c1_raw + cfg.exp2_c1_raw).bit_length()))   # (c1 >= 0)
         # c0 - round_shift(c1 * offset, k) == (c0' - c1 * offset) >> k (floor) with
         # c0' = (c0 << k) + 2^k - 1 - 2^(k-1): the line's intercept comes pre-shifted with the
         # rounding folded in, so stage 6 is one subtract (not an add, then a subtract)
@@ -187,7 +204,7 @@ class Sfm(wiring.Component):
 
         # Stage 5: the one multiply (slope * x as registered DSP pieces, or c1 * offset).
         s5 = stage("s5", valid=1, op=2, interval=cfg.interval_width, exponent=EXPONENT_WIDTH, special=1,
-                   intercept=bias_shape, c0=c0_shape, line_product=unsigned(cfg.mantissa_frac + 1 + offset_width))
+                   intercept=bias_shape, c0=c0_shape, line_product=unsigned(mant.width + offset_width))
         with m.If(ce):
             m.d.sync += carry(s5, s4, "valid", "op", "interval", "exponent", "special", "intercept", "c0")
             m.d.sync += s5["line_product"].eq(s4["c1"] * s4["offset"])
@@ -197,7 +214,7 @@ class Sfm(wiring.Component):
         # levels and one carry chain), the table line's subtract. Saturation and the output select
         # are stage 7's, so no stage holds a carry chain and the logic after it (this stage's
         # carry chain, saturation and select were mac-unit's critical path, 14 levels).
-        exp_width = max(cfg.coef_frac + 2 + cfg.x_width, bias_shape.width + 1) + 2
+        exp_width = exp_sum_width(cfg, bias_raw)
         s6 = stage("s6", valid=1, op=2, interval=cfg.interval_width, exponent=EXPONENT_WIDTH, special=1,
                    exp_sum=signed(exp_width), mantissa=cfg.value_width)
         exp_sum = csa_sum(m, placed(exp_pieces) + [s5["intercept"]], exp_width, "s6_exp").as_signed()
