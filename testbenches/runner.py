@@ -244,6 +244,10 @@ def simulate(block: str, cfg, test_module: str | None = None, *, seed: int, para
         "LADMAC_PARAMS": json.dumps(params or {}),
         "LADMAC_REPORT": str(report),
         "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+        # pytest's assertion rewriting for the benches only: cocotb's default ("*.py") rewrites
+        # every module the bench imports (torch's 800 among them), which with bytecode writing
+        # off recompiles them in every simulation: about 10 s of each run's start-up
+        "COCOTB_REWRITE_ASSERTION_FILES": "tb_*.py",
     }
     results = run_dir / "results.xml"
     try:  # the runner exits (SystemExit) when a test fails; report through the log instead
