@@ -25,8 +25,11 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(VENV)/bin/ladmac demo
 
+# --dist worksteal: each worker starts on a contiguous half of the suite (a file's tests, which
+# share their Verilator builds, stay on one worker instead of waiting on each other's build lock)
+# and takes tests from the other when it runs out
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -n $(JOBS) --durations=30 testbenches
+	$(VENV)/bin/python -m pytest -n $(JOBS) --dist worksteal --durations=30 testbenches
 
 # The suite in a fresh clone of HEAD with nothing beside it (what CI runs): proves the
 # repository stands alone (no sibling folders, every dependency installed by these files).
