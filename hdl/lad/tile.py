@@ -153,9 +153,12 @@ class LadTile(wiring.Component):
         cmd = ac_cmd.payload
         # the q.A pass goes to AC as soon as q is loaded; it overlaps EAS and APID pass A (TERMS would
         # otherwise run it)
-        qa_sent = Signal()
-        send_qa = [ac_cmd.valid.eq(~qa_sent), cmd.op.eq(AcOp.QA)]
-        with m.If(ac_cmd.valid & ac_cmd.ready & (cmd.op == AcOp.QA)):
+        # (qa_sent is set from the states that offer QA, not from the muxed command's op: in
+        # CLASSIFY_WAIT / MD_DRAIN that op is MD's correction, and the compare reached through the
+        # mux into MD's FIFO, then across the die to AC's slice: session 43's critical path)
+        qa_sent, qa_offered = Signal(), Signal()
+        send_qa = [ac_cmd.valid.eq(~qa_sent), cmd.op.eq(AcOp.QA), qa_offered.eq(1)]
+        with m.If(qa_offered & ~qa_sent & ac_cmd.ready):
             m.d.sync += qa_sent.eq(1)
 
         absorb_payload = [apid.absorb.payload.position.eq(n), apid.absorb.payload.center.eq(key.center),
