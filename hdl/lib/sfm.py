@@ -15,12 +15,13 @@ register (docs/synthesis.md).
 """
 from __future__ import annotations
 
+import torch
 from amaranth import Array, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from golden.fixedpoint import rounding_half
-from golden.sfm import EXPONENT_WIDTH, SfmConfig, SfmOp
+from golden.sfm import EXPONENT_WIDTH, SfmConfig, SfmOp, exp_interval
 
 from .arith import round_shift, saturate, stall_all_enable
 from .pipe import constant_product, csa_sum, leading_one, partial_products, placed, register_partials
@@ -61,14 +62,16 @@ def signed_width(lo: int, hi: int) -> int:
 
 
 def exp_sum_width(cfg: SfmConfig, bias_raw: list[int]) -> int:
-    """Signed width of EXP's sum ``a_r x + bias_r`` over every raw ``x`` of every interval ``r``.
+    """Signed width of EXP's sum ``a_r x + bias_r`` over every raw ``x`` of every interval ``r``
+    (``golden.sfm.exp_interval``'s index).
     The sum is linear in ``x`` within an interval, so its extremes lie at the intervals' ends: a
     boundary ``e`` or ``e - 1``, or an end of x's format."""
     xf = cfg.x_format
     ends = {xf.min_raw, xf.max_raw}
     ends |= {min(max(e + d, xf.min_raw), xf.max_raw) for e in cfg.exp_boundaries_raw for d in (-1, 0)}
+    xs = sorted(ends)
     sums = [cfg.exp_slopes_raw[r] * x + bias_raw[r]
-            for x in ends for r in [sum(x < e for e in cfg.exp_boundaries_raw)]]
+            for x, r in zip(xs, exp_interval(torch.tensor(xs), cfg).tolist())]
     return signed_width(min(sums), max(sums))
 
 
