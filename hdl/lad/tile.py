@@ -93,6 +93,13 @@ class LadTile(wiring.Component):
         wiring.connect(m, sfm_in_slice.o, sfm.i)
         m.d.comb += sfm.o.ready.eq(1)
         ac_cmd, sfm_i = ac_cmd_slice.i, sfm_in_slice.i
+        # MD's corrections reach AC's slice through one more slice next to MD, and the mux picks them
+        # by a registered flag (set entering CLASSIFY_WAIT, cleared leaving MD_DRAIN), not by the
+        # decoded FSM state: session 43's critical path ran from the state through that select and
+        # MD's FIFO across the die to AC's slice (docs/lad-tile.md, Synthesis)
+        m.submodules.md_corr = md_corr = RegisterSlice(ac_command_layout(cfg))
+        wiring.connect(m, md.corr, md_corr.i)
+        corr_to_ac = Signal()
         exact_path = cfg.kv_positions > cfg.max_positions   # else a step past max_positions is BEYOND at once
         if exact_path:
             m.submodules.exact = exact = DenseAttention(cfg.fallback())
@@ -223,16 +230,16 @@ class LadTile(wiring.Component):
                 m.d.comb += [apid.scan.valid.eq(1), apid.scan.payload.length.eq(n), apid.scan.payload.m.eq(m_ref),
                              apid.scan.payload.classify.eq(1)]
                 with m.If(apid.scan.ready):
+                    m.d.sync += corr_to_ac.eq(1)
                     m.next = "CLASSIFY_WAIT"
-            with m.State("CLASSIFY_WAIT"):   # candidates flow APID -> MD -> AC
-                wiring.connect(m, md.corr, ac_cmd)
+            with m.State("CLASSIFY_WAIT"):   # candidates flow APID -> MD -> AC (corr_to_ac)
                 m.d.comb += apid.done.ready.eq(1)
                 with m.If(apid.done.valid):
                     m.d.sync += stats.candidates.eq(apid.done.payload)
                     m.next = "MD_DRAIN"
-            with m.State("MD_DRAIN"):
-                wiring.connect(m, md.corr, ac_cmd)
-                with m.If(~md.busy):
+            with m.State("MD_DRAIN"):   # until MD and its corrections' slice are empty
+                with m.If(~md.busy & ~md_corr.o.valid):
+                    m.d.sync += corr_to_ac.eq(0)
                     m.next = "NEW_EXP"
             with m.State("NEW_EXP"):   # the new position: (p_n, r_n) = EXP(sat(s_n - m))
                 x_new = saturate(key.s_new - m_ref, signed(xw))
@@ -324,4 +331,6 @@ class LadTile(wiring.Component):
                     with m.If(beat == nb - 1):
                         m.d.comb += step_done.eq(1)
                         m.next = "LOAD"
+        with m.If(corr_to_ac):   # (after the FSM: no state drives AC's commands while it is set)
+            wiring.connect(m, md_corr.o, ac_cmd)
         return m
