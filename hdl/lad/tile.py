@@ -29,6 +29,7 @@ from golden.lad_tile import LadTileConfig, StepPath
 from golden.sfm import SfmOp
 
 from ..lib.arith import incr, saturate
+from ..lib.parts import add_part
 from ..lib.sfm import Sfm, sfm_in_layout
 from ..lib.slice import RegisterSlice
 from .ac import Ac
@@ -77,11 +78,14 @@ class LadTile(wiring.Component):
         L, nb, kw = cfg.lanes, cfg.beats, cfg.kv_width
         sfm_cfg = cfg.sfm
         xw = sfm_cfg.x_width
-        m.submodules.eas = eas = Eas(cfg)
-        m.submodules.apid = apid = Apid(cfg)
-        m.submodules.md = md = Md(cfg)
-        m.submodules.ac = ac = Ac(cfg)
-        m.submodules.sfm = sfm = Sfm(sfm_cfg)
+        # the modules are parts (hdl.lib.parts): converted to Verilog apart and in parallel, the
+        # largest first (AC, EAS, the exact pass)
+        ac, eas, md, apid, sfm = Ac(cfg), Eas(cfg), Md(cfg), Apid(cfg), Sfm(sfm_cfg)
+        exact_path = cfg.kv_positions > cfg.max_positions   # else a step past max_positions is BEYOND at once
+        exact = DenseAttention(cfg.fallback()) if exact_path else None
+        for name, part in (("ac", ac), ("eas", eas), ("exact", exact), ("md", md), ("apid", apid), ("sfm", sfm)):
+            if part is not None:
+                add_part(m, name, part)
         # between the blocks, for the clock (docs/synthesis.md): AC's commands and the SFM's requests
         # go through register slices (registered valid, payload and ready; one cycle each), and the
         # SFM never stalls (every requester waits for its result with ready high), so no ready
@@ -100,9 +104,6 @@ class LadTile(wiring.Component):
         m.submodules.md_corr = md_corr = RegisterSlice(ac_command_layout(cfg))
         wiring.connect(m, md.corr, md_corr.i)
         corr_to_ac = Signal()
-        exact_path = cfg.kv_positions > cfg.max_positions   # else a step past max_positions is BEYOND at once
-        if exact_path:
-            m.submodules.exact = exact = DenseAttention(cfg.fallback())
 
         # LOAD broadcasts the step's beats: q to EAS, MD, AC and the tile's copy (the exact pass's
         # query), k_n to EAS and the tile's (the absorption), v_n to the tile's; each keeps its own

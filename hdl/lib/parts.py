@@ -1,0 +1,115 @@
+"""Large submodules converted apart and in parallel (docs/architecture.md, "Verilog generation").
+
+A parent adds each large submodule with :func:`add_part`. Outside :func:`collecting` (simulation,
+formal, synthesis through RTLIL) that is ``m.submodules[name] = component``. While
+:func:`hdl.registry.generate_verilog` converts the parent inside :func:`collecting`, the part
+becomes an ``Instance`` of a module called ``name`` whose ports are the component's signature
+members (named as Amaranth names a top's ports), and :func:`convert_parts` converts each part to
+that module in a process of its own (forked: the component object is not pickled), linting each on
+its own. The hardware is the same: a part's module is what a whole conversion would emit for that
+submodule, under the part's name."""
+from __future__ import annotations
+
+import contextvars
+import multiprocessing
+import multiprocessing.connection
+import os
+import tempfile
+import traceback
+from contextlib import contextmanager
+from pathlib import Path
+
+from amaranth.hdl import ClockSignal, Const, Instance, ResetSignal, Value
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In
+
+_collector: contextvars.ContextVar[dict | None] = contextvars.ContextVar("ladmac_parts", default=None)
+
+
+def part_ports(component: wiring.Component) -> dict:
+    """``{port name: (value, flow)}`` of ``component`` as the top of its own conversion: every
+    signature member that is not a constant (Amaranth's naming, ``q_load__payload``)."""
+    ports = {}
+    for path, member, value in component.signature.flatten(component):
+        value = Value.cast(value)
+        if not isinstance(value, Const):
+            ports["__".join(map(str, path))] = (value, member.flow)
+    return ports
+
+
+def add_part(m, name: str, component: wiring.Component) -> None:
+    """``m.submodules[name] = component``, or, while collecting, an instance of the module
+    ``name`` that :func:`convert_parts` emits for it."""
+    found = _collector.get()
+    if found is None:
+        m.submodules[name] = component
+        return
+    if name in found:
+        raise ValueError(f"two parts named {name!r}")
+    found[name] = component
+    ports = {("i_" if flow == In else "o_") + port: value for port, (value, flow) in part_ports(component).items()}
+    m.submodules[name] = Instance(name, i_clk=ClockSignal(), i_rst=ResetSignal(), **ports)
+
+
+@contextmanager
+def collecting():
+    """Parts added while converting inside this block are collected (yielded dict, in the
+    order added) instead of elaborated in place."""
+    found: dict = {}
+    token = _collector.set(found)
+    try:
+        yield found
+    finally:
+        _collector.reset(token)
+
+
+def port_stub(name: str, component: wiring.Component) -> str:
+    """A Verilog module with the ports of part ``name`` and nothing inside: the parent is linted
+    against these (names, directions, widths), each part on its own."""
+    decls = ["input clk", "input rst"]
+    for port, (value, flow) in part_ports(component).items():
+        width = len(value)
+        decls.append(f"{'input' if flow == In else 'output'} {f'[{width - 1}:0] ' if width > 1 else ''}{port}")
+    return f"module {name}({', '.join(decls)});\nendmodule\n"
+
+
+def _convert_one(name, component, lint, out: Path) -> None:
+    """In a forked child: the part's Verilog (and, with ``lint``, its lint) into ``out``."""
+    _collector.set(None)   # a part's own add_part calls elaborate in place
+    try:
+        from hdl.registry import lint_verilog, to_verilog
+        text = to_verilog(component, name)
+        out.write_text(text)
+        if lint:
+            lint_verilog(out, top=name)
+        os._exit(0)
+    except BaseException:
+        out.with_suffix(".error").write_text(traceback.format_exc())
+        os._exit(1)
+
+
+def convert_parts(parts: dict, lint: bool = False, jobs: int | None = None) -> list[str]:
+    """The Verilog of each collected part, converted ``jobs`` at a time (default: the CPUs this
+    process may use) in the order added; raises with the child's traceback if one fails."""
+    jobs = jobs or len(os.sched_getaffinity(0))
+    ctx = multiprocessing.get_context("fork")
+    with tempfile.TemporaryDirectory(prefix="ladmac-parts-") as tmp:
+        outs = {name: Path(tmp) / f"{name}.v" for name in parts}
+        waiting, running = list(parts), []
+        while waiting or running:
+            while waiting and len(running) < jobs:
+                name = waiting.pop(0)
+                child = ctx.Process(target=_convert_one, args=(name, parts[name], lint, outs[name]))
+                child.start()
+                running.append((name, child))
+            ready = multiprocessing.connection.wait([child.sentinel for _, child in running])
+            done = next(i for i, (_, child) in enumerate(running) if child.sentinel in ready)
+            name, child = running.pop(done)
+            child.join()
+            if child.exitcode != 0:
+                for _, other in running:
+                    other.kill()
+                error = outs[name].with_suffix(".error")
+                raise RuntimeError(f"converting part {name!r} failed:\n"
+                                   + (error.read_text() if error.exists() else f"exit code {child.exitcode}"))
+        return [outs[name].read_text() for name in parts]
