@@ -14,6 +14,7 @@ import contextvars
 import multiprocessing
 import multiprocessing.connection
 import os
+import re
 import tempfile
 import traceback
 from contextlib import contextmanager
@@ -47,6 +48,7 @@ def add_part(m, name: str, component: wiring.Component) -> None:
     if name in found:
         raise ValueError(f"two parts named {name!r}")
     found[name] = component
+    component._MustUse__used = True   # elaborated in the part's own process, not here (no UnusedElaboratable)
     ports = {("i_" if flow == In else "o_") + port: value for port, (value, flow) in part_ports(component).items()}
     m.submodules[name] = Instance(name, i_clk=ClockSignal(), i_rst=ResetSignal(), **ports)
 
@@ -65,12 +67,23 @@ def collecting():
 
 def port_stub(name: str, component: wiring.Component) -> str:
     """A Verilog module with the ports of part ``name`` and nothing inside: the parent is linted
-    against these (names, directions, widths), each part on its own."""
+    against these (names, directions, widths), each part on its own. They are the signals the
+    part's module has as ports (:func:`convert_parts` checks the names against its header)."""
     decls = ["input clk", "input rst"]
     for port, (value, flow) in part_ports(component).items():
         width = len(value)
         decls.append(f"{'input' if flow == In else 'output'} {f'[{width - 1}:0] ' if width > 1 else ''}{port}")
     return f"module {name}({', '.join(decls)});\nendmodule\n"
+
+
+def _check_header(name: str, component: wiring.Component, text: str) -> None:
+    """The part's module has exactly the ports its instance and its stub name."""
+    header = re.search(rf"^module {re.escape(name)}\((.*?)\);", text, re.M | re.S)
+    found = {port.strip() for port in header.group(1).split(",")} if header else set()
+    expected = {"clk", "rst", *part_ports(component)}
+    if found != expected:
+        raise RuntimeError(f"part {name!r}: its module's ports differ from its instance's "
+                           f"(missing {sorted(expected - found)}, extra {sorted(found - expected)})")
 
 
 def _convert_one(name, component, lint, out: Path) -> None:
@@ -112,4 +125,7 @@ def convert_parts(parts: dict, lint: bool = False, jobs: int | None = None) -> l
                 error = outs[name].with_suffix(".error")
                 raise RuntimeError(f"converting part {name!r} failed:\n"
                                    + (error.read_text() if error.exists() else f"exit code {child.exitcode}"))
-        return [outs[name].read_text() for name in parts]
+        texts = [outs[name].read_text() for name in parts]
+    for (name, component), text in zip(parts.items(), texts):
+        _check_header(name, component, text)
+    return texts
