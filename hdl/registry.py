@@ -174,7 +174,12 @@ def generate_verilog(name: str, cfg, cache: bool = True, lint: bool = False) -> 
             stubbed = Path(tmp) / "top.v"
             stubbed.write_text(text + "".join(port_stub(part, c) for part, c in parts.items()))
             top_lint = lint_verilog(stubbed, wait=False)
-        text = "".join([text, *convert_parts(parts, lint=lint)])
+        try:
+            text = "".join([text, *convert_parts(parts, lint=lint)])
+        except BaseException:
+            if top_lint is not None:
+                top_lint.kill()
+            raise
         if top_lint is not None:
             lint_result(top_lint, stubbed)
     if cache:
