@@ -238,6 +238,11 @@ class Ac(wiring.Component):
         E, F = Signal(signed(cfg.ef_width)), Signal(signed(cfg.ef_width))
         Z = Signal(signed(zw))
         m.d.comb += self.z.eq(Z)
+        # RECIP's operand, Z clamped to the SFM's input range, registered when FINISH is taken (the
+        # clamp's compares had run from Z through the tile's mux into the SFM's slice: the tile's
+        # critical path in session 44, docs/lad-tile.md Synthesis)
+        zmax = (1 << cfg.sfm.recip_in_width) - 1
+        recip_z = Signal(cfg.sfm.recip_in_width)
         m_ref = Signal(signed(cfg.sfm.x_width))
         issue, resp_cnt, out_cnt = Signal(range(words + 1)), Signal(range(words + 1)), Signal(range(words + 1))
         e_resp, e_out = (Signal(range(words + 1), name=f"engine_{x}") for x in ("resp", "out"))
@@ -454,7 +459,8 @@ class Ac(wiring.Component):
                                 m.next = "COMBINE"
                             with m.Else():
                                 start_qa_pass(1)
-                        with m.Case(AcOp.FINISH):
+                        with m.Case(AcOp.FINISH):   # Z is final here (no BEATS write in flight)
+                            m.d.sync += recip_z.eq(Mux(Z < 0, 0, Mux(Z > zmax, zmax, Z)))
                             m.next = "RECIP"
                 with m.If(self.cmd.valid & self.cmd.ready & (c.op == AcOp.BEATS)):   # the beat's transfer (its last group)
                     with m.If(c.update):
@@ -525,9 +531,7 @@ class Ac(wiring.Component):
 
             with m.State("RECIP"):
                 m.d.comb += main_busy.eq(1)
-                zmax = (1 << cfg.sfm.recip_in_width) - 1
-                m.d.comb += [self.recip_req.valid.eq(1),
-                             self.recip_req.payload.eq(Mux(Z < 0, 0, Mux(Z > zmax, zmax, Z)))]
+                m.d.comb += [self.recip_req.valid.eq(1), self.recip_req.payload.eq(recip_z)]
                 with m.If(self.recip_req.ready):
                     m.next = "RECIP_WAIT"
             with m.State("RECIP_WAIT"):
