@@ -3,7 +3,6 @@ golden-model evaluations. Bad input exits with code 2 and one line saying what i
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import time
 from pathlib import Path
