@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Callable
 
 from amaranth.back import verilog
-from amaranth.hdl import Const, Value
 from amaranth.lib import wiring
 
 from golden import dense as golden_dense, lad_tile as golden_lad_tile, mac_decode as golden_mac_decode, mac_unit as golden_mac, sfm as golden_sfm, sram as golden_sram, vpu as golden_vpu
