@@ -365,9 +365,12 @@ def main(argv=None) -> int:
                 if then and is_kill(then["outcome"]):
                     m.outcome, m.seconds = then["outcome"], then["seconds"]
         missing = wanted - {key(m) for m in mutants}
-        if missing:
-            sys.exit(f"ladmac: error: {len(missing)} of the mutants to re-run from {args.survivors_of} "
-                     "are no longer mutants of the sources (their lines changed)")
+        if missing and args.survivors_only:
+            sys.exit(f"ladmac: error: {len(missing)} of the survivors to re-run from {args.survivors_of} "
+                     "are no longer mutants of the sources (their lines changed): run without --survivors-only")
+        if missing:   # a line rewritten since (a narrowed format): its new mutants are all evaluated
+            print(f"{args.block}: {len(missing)} non-killed mutants of {args.survivors_of} are gone (their lines "
+                  "changed); every mutant of the new lines is evaluated", file=sys.stderr)
     for m in mutants:   # --resume: outcomes already recorded
         recorded = done.get((m.file, m.line, m.before, m.after))
         if recorded:

@@ -48,6 +48,18 @@ def test_merge_rtl_equals_golden(name):
     assert report["nonzero_outputs"] > report["beats"] // 2
 
 
+def test_exp2_of_every_nonpositive_score_is_at_most_one():
+    """Why Merge's a and b need only sum_width bits (hdl/mac/merge.py): the smaller-max sum is
+    scaled by EXP2 of x <= 0, whose result m 2^-(frac + k) is <= 1 for every x of the format, so
+    the scaled sum never exceeds the sum it scales."""
+    from golden.sfm import exp2
+    for cfg in MERGE_CONFIGS.values():
+        x = torch.arange(cfg.sfm.x_format.min_raw, 1, dtype=torch.int64)
+        mant, k = exp2(x, cfg.sfm)
+        assert int(k.min()) >= 0 and int(mant.max()) <= 1 << cfg.mantissa_frac
+        assert int(mant[-1]) == 1 << cfg.mantissa_frac and int(k[-1]) == 0   # x = 0 reaches 1 exactly
+
+
 def test_mac_unit_rtl_equals_golden():
     """The unit top: Match and Merge behind their stream ports, both halves busy at once."""
     report = simulate("mac-unit", PRESETS["tiny"], "testbenches.tb.tb_mac_unit", seed=SEED, name="tiny",

@@ -91,7 +91,9 @@ class MergeUnit(wiring.Component):
         m_out = Signal(signed(cfg.score_width))
         x = Signal(signed(cfg.score_width))
         s1, s2, small = Signal(cfg.sum_width), Signal(cfg.sum_width), Signal(cfg.sum_width)
-        a, b = Signal(cfg.sum_width + 1), Signal(cfg.sum_width + 1)
+        # a and b: s1, s2 or the smaller-max sum scaled by EXP2 of x <= 0 (<= 1, every x checked:
+        # docs/mac-unit.md), so sum_width bits hold them
+        a, b = Signal(cfg.sum_width), Signal(cfg.sum_width)
         cancel = Signal()       # the cancellation flag of s = a +- b, registered in SUM with sat
         s_out = Signal(cfg.sum_width)
         flagged = Signal()
@@ -150,9 +152,9 @@ class MergeUnit(wiring.Component):
         with m.If(peek):
             m.d.sync += recip.eq(0)
 
-        scale_t, scale_zero, scale_sh, scale_load = rounding(scale_pp, cfg.sum_width + len(mant), "scale")
-        w1_t, w1_zero, w1_sh, w1_load = rounding(w1_pp, cfg.sum_width + 1 + len(mant), "w1")
-        w2_t, w2_zero, w2_sh, w2_load = rounding(w2_pp, cfg.sum_width + 1 + len(mant), "w2")
+        scale_t, scale_zero, scale_sh, scale_load = rounding(scale_pp, len(small) + len(mant), "scale")
+        w1_t, w1_zero, w1_sh, w1_load = rounding(w1_pp, len(a) + len(mant), "w1")
+        w2_t, w2_zero, w2_sh, w2_load = rounding(w2_pp, len(b) + len(mant), "w2")
         # the flag from a and b (unsigned), beside s's own add rather than after it (after it, the
         # compare's carry chain fed the FSM: mac-unit's critical path, 103 MHz): s <= 0 is a = b = 0
         # for ⊕; for ⊖, s <= 0 (a <= b) or s 2^cancel_bits < a is the sign of

@@ -1,6 +1,7 @@
 """cocotb: MAC Merge unit == golden.mac_unit.merge_bits on merges and removals: random
-states, equal maxima, far-apart maxima (exp underflow), zero-weight states, sum
-saturation, cancellation exactly at and around the bound; optionally real states from
+states, equal maxima, far-apart maxima (exp underflow), maxima 16 to 48 apart with sums up to
+the format's top (EXP2 shifts up to the products' width), tiny sums (RECIP shifts 0 and 1),
+zero-weight states, sum saturation, cancellation exactly at and around the bound; optionally real states from
 SmolLM2. Random gaps on ``i``, back-pressure on ``o``."""
 from __future__ import annotations
 
@@ -42,6 +43,14 @@ def synthetic_cases(cfg, rng, n):
             s2 = s1 - (s1 >> cfg.cancel_bits) + rng.randint(-2, 2)
         elif kind < 0.5:
             op, m2, s2 = MergeOp.DOWNDATE, m1, s1  # complete cancellation
+        elif kind < 0.6:  # maxima 16 to 48 apart: EXP2's shifts past 32, up to the product's width and beyond
+            gap = rng.randint(16 << cfg.score_frac, 48 << cfg.score_frac)
+            m2 = min(max(m1 + rng.choice((-gap, gap)), sfmt.min_raw), sfmt.max_raw)
+            s1, s2 = (rng.choice((rng.randint(smax // 2, smax), rng.randint(1, smax))) for _ in range(2))
+        elif kind < 0.65:  # tiny sums: RECIP's shifts 0 and 1 (s = 1, 2, 3)
+            op, m2 = MergeOp.MERGE, m1
+            s1 = rng.randint(0, 3)
+            s2 = rng.randint(1 if s1 == 0 else 0, 3 - s1) if s1 < 3 else 0
         cases.append((op, m1, s1, o1, m2, s2, o2))
     cases.append((MergeOp.MERGE, 0, 0, [0] * cfg.head_dim, 0, 0, [0] * cfg.head_dim))  # two empty states
     return cases
