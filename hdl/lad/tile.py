@@ -31,7 +31,7 @@ from golden.sfm import SfmOp
 from ..lib.arith import incr, saturate
 from ..lib.parts import add_part
 from ..lib.sfm import Sfm, sfm_in_layout
-from ..lib.slice import RegisterSlice
+from ..lib.slice import FifoSlice, RegisterSlice
 from .ac import Ac
 from .apid import Apid
 from .common import AcOp, ac_command_layout, beat_copy, beat_layout, beat_load_signature, coef_width
@@ -87,11 +87,12 @@ class LadTile(wiring.Component):
             if part is not None:
                 add_part(m, name, part)
         # between the blocks, for the clock (docs/synthesis.md): AC's commands and the SFM's requests
-        # go through register slices (registered valid, payload and ready; one cycle each), and the
+        # go through register slices (registered valid, payload and ready; one cycle each; AC's a FIFO
+        # slice, whose payload registers AC's late ready does not enable), and the
         # SFM never stalls (every requester waits for its result with ready high), so no ready
         # crosses from AC or the SFM through the sequencer into MD, EAS or AC (AC's cmd.ready ->
         # MD's corr.ready -> kv_resp.ready was two long routes in series)
-        m.submodules.ac_cmd = ac_cmd_slice = RegisterSlice(ac_command_layout(cfg))
+        m.submodules.ac_cmd = ac_cmd_slice = FifoSlice(ac_command_layout(cfg))   # AC's ready drives no payload enables
         m.submodules.sfm_in = sfm_in_slice = RegisterSlice(sfm_in_layout(sfm_cfg))
         wiring.connect(m, ac_cmd_slice.o, ac.cmd)
         wiring.connect(m, sfm_in_slice.o, sfm.i)

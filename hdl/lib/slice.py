@@ -1,4 +1,4 @@
-"""Register slice: a two-entry stream buffer that registers both directions of a stream.
+"""Register slice and FIFO slice: two-entry stream buffers that register both directions of a stream.
 
 ``o.valid``/``o.payload`` come from a register and ``i.ready`` is a register (not empty skid
 entry), so neither the consumer's decision logic nor its ``ready`` reaches the producer in
@@ -8,8 +8,8 @@ and payloads are unchanged; full throughput (one transfer a cycle) while ``o.rea
 """
 from __future__ import annotations
 
-from amaranth import Module, Signal
-from amaranth.lib import stream, wiring
+from amaranth import Module, Shape, Signal
+from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 
@@ -34,4 +34,25 @@ class RegisterSlice(wiring.Component):
                 m.d.sync += [main.eq(self.i.payload), main_valid.eq(take_in)]
         with m.Elif(take_in):                       # main is held: the input waits in the skid entry
             m.d.sync += [skid.eq(self.i.payload), skid_valid.eq(1)]
+        return m
+
+
+class FifoSlice(wiring.Component):
+    """What :class:`RegisterSlice` does (one cycle, no combinational path from ``i`` to ``o`` or
+    from ``o.ready`` to ``i.ready``, two entries, full throughput) as a two-entry
+    ``amaranth.lib.fifo.SyncFIFO``: ``o.ready`` moves only the read pointer and the level, not the
+    payload registers' enables (a register slice loads its output register when ``o.ready``).
+    For a wide payload into a consumer whose ``ready`` is late and far from the payload's
+    registers (the tile's AC commands: AC's ready reached 331 payload registers across the die,
+    docs/lad-tile.md, Synthesis); ``o.payload`` is the entry the read pointer selects."""
+
+    def __init__(self, shape):
+        super().__init__({"i": In(stream.Signature(shape)), "o": Out(stream.Signature(shape))})
+        self._width = Shape.cast(shape).width
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.fifo = queue = fifo.SyncFIFO(width=self._width, depth=2)
+        m.d.comb += [queue.w_data.eq(self.i.payload), queue.w_en.eq(self.i.valid), self.i.ready.eq(queue.w_rdy),
+                     self.o.payload.eq(queue.r_data), self.o.valid.eq(queue.r_rdy), queue.r_en.eq(self.o.ready)]
         return m
