@@ -22,10 +22,3 @@ def pytest_configure(config):
         # workers already fill the cores, and two threads each on a 2-core machine only contend
         torch.set_num_threads(1)
         os.environ["OMP_NUM_THREADS"] = "1"
-
-
-def pytest_collection_modifyitems(items):
-    """The tests marked ``long_running`` first, in their collected order: under ``--dist worksteal``
-    a worker that finishes its share early takes the other's last tests, so with the long ones at
-    the front the suite ends on short tests on both workers rather than on one long test."""
-    items.sort(key=lambda item: item.get_closest_marker("long_running") is None)

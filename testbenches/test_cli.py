@@ -65,8 +65,7 @@ def test_console_script_exit_code():
     assert "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("block", [pytest.param(b, marks=pytest.mark.long_running) if b in ("lad-tile", "mac-decode")
-                                   else b for b in BLOCKS])
+@pytest.mark.parametrize("block", list(BLOCKS))
 def test_every_block_emits_and_simulates_from_the_cli(block, tmp_path, capsys):
     """Each block in `ladmac blocks`: Verilog and a bit-exact Verilator check at its smallest preset."""
     preset = BLOCKS[block].smallest_preset

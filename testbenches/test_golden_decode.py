@@ -259,7 +259,6 @@ def test_disabled_approximations_equal_full_attention(smollm2):
     assert (mac - ref).abs().max() > 1e-2 and st["hit_rate"] > 0.2
 
 
-@pytest.mark.long_running
 def test_lad_perplexity_within_1pct_on_512_tokens(smollm2):
     from golden.llm.metrics import perplexity
     from golden.llm.runs import full_parallel, teacher_forced
@@ -301,7 +300,6 @@ def test_lad_tile_bit_accurate_model_inside_smollm2(smollm2):
     assert 0 < st["cycles_last512_pct"] < 1000                    # the schedule model's cycles were counted
 
 
-@pytest.mark.long_running
 def test_mac_engaged_at_2048_with_perplexity_within_2pct(smollm2):
     from golden.llm.metrics import perplexity
     from golden.llm.runs import full_parallel, teacher_forced

@@ -85,7 +85,6 @@ def test_lad_md_rtl_equals_golden(kind, steps, seed, inflight):
         assert r["intervals_seen"] == list(range(SMALL.n_intervals))
 
 
-@pytest.mark.long_running
 @pytest.mark.parametrize("kind, steps, seed, ac_lanes", [("drift", 40, SEED, 0), ("all_active", 20, SEED + 5, 0),
                                                          ("drift", 24, SEED + 6, 2)])
 def test_lad_ac_rtl_equals_golden(kind, steps, seed, ac_lanes):

@@ -17,7 +17,6 @@ TRACE = Path(__file__).parent / "data" / "smollm2_lad_trace.pt"
 SMALL = PRESETS["small"]   # d = 32, 4 beats, 2 AC VPUs, 64 positions (68 in the KV memory), 8 centers
 
 
-@pytest.mark.long_running
 def test_lad_tile_rtl_equals_golden_drift_past_the_end_full_centers():
     """Keys along a few directions, drifting queries: approximations, candidates, false alarms,
     mode changes and counter halving; the 8-entry center table fills (later keys join their best
@@ -47,7 +46,6 @@ def test_lad_tile_rtl_equals_golden_corner_sequences(kind, steps):
         assert r["active"] < 0.1 * sum(r["positions"])
 
 
-@pytest.mark.long_running
 def test_lad_tile_rtl_equals_golden_fpga_structure():
     """The structure of the ``ecp5-85f`` preset at the small shape: one AC VPU, EAS a quarter of a
     center a cycle, AC's scalar arithmetic one lane a cycle (``ac_lanes = 1``), no exact pass
@@ -62,7 +60,6 @@ def test_lad_tile_rtl_equals_golden_fpga_structure():
     assert r["nonzero_outputs"] > r["beats"] // 2
 
 
-@pytest.mark.long_running
 def test_lad_tile_rtl_equals_golden_on_real_smollm2_head():
     """A real decode sequence (SmolLM2 layer 12, head 4; benchmarks/record_lad_trace.py) at the
     default config, shortened to keep the suite fast (the benchmark runs it longer)."""

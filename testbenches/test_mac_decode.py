@@ -177,7 +177,6 @@ def test_decode_step_within_stated_bound_of_float_on_real_trace():
     assert max(errs) > 2.0 ** -cfg.out_frac                  # the integer datapath really differs
 
 
-@pytest.mark.long_running
 def test_mac_decode_inside_smollm2():
     """Every head of every layer on the bit-accurate model inside SmolLM2 (small window so the
     hit path runs on a short sequence), next to its float reference."""

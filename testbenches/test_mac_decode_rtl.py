@@ -47,7 +47,6 @@ def test_mac_decode_rtl_equals_model_on_random_sequences(variant, seed):
     assert r["nonzero_outputs"] > r["steps"] * cfg.beats // 2
 
 
-@pytest.mark.long_running
 def test_mac_decode_rtl_equals_model_on_real_smollm2_steps():
     r = simulate("mac-decode", TRACE_CFG, seed=7, name="trace",
                  params={"trace": str(TRACE), "steps": 80, "latency": [1, 4]})

@@ -33,7 +33,6 @@ def test_bad_sweeps_exit_2_before_running(argv, fragment, capsys):
     assert fragment in err and len(err.strip().splitlines()) == 1, err
 
 
-@pytest.mark.long_running
 def test_sweep_runs_points_caches_them_and_plots(tmp_path, capsys):
     argv = ["sweep", "lad", "--set", "center_cos=0.5,0.98", "--tokens", "24", "--out", str(tmp_path),
             "--workers", "2"]

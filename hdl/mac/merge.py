@@ -109,14 +109,13 @@ class MergeUnit(wiring.Component):
             return [shift.eq(value), half.eq(Mux((value >= 1) & (value <= 64), Const(1, 64) << (value - 1).as_unsigned()[:6], 0))]
 
         def rounding(pieces, width, name):
-            """(t, zero, sh, load): the statements ``load`` set t = the product's registered pieces
+            """(t, sh, load): the statements ``load`` set t = the product's registered pieces
             plus the rounding half, in one carry chain after carry-save compressors;
-            round_shift(product, shift) is ``t >> sh``, or 0 where ``zero`` (shift > width:
-            product < 2^width)."""
+            round_shift(product, shift) is ``t >> sh`` for shift <= width (beyond, the product,
+            below 2^width, rounds to 0)."""
             t = Signal(width + 1, name=f"{name}_t")
-            zero = Signal(name=f"{name}_zero")
             total = csa_sum(m, placed(pieces) + [half[:width]], width + 1, name)
-            return t, zero, shift[:width.bit_length()], [t.eq(total), zero.eq(shift > width)]
+            return t, shift[:width.bit_length()], [t.eq(total)]
 
         # The scalar products' pieces, registered twice: when the SFM answers (the register
         # synth/absorb.py moves into the MULT18X18D) and in the next cycle (a fabric register
@@ -152,9 +151,12 @@ class MergeUnit(wiring.Component):
         with m.If(peek):
             m.d.sync += recip.eq(0)
 
-        scale_t, scale_zero, scale_sh, scale_load = rounding(scale_pp, len(small) + len(mant), "scale")
-        w1_t, w1_zero, w1_sh, w1_load = rounding(w1_pp, len(a) + len(mant), "w1")
-        w2_t, w2_zero, w2_sh, w2_load = rounding(w2_pp, len(b) + len(mant), "w2")
+        scale_width = len(small) + len(mant)
+        scale_t, scale_sh, scale_load = rounding(scale_pp, scale_width, "scale")
+        scale_zero = Signal()   # EXP2's shift past the product's width (maxima far apart): 0
+        # (RECIP's exponent is below sum_width, so its shift never passes the weights' products' width)
+        w1_t, w1_sh, w1_load = rounding(w1_pp, len(a) + len(mant), "w1")
+        w2_t, w2_sh, w2_load = rounding(w2_pp, len(b) + len(mant), "w2")
         # the flag from a and b (unsigned), beside s's own add rather than after it (after it, the
         # compare's carry chain fed the FSM: mac-unit's critical path, 103 MHz): s <= 0 is a = b = 0
         # for ⊕; for ⊖, s <= 0 (a <= b) or s 2^cancel_bits < a is the sign of
@@ -182,7 +184,7 @@ class MergeUnit(wiring.Component):
             with m.State("SCALE_PRODUCT"):   # the products move from the DSPs to the fabric
                 m.next = "SCALE_SUM"
             with m.State("SCALE_SUM"):
-                m.d.sync += scale_load
+                m.d.sync += [*scale_load, scale_zero.eq(shift > scale_width)]
                 m.next = "SCALE_SHIFT"
             with m.State("SCALE_SHIFT"):
                 scaled = Mux(exp_one, small, Mux(scale_zero, 0, scale_t >> scale_sh))  # exp(0) = 1 exactly
@@ -212,7 +214,7 @@ class MergeUnit(wiring.Component):
                 m.d.sync += w1_load + w2_load
                 m.next = "WEIGHT_SHIFT"
             with m.State("WEIGHT_SHIFT"):
-                m.d.sync += [w1.eq(Mux(w1_zero, 0, w1_t >> w1_sh)), w2.eq(Mux(w2_zero, 0, w2_t >> w2_sh))]
+                m.d.sync += [w1.eq(w1_t >> w1_sh), w2.eq(w2_t >> w2_sh)]
                 m.next = "DONE"
             with m.State("DONE"):  # hand off; take the next transaction's scalars in the same cycle
                 with m.If(~vec_active & loaded):

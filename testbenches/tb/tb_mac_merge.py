@@ -1,7 +1,8 @@
 """cocotb: MAC Merge unit == golden.mac_unit.merge_bits on merges and removals: random
 states, equal maxima, far-apart maxima (exp underflow), maxima 16 to 48 apart with sums up to
 the format's top (EXP2 shifts up to the products' width), tiny sums (RECIP shifts 0 and 1),
-zero-weight states, sum saturation, cancellation exactly at and around the bound; optionally real states from
+zero-weight states, sum saturation, cancellation exactly at and around the bound (s 2^cb - a
+= -1 and 0), a saturated sum removed; optionally real states from
 SmolLM2. Random gaps on ``i``, back-pressure on ``o``."""
 from __future__ import annotations
 
@@ -51,6 +52,13 @@ def synthetic_cases(cfg, rng, n):
             op, m2 = MergeOp.MERGE, m1
             s1 = rng.randint(0, 3)
             s2 = rng.randint(1 if s1 == 0 else 0, 3 - s1) if s1 < 3 else 0
+        elif kind < 0.7:  # removal exactly at the bound: s 2^cb - a = -1 (flagged) or 0 (kept)
+            op, m2 = MergeOp.DOWNDATE, m1
+            k = rng.randint(1, smax >> (cfg.cancel_bits + 1))
+            s1 = (k << cfg.cancel_bits) + rng.randint(0, 1)
+            s2 = s1 - k
+        elif kind < 0.72:  # a saturated sum removed from a smaller one: the sign test's widest value
+            op, m2, s2 = MergeOp.DOWNDATE, m1, smax
         cases.append((op, m1, s1, o1, m2, s2, o2))
     cases.append((MergeOp.MERGE, 0, 0, [0] * cfg.head_dim, 0, 0, [0] * cfg.head_dim))  # two empty states
     return cases
