@@ -41,7 +41,7 @@ def synthetic_cases(cfg, rng, n):
             s1, s2, op = smax, smax, MergeOp.MERGE  # sum saturates
         elif kind < 0.45:  # removal at the cancellation bound: s*2^cb vs a, equal maxima
             op, m2 = MergeOp.DOWNDATE, m1
-            s2 = s1 - (s1 >> cfg.cancel_bits) + rng.randint(-2, 2)
+            s2 = min(max(s1 - (s1 >> cfg.cancel_bits) + rng.randint(-2, 2), 0), smax)
         elif kind < 0.5:
             op, m2, s2 = MergeOp.DOWNDATE, m1, s1  # complete cancellation
         elif kind < 0.6:  # maxima 16 to 48 apart: EXP2's shifts past 32, up to the product's width and beyond
@@ -54,8 +54,8 @@ def synthetic_cases(cfg, rng, n):
             s2 = rng.randint(1 if s1 == 0 else 0, 3 - s1) if s1 < 3 else 0
         elif kind < 0.7:  # removal exactly at the bound: s 2^cb - a = -1 (flagged) or 0 (kept)
             op, m2 = MergeOp.DOWNDATE, m1
-            k = rng.randint(1, smax >> (cfg.cancel_bits + 1))
-            s1 = (k << cfg.cancel_bits) + rng.randint(0, 1)
+            k = rng.randint(1, max(1, smax >> (cfg.cancel_bits + 1)))   # (a narrow sum: clamped below)
+            s1 = min((k << cfg.cancel_bits) + rng.randint(0, 1), smax)
             s2 = s1 - k
         elif kind < 0.72:  # a saturated sum removed from a smaller one: the sign test's widest value
             op, m2, s2 = MergeOp.DOWNDATE, m1, smax
