@@ -60,6 +60,20 @@ def test_exp2_of_every_nonpositive_score_is_at_most_one():
         assert int(mant[-1]) == 1 << cfg.mantissa_frac and int(k[-1]) == 0   # x = 0 reaches 1 exactly
 
 
+@pytest.mark.parametrize("sum_width, cancel_bits", [(8, 12), (8, 1), (22, 6), (44, 12)])
+def test_merge_bench_cases_lie_in_their_formats(sum_width, cancel_bits):
+    """The merge bench's transactions at narrow and wide sum formats (the fuzzer draws them): every
+    m and s inside its format (a value outside would reach the RTL wrapped), every kind drawn."""
+    import random
+    from testbenches.tb.tb_mac_merge import synthetic_cases
+    cfg = MacUnitConfig(sum_width=sum_width, sum_frac=4, cancel_bits=cancel_bits)
+    cases = synthetic_cases(cfg, random.Random(SEED), 3000)
+    smax, sf = cfg.sum_format.max_raw, cfg.score_format
+    assert all(0 <= c[2] <= smax and 0 <= c[5] <= smax for c in cases)
+    assert all(sf.min_raw <= c[1] <= sf.max_raw and sf.min_raw <= c[4] <= sf.max_raw for c in cases)
+    assert sum(c[5] == smax for c in cases) > 50 and sum(c[2] + c[5] <= 3 for c in cases) > 50
+
+
 def test_mac_unit_rtl_equals_golden():
     """The unit top: Match and Merge behind their stream ports, both halves busy at once."""
     report = simulate("mac-unit", PRESETS["tiny"], "testbenches.tb.tb_mac_unit", seed=SEED, name="tiny",
