@@ -63,7 +63,7 @@ def test_exp2_of_every_nonpositive_score_is_at_most_one():
 @pytest.mark.parametrize("sum_width, cancel_bits", [(8, 12), (8, 1), (22, 6), (44, 12)])
 def test_merge_bench_cases_lie_in_their_formats(sum_width, cancel_bits):
     """The merge bench's transactions at narrow and wide sum formats (the fuzzer draws them): every
-    m and s inside its format (a value outside would reach the RTL wrapped), every kind drawn."""
+    m and s inside its format (a value outside would reach the RTL wrapped); saturated and tiny sums drawn."""
     import random
     from testbenches.tb.tb_mac_merge import synthetic_cases
     cfg = MacUnitConfig(sum_width=sum_width, sum_frac=4, cancel_bits=cancel_bits)
