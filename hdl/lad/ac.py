@@ -241,7 +241,6 @@ class Ac(wiring.Component):
         # RECIP's operand, Z clamped to the SFM's input range, registered when FINISH is taken (the
         # clamp's compares had run from Z through the tile's mux into the SFM's slice: the tile's
         # critical path in session 44, docs/lad-tile.md Synthesis)
-        zmax = (1 << cfg.sfm.recip_in_width) - 1
         recip_z = Signal(cfg.sfm.recip_in_width)
         m_ref = Signal(signed(cfg.sfm.x_width))
         issue, resp_cnt, out_cnt = Signal(range(words + 1)), Signal(range(words + 1)), Signal(range(words + 1))
@@ -460,7 +459,7 @@ class Ac(wiring.Component):
                             with m.Else():
                                 start_qa_pass(1)
                         with m.Case(AcOp.FINISH):   # Z is final here (no BEATS write in flight)
-                            m.d.sync += recip_z.eq(Mux(Z < 0, 0, Mux(Z > zmax, zmax, Z)))
+                            m.d.sync += recip_z.eq(saturate(Z, recip_z.shape()))
                             m.next = "RECIP"
                 with m.If(self.cmd.valid & self.cmd.ready & (c.op == AcOp.BEATS)):   # the beat's transfer (its last group)
                     with m.If(c.update):

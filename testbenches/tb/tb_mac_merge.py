@@ -9,6 +9,7 @@ from __future__ import annotations
 import cocotb
 import torch
 
+from golden.fixedpoint import saturate
 from golden.mac_unit import MacUnitConfig, MergeOp, merge_bits
 from hdl.mac.merge import merge_in_layout, merge_out_layout
 from testbenches.streams import Bench, split_beats
@@ -17,7 +18,7 @@ from testbenches.streams import Bench, split_beats
 def random_state(cfg, rng):
     of = cfg.out_format
     sf = cfg.score_format   # m and s within their formats (a narrow config's may hold less than 8 and 300)
-    m = min(max(rng.randint(-(8 << cfg.score_frac), 8 << cfg.score_frac), sf.min_raw), sf.max_raw)
+    m = saturate(rng.randint(-(8 << cfg.score_frac), 8 << cfg.score_frac), sf)
     s = min(rng.choice((rng.randint(1 << cfg.sum_frac, 300 << cfg.sum_frac), rng.randint(1, 1 << cfg.sum_frac))),
             cfg.sum_format.max_raw)
     o = [rng.randint(of.min_raw // 8, of.max_raw // 8) for _ in range(cfg.head_dim)]
@@ -41,12 +42,12 @@ def synthetic_cases(cfg, rng, n):
             s1, s2, op = smax, smax, MergeOp.MERGE  # sum saturates
         elif kind < 0.45:  # removal at the cancellation bound: s*2^cb vs a, equal maxima
             op, m2 = MergeOp.DOWNDATE, m1
-            s2 = min(max(s1 - (s1 >> cfg.cancel_bits) + rng.randint(-2, 2), 0), smax)
+            s2 = saturate(s1 - (s1 >> cfg.cancel_bits) + rng.randint(-2, 2), cfg.sum_format)
         elif kind < 0.5:
             op, m2, s2 = MergeOp.DOWNDATE, m1, s1  # complete cancellation
         elif kind < 0.6:  # maxima 16 to 48 apart: EXP2's shifts past 32, up to the product's width and beyond
             gap = rng.randint(16 << cfg.score_frac, 48 << cfg.score_frac)
-            m2 = min(max(m1 + rng.choice((-gap, gap)), sfmt.min_raw), sfmt.max_raw)
+            m2 = saturate(m1 + rng.choice((-gap, gap)), sfmt)
             s1, s2 = (rng.choice((rng.randint(smax // 2, smax), rng.randint(1, smax))) for _ in range(2))
         elif kind < 0.65:  # tiny sums: RECIP's shifts 0 and 1 (s = 1, 2, 3)
             op, m2 = MergeOp.MERGE, m1
