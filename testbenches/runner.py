@@ -23,8 +23,8 @@ from pathlib import Path
 from golden.paths import BUILD_ROOT, PROJECT_ROOT
 from hdl.registry import VERILATOR_WAIVERS, generate_verilog as _generate_verilog, get_block
 
-# Only the top module's ports are visible to the benches (top_ports.vlt), not every signal of the
-# design as cocotb's --public-flat-rw asks: Verilator then optimises the internals freely, and the
+# Only the top module's signals (its ports among them) are visible to the benches (top_ports.vlt),
+# not every signal of the design as cocotb's --public-flat-rw asks: Verilator then optimises the internals freely, and the
 # small LAD tile's C++ falls from 19.6 to 11.0 MB, its build from 137 to 76 s and its 70-step drift
 # run from 16.2 to 9.4 s (session 46, same machine, fresh build folder each).
 PORTS_VLT = Path(__file__).with_name("top_ports.vlt")

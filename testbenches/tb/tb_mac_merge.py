@@ -19,8 +19,8 @@ def random_state(cfg, rng):
     of = cfg.out_format
     sf = cfg.score_format   # m and s within their formats (a narrow config's may hold less than 8 and 300)
     m = saturate(rng.randint(-(8 << cfg.score_frac), 8 << cfg.score_frac), sf)
-    s = min(rng.choice((rng.randint(1 << cfg.sum_frac, 300 << cfg.sum_frac), rng.randint(1, 1 << cfg.sum_frac))),
-            cfg.sum_format.max_raw)
+    s = saturate(rng.choice((rng.randint(1 << cfg.sum_frac, 300 << cfg.sum_frac), rng.randint(1, 1 << cfg.sum_frac))),
+                 cfg.sum_format)
     o = [rng.randint(of.min_raw // 8, of.max_raw // 8) for _ in range(cfg.head_dim)]
     return m, s, o
 
@@ -56,7 +56,7 @@ def synthetic_cases(cfg, rng, n):
         elif kind < 0.7:  # removal exactly at the bound: s 2^cb - a = -1 (flagged) or 0 (kept)
             op, m2 = MergeOp.DOWNDATE, m1
             k = rng.randint(1, max(1, smax >> (cfg.cancel_bits + 1)))   # (a narrow sum: clamped below)
-            s1 = min((k << cfg.cancel_bits) + rng.randint(0, 1), smax)
+            s1 = saturate((k << cfg.cancel_bits) + rng.randint(0, 1), cfg.sum_format)
             s2 = s1 - k
         elif kind < 0.72:  # a saturated sum removed from a smaller one: the sign test's widest value
             op, m2, s2 = MergeOp.DOWNDATE, m1, smax
