@@ -15,7 +15,9 @@
 
 Results are cached under ``BUILD_ROOT/synth/`` keyed by block, config, target frequency,
 toolchain versions, the block's Verilog hash and this package's source; a repeated run
-reads the cached report. A design that does not fit the device raises DoesNotFit (a ConfigError) naming
+reads the cached report. Placement seeds run side by side, one per CPU core, and each
+finished seed is kept, so a run cut off part-way (the LAD tile routes for ~90 min a seed)
+resumes where it stopped. A design that does not fit the device raises DoesNotFit (a ConfigError) naming
 the exhausted resource.
 """
 from __future__ import annotations
@@ -28,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
 
@@ -162,10 +165,12 @@ def _source_hash() -> str:
     return h.hexdigest()[:12]
 
 
-def cache_key(block: str, cfg, verilog_text: str, target: str, freq_mhz: float, seeds: int = 1) -> str:
+def cache_key(block: str, cfg, verilog_text: str, target: str, freq_mhz: float) -> str:
+    """The run folder's key: everything that decides the netlist and its routes. Placement seeds
+    are not in it: one folder holds every seed's route (``seedN.done``) and one report per seed
+    count (``result-seedsN.json``)."""
     blob = json.dumps({"block": block, "config": cfg.to_dict(), "target": target, "freq": freq_mhz,
                        **({"router": router(block)} if os.environ.get("LADMAC_ROUTER") else {}),
-                       **({"seeds": seeds} if seeds != 1 else {}),
                        "tools": toolchain_versions(), "verilog": hashlib.sha256(verilog_text.encode()).hexdigest(),
                        "flow": _source_hash(), "format": FLOW_VERSION}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -297,25 +302,68 @@ def _yosys_two_phase(block: str, work: Path, yosys: str) -> dict:
     return cells
 
 
-def _nextpnr_seed(env: dict, dev: dict, work: Path, seed: int, block: str) -> float:
-    """Post-route Fmax of one more placement (seed ``seed``) of the synthesised netlist."""
+def _place_route(env: dict, dev: dict, work: Path, block: str, seed: int, threads: int, textcfg: bool) -> dict:
+    """nextpnr's placement (seed ``seed``) and route of the synthesised netlist: its parsed report.
+    Seed 1 writes ``report.json`` / ``top.tim`` (and ``top.config`` for a bitstream), seed N
+    ``report_seedN.json`` / ``top_seedN.tim``. A finished seed leaves ``seedN.done``; a later run in
+    the same folder (the same netlist: the folder's key covers the Verilog, the flow and the tools)
+    reads it instead of routing again, so a long run cut off after some seeds resumes at the rest."""
+    first = seed == 1
+    report, tim = ("report.json", "top.tim") if first else (f"report_seed{seed}.json", f"top_seed{seed}.tim")
+    done_file = work / f"seed{seed}.done"
+    if (done_file.exists() and (work / report).exists()
+            and (not textcfg or (json.loads(done_file.read_text())["textcfg"] and (work / "top.config").exists()))):
+        return {**reports.parse_nextpnr(work / report, _read(work / tim)), "kept": True}
+    done_file.unlink(missing_ok=True)
+    (work / report).unlink(missing_ok=True)
     opts = [*NEXTPNR_OPTS, "--router", router(block)]
     opts[opts.index("--seed") + 1] = str(seed)
-    opts[opts.index("--report") + 1] = f"report_seed{seed}.json"
-    done = _run([env["NEXTPNR_ECP5"], "--quiet", "--log", f"top_seed{seed}.tim",
+    opts[opts.index("--report") + 1] = report
+    t0 = time.time()
+    done = _run([env["NEXTPNR_ECP5"], "--quiet", "--log", tim,
                  type(platform())._nextpnr_device_options[dev["device"]], "--package", dev["package"],
                  "--speed", str(dev["speed"]), "--json", "top.json", "--lpf", "top.lpf",
-                 *opts, "--threads", "2"], work, f"nextpnr_seed{seed}.log", env=env)
-    log = _read(work / f"top_seed{seed}.tim") + done.stdout + done.stderr
-    if done.returncode or not (work / f"report_seed{seed}.json").exists():
-        raise ToolError(f"nextpnr-ecp5 (seed {seed}) failed: " + "; ".join(_errors(log)[:3] or [log[-300:]]))
-    return reports.parse_nextpnr(work / f"report_seed{seed}.json", log)["fmax_mhz"]
+                 *opts, "--threads", str(threads), *(["--textcfg", "top.config"] if textcfg else [])],
+                work, "nextpnr.log" if first else f"nextpnr_seed{seed}.log", env=env)
+    log = _read(work / tim) + done.stdout + done.stderr
+    if done.returncode or not (work / report).exists():
+        if first:
+            _nextpnr_fit_error(log, block)
+        raise ToolError(f"nextpnr-ecp5 (seed {seed}) failed for {block}: "
+                        + "; ".join(_errors(log)[:3] or [log[-300:]]) + f" (logs in {work})")
+    done_file.write_text(json.dumps({"textcfg": textcfg, "seconds": round(time.time() - t0, 1)}))
+    return reports.parse_nextpnr(work / report, log)
 
 
-def run_ecp5(block: str, component, work: Path, freq_mhz: float, bitstream: bool, seeds: int = 1) -> dict:
+def _seed_seconds(work: Path, seed: int) -> float:
+    return json.loads((work / f"seed{seed}.done").read_text())["seconds"]
+
+
+def _synth_netlist(block: str, work: Path, yosys: str) -> dict:
+    """Yosys (two phases) and the hard-block register moves: ``top.json`` and its cell counts.
+    Kept in ``netlist.done`` so a resumed run (see _place_route) starts at placement."""
+    marker = work / "netlist.done"
+    if marker.exists() and (work / "top.json").exists():
+        return json.loads(marker.read_text())
+    for stale in work.glob("seed*.done"):
+        stale.unlink()
+    t0 = time.time()
+    cells = _yosys_two_phase(block, work, yosys)
+    cells["absorbed"] = absorb.absorb(work / "top.json")
+    cells["yosys_seconds"] = round(time.time() - t0, 1)
+    marker.write_text(json.dumps(cells))
+    return cells
+
+
+def synth_jobs() -> int:
+    """CPU cores this process may use: nextpnr runs run side by side, one per core."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def run_ecp5(block: str, component, work: Path, freq_mhz: float, bitstream: bool, seeds: int = 1,
+             log=None) -> dict:
     work.mkdir(parents=True, exist_ok=True)
-    for stale in ("report.json", "stat_ecp5.json", "top.bit", "top.tim"):
-        (work / stale).unlink(missing_ok=True)
+    (work / "top.bit").unlink(missing_ok=True)
     top, plan = prepare_plan(component, freq_mhz)
     h = top.harness
     plan.extract(str(work))
@@ -323,27 +371,26 @@ def run_ecp5(block: str, component, work: Path, freq_mhz: float, bitstream: bool
                ECPPACK=tool_path("yowasp-ecppack"))
     dev = device_info()
     t0 = time.time()
-    cells = _yosys_two_phase(block, work, env["YOSYS"])
-    cells["absorbed"] = absorb.absorb(work / "top.json")
+    cells = _synth_netlist(block, work, env["YOSYS"])
     t_yosys = time.time() - t0
-    done = _run([env["NEXTPNR_ECP5"], "--quiet", "--log", "top.tim",
-                 type(platform())._nextpnr_device_options[dev["device"]], "--package", dev["package"],
-                 "--speed", str(dev["speed"]), "--json", "top.json", "--lpf", "top.lpf",
-                 *NEXTPNR_OPTS, "--router", router(block), "--threads", "2",
-                 *(["--textcfg", "top.config"] if bitstream else [])],
-                work, "nextpnr.log", env=env)
-    log = _read(work / "top.tim") + done.stdout + done.stderr
-    elapsed = time.time() - t0
-    if done.returncode or not (work / "report.json").exists():
-        _nextpnr_fit_error(log, block)
-        raise ToolError(f"nextpnr-ecp5 failed for {block}: "
-                        + "; ".join(_errors(log)[:3] or [log[-300:]]) + f" (logs in {work})")
-    pnr = reports.parse_nextpnr(work / "report.json", log)
+    # placement seeds 1..N side by side, one per core (nextpnr's router is single-threaded);
+    # Fmax is their mean, the critical path and utilisation are seed 1's
+    jobs = max(1, min(seeds, synth_jobs()))
+    threads = max(1, synth_jobs() // jobs)
+
+    def one(seed: int) -> dict:
+        t = time.time()
+        pnr = _place_route(env, dev, work, block, seed, threads, textcfg=bitstream and seed == 1)
+        if log and seeds > 1:
+            took = "kept from an earlier run" if pnr.get("kept") else f"{time.time() - t:.0f} s"
+            log(f"  {block} seed {seed}: {pnr['fmax_mhz']:.2f} MHz ({took})")
+        return pnr
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        routed = list(pool.map(one, range(1, seeds + 1)))
+    pnr = routed[0]
     reports.annotate_path(pnr["critical_path"], reports.cell_types(work / "top.json"))
-    # further placements of the same netlist (seeds 2..N): Fmax is their mean; the
-    # critical path and utilisation are seed 1's
-    per_seed = [pnr["fmax_mhz"]] + [_nextpnr_seed(env, dev, work, seed, block) for seed in range(2, seeds + 1)]
-    t_seeds = time.time() - t0 - elapsed
+    per_seed = [r["fmax_mhz"] for r in routed]
+    elapsed = time.time() - t0
     out = {
         "device": dev,
         "target_mhz": freq_mhz,
@@ -360,7 +407,8 @@ def run_ecp5(block: str, component, work: Path, freq_mhz: float, bitstream: bool
         "lut_mapper": cells.get("lut_mapper", "abc9"),
         "router": router(block),
         "absorbed_ffs": cells["absorbed"],
-        "seconds": {"yosys": round(t_yosys, 1), "nextpnr": round(elapsed - t_yosys + t_seeds, 1)},
+        "seconds": {"yosys": cells["yosys_seconds"], "nextpnr": round(elapsed - t_yosys, 1),
+                    "nextpnr_per_seed": [_seed_seconds(work, seed) for seed in range(1, seeds + 1)]},
     }
     if bitstream:
         bit = work / "top.bit"
@@ -394,9 +442,10 @@ def synthesize(block: str, cfg, *, target: str = "ecp5", freq_mhz: float = DEFAU
     if target == "ecp5":
         pll_params(BOARD_CLOCK_MHZ, freq_mhz)  # bad --freq fails before any work
     verilog_text = generate_verilog(block, cfg)
-    key = cache_key(block, cfg, verilog_text, target, freq_mhz, seeds if target == "ecp5" else 1)
+    key = cache_key(block, cfg, verilog_text, target, freq_mhz)
     work = run_dir(block, key)
-    cached = work / "result.json"
+    seeds = seeds if target == "ecp5" else 1
+    cached = work / f"result-seeds{seeds}.json"
     if use_cache and cached.exists():
         result = json.loads(cached.read_text())
         if not bitstream or (result.get("ecp5") or {}).get("bitstream"):
@@ -409,7 +458,7 @@ def synthesize(block: str, cfg, *, target: str = "ecp5", freq_mhz: float = DEFAU
               "toolchain": toolchain_versions(), "verilog_sha256": hashlib.sha256(verilog_text.encode()).hexdigest(),
               "key": key, "dir": str(work)}
     if target == "ecp5":  # first: a design that does not fit fails fast
-        result["ecp5"] = run_ecp5(block, spec.build(cfg), work / "ecp5", freq_mhz, bitstream, seeds)
+        result["ecp5"] = run_ecp5(block, spec.build(cfg), work / "ecp5", freq_mhz, bitstream, seeds, log=log)
     result["generic"] = run_generic(spec.build(cfg), work / "generic")
     result["seconds"] = round(time.time() - t0, 1)
     result["cached"] = False
