@@ -62,6 +62,13 @@ def test_sram_end_to_end_report_and_cache(cache_dir, tmp_path, capsys):
     again = flow.synthesize("sram", make_config("sram"))
     assert again["cached"] and again["ecp5"]["fmax_mhz"] == e["fmax_mhz"]
     assert time.time() - t0 < min(10.0, first)
+    # one more seed reuses seed 1's route (kept in the run folder) and places the netlist once more
+    ecp5_dir = flow.run_dir("sram", r["key"]) / "ecp5"
+    seed1 = (ecp5_dir / "seed1.done").stat().st_mtime_ns
+    two = flow.synthesize("sram", make_config("sram"), seeds=2)
+    assert not two["cached"] and two["key"] == r["key"]
+    assert two["ecp5"]["fmax_seeds_mhz"][0] == e["fmax_mhz"] and len(two["ecp5"]["fmax_seeds_mhz"]) == 2
+    assert (ecp5_dir / "seed1.done").stat().st_mtime_ns == seed1 and (ecp5_dir / "report_seed2.json").exists()
     # a different config is a different cache entry
     other = flow.cache_key("sram", make_config("sram", {"depth": "512"}), "x", "ecp5", 100.0)
     assert other != r["key"]
