@@ -442,6 +442,11 @@ class Ac(wiring.Component):
 
         m.d.comb += self.busy.eq(main_busy | engine_busy | waiting | beats_busy)
 
+        # RECIP's operand, valid in RECIP alone: the payload does not decode the state, whose
+        # decode, gated into each of its bits by the SFM's input mux, sat beside that mux across
+        # the device (tile 92.05 MHz, seed 1, session 47)
+        m.d.comb += self.recip_req.payload.eq(recip_z)
+
         with m.FSM():
             with m.State("IDLE"):
                 beat_done = Const(1) if G == 1 else (in_sub == G - 1)   # a BEATS command's last group
@@ -531,7 +536,7 @@ class Ac(wiring.Component):
 
             with m.State("RECIP"):
                 m.d.comb += main_busy.eq(1)
-                m.d.comb += [self.recip_req.valid.eq(1), self.recip_req.payload.eq(recip_z)]
+                m.d.comb += self.recip_req.valid.eq(1)
                 with m.If(self.recip_req.ready):
                     m.next = "RECIP_WAIT"
             with m.State("RECIP_WAIT"):

@@ -281,6 +281,7 @@ class Eas(wiring.Component):
         # recips' read valid into the state's enable: 8.5 ns, lad-eas's limit at 117.3 MHz, seed 2)
         scan_drained = Signal()
         m.d.sync += scan_drained.eq((done_j == count) & ~r_resp.valid & ~vpu_q.o.valid & ~Cat(sc_valid).any())
+        m.d.comb += self.recip_req.payload.eq(kk)   # RECIP's operand: read while valid (RECIP) alone
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.start.ready.eq(1)
@@ -336,7 +337,7 @@ class Eas(wiring.Component):
                                  result.s_new.eq(s_new), write_b.eq(0)]
                     m.next = "RECIP"
             with m.State("RECIP"):   # a new center: RECIP(|k_n|^2)
-                m.d.comb += [self.recip_req.valid.eq(1), self.recip_req.payload.eq(kk)]
+                m.d.comb += self.recip_req.valid.eq(1)   # its payload, kk, outside the FSM (as AC's)
                 with m.If(self.recip_req.ready):
                     m.next = "RECIP_WAIT"
             with m.State("RECIP_WAIT"):
