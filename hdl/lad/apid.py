@@ -116,10 +116,10 @@ class Apid(wiring.Component):
             with m.If(self.approx.payload > best):
                 m.d.sync += best.eq(self.approx.payload)
 
-        # the maximum, read while smax is valid (MAX) alone: its payload does not decode the state
-        # (that decode, gated into each bit, led the tile's compare with m into m's enable: tile
-        # 88.0 MHz, seed 2, session 47)
-        m.d.comb += self.smax.payload.eq(best)
+        # the maximum and the candidate count, read only while valid (MAX, DONE): their payloads
+        # do not decode the state (that decode, gated into each bit, led the tile's compare with m
+        # into m's enable: tile 88.0 MHz, seed 2, session 47)
+        m.d.comb += [self.smax.payload.eq(best), self.done.payload.eq(candidates)]
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.scan.ready.eq(1)
@@ -195,7 +195,7 @@ class Apid(wiring.Component):
                 with m.If((finished == length) & ~pending.r_rdy):
                     m.next = "DONE"
             with m.State("DONE"):
-                m.d.comb += [self.done.valid.eq(1), self.done.payload.eq(candidates)]
+                m.d.comb += self.done.valid.eq(1)   # its payload, candidates, outside the FSM
                 with m.If(self.done.ready):
                     m.next = "IDLE"
         return m

@@ -281,7 +281,10 @@ class Eas(wiring.Component):
         # recips' read valid into the state's enable: 8.5 ns, lad-eas's limit at 117.3 MHz, seed 2)
         scan_drained = Signal()
         m.d.sync += scan_drained.eq((done_j == count) & ~r_resp.valid & ~vpu_q.o.valid & ~Cat(sc_valid).any())
-        m.d.comb += self.recip_req.payload.eq(kk)   # RECIP's operand: read while valid (RECIP) alone
+        # outputs read only while valid (RECIP, OUT), driven from their registers outside the FSM: no
+        # payload bit decodes the state (a decode gated into every bit sat by the payload's users,
+        # far from the FSM it also feeds: the tile's critical paths, session 47)
+        m.d.comb += [self.recip_req.payload.eq(kk), self.key_out.payload.eq(result)]
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.start.ready.eq(1)
@@ -353,7 +356,7 @@ class Eas(wiring.Component):
                     m.d.sync += count.eq(count + 1)
                     m.next = "OUT"
             with m.State("OUT"):
-                m.d.comb += [self.key_out.valid.eq(1), self.key_out.payload.eq(result)]
+                m.d.comb += self.key_out.valid.eq(1)   # its payload, result, outside the FSM
                 with m.If(self.key_out.ready):
                     m.next = "IDLE"
         return m
