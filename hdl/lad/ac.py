@@ -225,6 +225,11 @@ class Ac(wiring.Component):
         qa = Signal(d * aw)                 # q.A_r rows, shifted in P at a time
         qa_fresh = Signal()                 # qa is q.A_r of the current q and A (no update since)
         combine_next = Signal()             # the q.A_r pass was started by TERMS: COMBINE follows
+        # qa's shift (QA) and rotation (COMBINE) are chosen by two flags that are set and cleared with
+        # those states, not by the state's decode: qa's ~2,000 flip-flops take that choice as their
+        # enable and select, and the decode, through VPU 0's valid, reached them across the device
+        # (tile 94.62 MHz, seed 2, session 48)
+        qa_shifting, qa_rotating = Signal(), Signal()   # the main FSM is in QA, in COMBINE
         # g and k of an update, two copies each in memories: BEATS writes copy g_wsel (the waiting
         # update's), the A engine reads the other (the one in progress); taking an update flips
         # g_wsel (as flip-flops, g and k were copied into the engine's: that copy's enable reached
@@ -292,9 +297,13 @@ class Ac(wiring.Component):
         d_word, d_valid, d_beat = delayed(m, D.beat_word, "d_word"), Signal(), Signal(range(nb))   # q.D_r: D's beat, read
         m.d.sync += d_valid.eq(0)
 
-        def dot_load(words, beat):   # (in the current control context) VPU p's next beat: A's (D's) words[p], q's beat
-            m.d.comb += q_read.addr.eq(beat)
-            m.d.sync += [dot_valid.eq(1), dot_last.eq(beat == nb - 1), dot_b.eq(q_read.data)]
+        # q's beat for the pass in progress, chosen by qa_shifting rather than by the state's decode
+        # (which reached q's LUT-RAM read address across the device: tile 93.66 MHz, seed 1, session 48)
+        q_beat = Signal(range(nb))
+        m.d.comb += [q_beat.eq(Mux(qa_shifting, split(resp_cnt, nb)[1], d_beat)), q_read.addr.eq(q_beat)]
+
+        def dot_load(words):   # VPU p's next beat: A's (D's) words[p], q's beat
+            m.d.sync += [dot_valid.eq(1), dot_last.eq(q_beat == nb - 1), dot_b.eq(q_read.data)]
             for p, word in enumerate(words):
                 m.d.sync += [dot_r[p][i].eq(round_shift(word[i * aw:(i + 1) * aw].as_signed(), cfg.cache_dot_shift))
                              for i in range(L)]
@@ -447,6 +456,17 @@ class Ac(wiring.Component):
         # the device (tile 92.05 MHz, seed 1, session 47)
         m.d.comb += self.recip_req.payload.eq(recip_z)
 
+        # the VPUs' operands (outside the FSM, by the same flags: QA's A rows, TERMS_Z's D beats; d_valid
+        # is set in TERMS_Z alone)
+        with m.If(qa_shifting & ports[0][1].valid):
+            dot_load([port[1].payload for port in ports])
+        with m.Elif(d_valid):
+            dot_load([d_word])
+        with m.If(qa_rotating):   # a group a cycle, for COMBINE's issue
+            m.d.sync += qa.eq(Cat(qa[AL * aw:], qa[:AL * aw]))
+        with m.Elif(qa_shifting & vpus[0].o.valid):   # P rows of q.A_r
+            m.d.sync += qa.eq(Cat(qa[P * aw:], *[vpus[p].o.payload.dot for p in range(P)]))
+
         with m.FSM():
             with m.State("IDLE"):
                 beat_done = Const(1) if G == 1 else (in_sub == G - 1)   # a BEATS command's last group
@@ -461,6 +481,7 @@ class Ac(wiring.Component):
                         with m.Case(AcOp.TERMS):
                             m.d.sync += [m_ref.eq(c.m), qa_fresh.eq(0)]     # a QA serves one TERMS
                             with m.If(qa_fresh):
+                                m.d.sync += qa_rotating.eq(1)
                                 m.next = "COMBINE"
                             with m.Else():
                                 start_qa_pass(1)
@@ -479,34 +500,30 @@ class Ac(wiring.Component):
             with m.State("QA_WAIT"):   # A must hold every update handed over so far
                 m.d.comb += main_busy.eq(1)
                 with m.If(~engine_busy & ~waiting):
-                    m.d.sync += a_issue.eq(0)   # (the engine is idle and takes nothing this cycle)
+                    m.d.sync += [a_issue.eq(0), qa_shifting.eq(1)]   # (the engine is idle and takes nothing this cycle)
                     m.next = "QA"
             with m.State("QA"):   # q.A_r[l]: P rows at a time, one beat per cycle, shifted into qa
                 m.d.comb += main_busy.eq(1)
-                row, beat = split(resp_cnt, nb)
                 for p in range(P):
                     req, resp = ports[p]
                     m.d.comb += [req.valid.eq(a_issue < words), resp.ready.eq(1)]
                     dot_feed(p)
-                with m.If(ports[0][1].valid):
-                    dot_load([port[1].payload for port in ports], beat)
                 with m.If(ports[0][0].valid & ports[0][0].ready):
                     m.d.sync += a_issue.eq(a_issue + 1)
                 with m.If(ports[0][1].valid):
                     m.d.sync += resp_cnt.eq(resp_cnt + 1)
                 with m.If(vpus[0].o.valid):
-                    m.d.sync += [out_cnt.eq(out_cnt + 1),
-                                 qa.eq(Cat(qa[P * aw:], *[vpus[p].o.payload.dot for p in range(P)]))]
+                    m.d.sync += out_cnt.eq(out_cnt + 1)
                     with m.If(out_cnt == rows - 1):
-                        m.d.sync += qa_fresh.eq(~combine_next)
+                        m.d.sync += [qa_fresh.eq(~combine_next), qa_shifting.eq(0), qa_rotating.eq(combine_next)]
                         with m.If(combine_next):
                             m.next = "COMBINE"
                         with m.Else():
                             m.next = "IDLE"
             with m.State("COMBINE"):   # issue the groups (qa rotates a group a cycle), wait for the last write
                 m.d.comb += [main_busy.eq(1), c_issue.eq(1)]
-                m.d.sync += qa.eq(Cat(qa[AL * aw:], qa[:AL * aw]))
                 with m.If(c_last):
+                    m.d.sync += qa_rotating.eq(0)
                     m.next = "COMBINE_WAIT"
             with m.State("COMBINE_WAIT"):
                 m.d.comb += main_busy.eq(1)
@@ -523,8 +540,6 @@ class Ac(wiring.Component):
                 with m.If(issue < nb):
                     m.d.sync += [issue.eq(issue + 1), d_valid.eq(1), d_beat.eq(issue)]
                     D.read_next(m, issue + 1)
-                with m.If(d_valid):
-                    dot_load([d_word], d_beat)
                 with m.If(vpus[0].o.valid):
                     m.d.comb += z_start.eq(1)
                     m.next = "TERMS_Z_WAIT"
