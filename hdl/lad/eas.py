@@ -212,6 +212,11 @@ class Eas(wiring.Component):
         kk_cos = split_sum(m, placed(kk_pieces), cfg.kk_width + COS_FRAC + 1, "kk_cos")
         rho_prod = split_sum(m, placed(rho_pieces) + [rho_half], pw, "rho_prod").as_signed()
         join = Signal()
+        # the join compare's chunks registered (their carry chains end at flip-flops): kk_cos is final
+        # by SUMS2 and best_t since SCAN's end, so the verdict of their values a cycle earlier is the
+        # same in COMPARE (kk_cos -> the compare -> join across the die: tile 89.46 MHz, seed 1,
+        # session 49)
+        join_above = greater(kk_cos, best_t << COS_FRAC, m=m, name="join_greater")
         rho_raw = Signal(signed(pw + up_max))
 
         # the scaled score of each q.k dot (the new key's in SELF_WAIT: s_new; each center's in
@@ -325,7 +330,7 @@ class Eas(wiring.Component):
             with m.State("SUMS2"):
                 m.next = "COMPARE"
             with m.State("COMPARE"):
-                m.d.sync += [join.eq(best_valid & (((kk != 0) & ~greater(kk_cos, best_t << COS_FRAC))
+                m.d.sync += [join.eq(best_valid & (((kk != 0) & ~join_above)
                                                    | (count >= cfg.max_centers))),
                              rho_raw.eq((rho_prod << rho_up) >> rho_down)]
                 m.next = "DECIDE"

@@ -170,6 +170,13 @@ class LadTile(wiring.Component):
         with m.If(qa_offered & ~qa_sent & ac_cmd.ready):
             m.d.sync += qa_sent.eq(1)
 
+        # AC's command operands whatever the state (AC reads each only with the op and flags that use
+        # it); the states choose only valid, op, accumulate and update. Through the states' mux, the
+        # decoded state reached the FIFO slice's storage across the die (tile 98.41 MHz, seed 2,
+        # session 49: state -> beta -> k -> the FIFO's LUT RAM)
+        m.d.comb += [cmd.m.eq(m_ref), cmd.w.eq(p_new), cmd.alpha.eq(slopes[r_new]), cmd.beta.eq(intercepts[r_new]),
+                     cmd.k.eq(k_buf.data), cmd.v.eq(v_buf.data)]
+
         absorb_payload = [apid.absorb.payload.position.eq(n), apid.absorb.payload.center.eq(key.center),
                           apid.absorb.payload.rho.eq(key.rho), apid.absorb.payload.mode.eq(r_new)]
 
@@ -221,7 +228,7 @@ class LadTile(wiring.Component):
                         m.d.sync += m_ref.eq(apid.smax.payload)
                     m.next = "TERMS"
             with m.State("TERMS"):
-                m.d.comb += [ac_cmd.valid.eq(1), cmd.op.eq(AcOp.TERMS), cmd.m.eq(m_ref)]
+                m.d.comb += [ac_cmd.valid.eq(1), cmd.op.eq(AcOp.TERMS)]
                 with m.If(ac_cmd.ready):
                     m.d.sync += stats.candidates.eq(0)
                     with m.If(n == 0):
@@ -253,8 +260,7 @@ class LadTile(wiring.Component):
                     m.d.sync += [p_new.eq(sfm.o.payload.value), r_new.eq(sfm.o.payload.interval), beat.eq(0)]
                     m.next = "NEW_BEATS"
             with m.State("NEW_BEATS"):
-                m.d.comb += [ac_cmd.valid.eq(1), cmd.op.eq(AcOp.BEATS), cmd.w.eq(p_new), cmd.accumulate.eq(1),
-                             cmd.update.eq(0), cmd.v.eq(v_buf.data)]
+                m.d.comb += [ac_cmd.valid.eq(1), cmd.op.eq(AcOp.BEATS), cmd.accumulate.eq(1), cmd.update.eq(0)]
                 with m.If(ac_cmd.ready):
                     m.d.sync += beat.eq(incr(beat, nb))
                     with m.If(beat == nb - 1):
@@ -285,9 +291,7 @@ class LadTile(wiring.Component):
                         m.d.comb += step_done.eq(1)
                         m.next = "ABSORB"
             with m.State("ABSORB"):   # position n joins the caches with its interval as mode
-                m.d.comb += [ac_cmd.valid.eq(1), cmd.op.eq(AcOp.BEATS), cmd.alpha.eq(slopes[r_new]),
-                             cmd.beta.eq(intercepts[r_new]), cmd.accumulate.eq(0), cmd.update.eq(1),
-                             cmd.k.eq(k_buf.data), cmd.v.eq(v_buf.data),
+                m.d.comb += [ac_cmd.valid.eq(1), cmd.op.eq(AcOp.BEATS), cmd.accumulate.eq(0), cmd.update.eq(1),
                              apid.absorb.valid.eq(~absorb_sent), *absorb_payload]
                 with m.If(apid.absorb.valid & apid.absorb.ready):
                     m.d.sync += absorb_sent.eq(1)
