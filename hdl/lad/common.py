@@ -211,8 +211,10 @@ def bump_terms(counters, r, cfg: LadTileConfig) -> Value:
     """The two parts of bumping counter ``r``: every counter plus (its index == r), and whether
     counter ``r`` overflows (it is at counter_max now: no add in series). A register may sit
     between this and ``bumped_counters``, so neither the counters' look-up by ``r`` nor the adds
-    meet the halving mux and what reads the result in one cycle."""
-    plus = [counters[i] + (r == i) for i in range(cfg.n_intervals)]
+    meet the halving mux and what reads the result in one cycle. Each counter's increment is made
+    from the counters alone and ``r`` only chooses it (``r``, read from MD's score FIFO, ran
+    through the increments' carry chains: lad-md's critical path, 120.5 MHz, seed 1, session 49)."""
+    plus = [Mux(r == i, counters[i] + 1, counters[i]) for i in range(cfg.n_intervals)]
     over = Array(counters[i] for i in range(cfg.n_intervals))[r] == cfg.counter_max
     return Cat(*(p[:cfg.counter_bits + 1] for p in plus), over)
 
