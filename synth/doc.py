@@ -212,7 +212,9 @@ def render(results: list[dict], command: str | None = None) -> str:
     w("ladmac synth vpu --target generic            # technology-independent count only")
     w("```")
     w("")
-    w(f"Results are cached in `build/synth/` per block, config, toolchain version and Verilog hash. "
+    w(f"Results are cached in `build/synth/` per block, config, toolchain version and Verilog hash; "
+      f"reports saved with `--out` as `benchmarks/results/synth-*.json` stand in for that cache in a fresh "
+      f"clone, so `make synth` routes again only the blocks changed since their record. "
       f"Generated {datetime.date.today().isoformat()}.")
     w("")
     return "\n".join(out)

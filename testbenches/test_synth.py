@@ -26,7 +26,7 @@ def cache_dir(tmp_path, monkeypatch):
 
 
 # -- end to end ----------------------------------------------------------------------------
-def test_sram_end_to_end_report_and_cache(cache_dir, tmp_path, capsys):
+def test_sram_end_to_end_report_and_cache(cache_dir, tmp_path, capsys, monkeypatch):
     out = tmp_path / "sram.json"
     t0 = time.time()
     assert cli.main(["sram", "--bitstream", "--out", str(out)]) == 0
@@ -77,6 +77,19 @@ def test_sram_end_to_end_report_and_cache(cache_dir, tmp_path, capsys):
     assert "| sram |" in text and "LFE5U-85F" in text and "Table III" in text
     row = next(line for line in text.splitlines() if line.startswith("| sram |"))
     assert f"| {e['fmax_mhz']:.1f} | 125 |" in row          # sram's goal (#13) next to its Fmax
+    # a fresh clone (empty cache) reads the report recorded with --out instead of routing again;
+    # the recorded bitstream's file is not there, so --bitstream would route again
+    records = tmp_path / "records"
+    records.mkdir()
+    (records / "synth-sram.json").write_text(out.read_text())
+    monkeypatch.setattr(flow, "CACHE_DIR", tmp_path / "fresh")
+    monkeypatch.setattr(cli, "RECORDS", records)
+    t0 = time.time()
+    assert cli.main(["sram"]) == 0
+    assert "(recorded in " in capsys.readouterr().out and time.time() - t0 < 10.0
+    primed = json.loads((flow.run_dir("sram", r["key"]) / "result-seeds1.json").read_text())
+    assert primed["ecp5"]["fmax_mhz"] == e["fmax_mhz"] and "bitstream" not in primed["ecp5"]
+    assert primed["ecp5"]["bitstream_recorded"] == bit["bytes"]
 
 
 def test_design_that_does_not_fit_exits_2_naming_the_resource(cache_dir, capsys):
