@@ -419,7 +419,10 @@ class Ac(wiring.Component):
         # saturation); groups packed into beats, beats into a FIFO that holds a step's nb beats (empty
         # when OUT starts): out's ready reaches the FIFO, not the pipeline
         o_beat, o_sub, o_last, o_step = group_counter("out")
-        o_issue, o_issued = Signal(), Signal()
+        # OUT's issue and RECIP_WAIT's response are chosen by flags set and cleared with those states
+        # (as qa_shifting): the wait's decode, ANDed with the SFM's valid, enabled the registers it
+        # loads and reached them across the device (tile seed 3, 99.42 MHz, session 50)
+        o_issue, recip_waiting = Signal(), Signal()   # OUT's groups not all issued; the FSM is in RECIP_WAIT
         pw = aw + mf + 2                    # N rm: signed aw x unsigned mf + 1 bits
         fine_bits = 3
         shift_bits = (mf + (1 << cfg.sfm.exponent_width) - 1).bit_length()
@@ -553,22 +556,25 @@ class Ac(wiring.Component):
                 m.d.comb += main_busy.eq(1)
                 m.d.comb += self.recip_req.valid.eq(1)
                 with m.If(self.recip_req.ready):
+                    m.d.sync += recip_waiting.eq(1)
                     m.next = "RECIP_WAIT"
-            with m.State("RECIP_WAIT"):
-                m.d.comb += [main_busy.eq(1), self.recip_resp.ready.eq(1)]
+            with m.State("RECIP_WAIT"):   # the response is taken below, by recip_waiting
+                m.d.comb += main_busy.eq(1)
                 with m.If(self.recip_resp.valid):
-                    shift = mf + self.recip_resp.payload.exponent
-                    m.d.sync += [rm.eq(self.recip_resp.payload.mantissa), o_shift.eq(shift), o_zero.eq(shift > pw),
-                                 o_half.eq((Const(1, 1) << shift) >> 1), o_issued.eq(0)]
                     m.next = "OUT"
-            with m.State("OUT"):   # issue the groups into the output pipeline; wait for the last beat to leave
-                m.d.comb += [main_busy.eq(1), o_issue.eq(~o_issued)]
-                with m.If(o_issue):
-                    m.d.sync += o_step
-                    with m.If(o_last):
-                        m.d.sync += o_issued.eq(1)
+            with m.State("OUT"):   # the groups are issued below (o_issue); wait for the last beat to leave
+                m.d.comb += main_busy.eq(1)
                 with m.If(out_done):
                     m.next = "IDLE"
+        m.d.comb += self.recip_resp.ready.eq(recip_waiting)
+        with m.If(recip_waiting & self.recip_resp.valid):
+            shift = mf + self.recip_resp.payload.exponent
+            m.d.sync += [rm.eq(self.recip_resp.payload.mantissa), o_shift.eq(shift), o_zero.eq(shift > pw),
+                         o_half.eq((Const(1, 1) << shift) >> 1), recip_waiting.eq(0), o_issue.eq(1)]
+        with m.If(o_issue):   # issue the groups into the output pipeline
+            m.d.sync += o_step
+            with m.If(o_last):
+                m.d.sync += o_issue.eq(0)
 
         # The A engine: A[l] += g_l k, read-modify-write of every word, P rows at a time. It runs
         # while the FSM above takes commands; the q.A pass waits for it (QA_WAIT), so the two
