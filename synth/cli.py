@@ -11,7 +11,7 @@ Several BLOCKs run at their default configs, like --all over those blocks only (
 then names the command and the blocks it covers).
 
 Results recorded with ``--out`` under benchmarks/results/ (``synth-*.json``) stand in for the
-cache: a run whose key (Verilog, config, flow, tools, seeds) matches a record reads it instead of
+cache: a run whose key (Verilog, config, flow, tools) and seed count match a record reads it instead of
 routing again, so a fresh clone's `make synth` re-runs only the blocks changed since they were
 recorded (see `recorded_results`).
 
