@@ -117,7 +117,12 @@ class ScalarFile:
     ``b = row_lanes / u``) and a row's ``b`` words come from ``b`` distinct memories (chosen by the
     row's index mod ``a``). Writes are registered per memory (they land at the end of the next
     cycle, as ``LaneFile``'s); the row at the read position (``first_row`` / ``next_row``,
-    registers) is there in the same cycle, from the memories' asynchronous read."""
+    registers) is in ``row`` two cycles later: each memory's word is registered twice before the
+    row's words are chosen (``a > 1``), so that at ecp5-85f, where Yosys puts the memories in block
+    RAMs, the two registers are the RAM's read register and its output register (synth/absorb.py
+    moves only a register that is the one load of the RAM's pins; with the choice in front of it,
+    the path from the RAM's 5.6 ns pins to the row's register was the tile's worst, 97.05 MHz
+    seed 1, session 50)."""
 
     def __init__(self, m: Module, d: int, group_lanes: int, row_lanes: int, width: int):
         u = math.gcd(group_lanes, row_lanes)
@@ -134,9 +139,11 @@ class ScalarFile:
         self.row_t = Signal(range(a), name="g_row_t")          # ... and mod a
         self.row_buf = Signal(name="g_row_buf")
         m.d.comb += [rd.addr.eq(self.row_buf * half + self.row_hi) for rd in self.reads]
-        words = [rd.data for rd in self.reads]
+        words = [delayed(m, delayed(m, rd.data, f"g_word{x}_read"), f"g_word{x}")
+                 for x, rd in enumerate(self.reads)]
+        row_t = delayed(m, delayed(m, self.row_t, "g_row_t_read"), "g_row_t_out")
         rows = [Cat(*words[b * t:b * (t + 1)]) for t in range(a)]
-        self.row = rows[0] if a == 1 else Array(rows)[self.row_t]   # the row_lanes scalars at the read position
+        self.row = rows[0] if a == 1 else Array(rows)[row_t]   # the row_lanes scalars, 2 cycles on
 
     def write(self, m: Module, valid, group, buf, data):
         """Group ``group`` (``group_lanes`` lanes of ``data``) of copy ``buf``, if ``valid``."""
@@ -581,15 +588,13 @@ class Ac(wiring.Component):
         # never share the VPUs or the bank ports. It takes a waiting update once BEATS' pipeline
         # has requested g's last group (b2; the write lands in b3, before the engine's first read),
         # flipping g_wsel: it works on the other copy of g and k. g_scalars: the P scalars of the
-        # row whose responses come next, g_file's row registered twice (where Yosys puts g_file in
-        # a block RAM, as at ecp5-85f, its read register and its output register: from the RAM's
-        # output pins straight to the VPUs it was 97.1 MHz); g_file moves on at a row's third-last
-        # beat. The responses come back to back (the banks never stall: their responses are
-        # always taken), so the row's last two beats still see its scalars
-        assert nb >= 3, "g_file's next row is chosen at a row's third-last beat"
-        g_row = Signal(P * gw)
-        m.d.sync += g_row.eq(g_file.row)
-        g_scalars = delayed(m, g_row, "g_scalars")
+        # row whose responses come next, g_file's row (2 cycles after its read position moves)
+        # registered once more (from the RAM's output pins straight to the VPUs it was 97.1 MHz);
+        # g_file moves on at a row's fourth-last beat. The responses come back to back (the banks
+        # never stall: their responses are always taken), so the row's last three beats still see
+        # its scalars, and the first row's are there by the first response (the banks' latency 3)
+        assert nb >= 4, "g_file's next row is chosen at a row's fourth-last beat (validate: nb >= 4)"
+        g_scalars = delayed(m, g_file.row, "g_scalars")
         e_buf = Signal()                    # the engine's copy of k
         with m.FSM(name="engine"):
             with m.State("FREE"):
@@ -619,7 +624,7 @@ class Ac(wiring.Component):
                     m.d.sync += a_issue.eq(a_issue + 1)
                 with m.If(ports[0][1].valid):
                     m.d.sync += e_resp.eq(e_resp + 1)
-                    with m.If(beat == nb - 3):   # g_scalars hold the next row's from two beats on
+                    with m.If(beat == nb - 4):   # g_scalars hold the next row's from four beats on
                         g_file.next_row(m)
                 with m.If(vpus[0].o.valid):
                     m.d.sync += e_out.eq(e_out + 1)
