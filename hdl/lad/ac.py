@@ -118,11 +118,13 @@ class ScalarFile:
     row's index mod ``a``). Writes are registered per memory (they land at the end of the next
     cycle, as ``LaneFile``'s); the row at the read position (``first_row`` / ``next_row``,
     registers) is in ``row`` two cycles later: each memory's word is registered twice before the
-    row's words are chosen (``a > 1``), so that at ecp5-85f, where Yosys puts the memories in block
-    RAMs, the two registers are the RAM's read register and its output register (synth/absorb.py
-    moves only a register that is the one load of the RAM's pins; with the choice in front of it,
-    the path from the RAM's 5.6 ns pins to the row's register was the tile's worst, 97.05 MHz
-    seed 1, session 50)."""
+    row's words are chosen (``a > 1``), so that the first flip-flop after a block RAM's pins (at
+    ecp5-85f Yosys puts the memories in block RAMs) has no other load and sits next to the RAM.
+    With the choice in front of the one row register, the path from the RAM's 5.6 ns pins to the
+    far side of the die was the tile's worst (97.05 MHz, seed 1, session 50). Yosys makes the read
+    synchronous by taking the address registers into the RAM, with a bypass LUT on its pins for a
+    write landing in the same cycle, so synth/absorb.py finds no register to move into the RAM's
+    output register; a synchronous read port here would let it (docs/lad-tile.md, session 51)."""
 
     def __init__(self, m: Module, d: int, group_lanes: int, row_lanes: int, width: int):
         u = math.gcd(group_lanes, row_lanes)
