@@ -239,6 +239,10 @@ class Ac(wiring.Component):
         # enable and select, and the decode, through VPU 0's valid, reached them across the device
         # (tile 94.62 MHz, seed 2, session 48)
         qa_shifting, qa_rotating = Signal(), Signal()   # the main FSM is in QA, in COMBINE
+        # qa_fresh is cleared by registered events alone, a cycle after the command's transfer (by
+        # b0's update group, by COMBINE): TERMS, which reads it, waits for BEATS' groups to drain and
+        # no QA pass overlaps either. Cleared by the transfer's decode (AC's take, whose nets span
+        # the device), it was the tile's critical path (92.87 MHz, seed 1, session 52)
         # g and k of an update, two copies each in memories: BEATS writes copy g_wsel (the waiting
         # update's), the A engine reads the other (the one in progress); taking an update flips
         # g_wsel (as flip-flops, g and k were copied into the engine's: that copy's enable reached
@@ -354,6 +358,8 @@ class Ac(wiring.Component):
                              Array(c.k[r * AL + j] for r in range(G))[in_sub]))
                 m.d.sync += [b0_v[j].eq(v_j), b0_k[j].eq(k_j)]
         # Z, E, F with a command's first group (b0): its w, alpha, beta once per command
+        with m.If(b0_valid & b0_upd):   # an update changes A: qa no longer is q.A_r
+            m.d.sync += qa_fresh.eq(0)
         with m.If(b0_valid & b0_first):
             with m.If(b0_acc):
                 m.d.sync += Z.eq(saturate(Z + b0_w, signed(zw)))
@@ -490,8 +496,8 @@ class Ac(wiring.Component):
                     with m.Switch(c.op):
                         with m.Case(AcOp.QA):
                             start_qa_pass(0)
-                        with m.Case(AcOp.TERMS):
-                            m.d.sync += [m_ref.eq(c.m), qa_fresh.eq(0)]     # a QA serves one TERMS
+                        with m.Case(AcOp.TERMS):   # a QA serves one TERMS (COMBINE clears qa_fresh)
+                            m.d.sync += m_ref.eq(c.m)
                             with m.If(qa_fresh):
                                 m.d.sync += qa_rotating.eq(1)
                                 m.next = "COMBINE"
@@ -502,7 +508,6 @@ class Ac(wiring.Component):
                             m.next = "RECIP"
                 with m.If(self.cmd.valid & self.cmd.ready & (c.op == AcOp.BEATS)):   # the beat's transfer (its last group)
                     with m.If(c.update):
-                        m.d.sync += qa_fresh.eq(0)
                         m.d.comb += k_take.eq(1)
                     with m.If((in_b == nb - 1) & c.update):
                         m.d.sync += waiting.eq(1)      # the engine takes it when it is free
@@ -534,6 +539,7 @@ class Ac(wiring.Component):
                             m.next = "IDLE"
             with m.State("COMBINE"):   # issue the groups (qa rotates a group a cycle), wait for the last write
                 m.d.comb += [main_busy.eq(1), c_issue.eq(1)]
+                m.d.sync += qa_fresh.eq(0)   # qa served its TERMS
                 with m.If(c_last):
                     m.d.sync += qa_rotating.eq(0)
                     m.next = "COMBINE_WAIT"

@@ -92,7 +92,8 @@ class LadTile(wiring.Component):
         # SFM never stalls (every requester waits for its result with ready high), so no ready
         # crosses from AC or the SFM through the sequencer into MD, EAS or AC (AC's cmd.ready ->
         # MD's corr.ready -> kv_resp.ready was two long routes in series)
-        m.submodules.ac_cmd = ac_cmd_slice = FifoSlice(ac_command_layout(cfg))   # AC's ready drives no payload enables
+        # AC's ready drives no payload enables; what AC decodes (op, update, accumulate) leaves flip-flops
+        m.submodules.ac_cmd = ac_cmd_slice = FifoSlice(ac_command_layout(cfg), flop_fields=("op", "update", "accumulate"))
         m.submodules.sfm_in = sfm_in_slice = RegisterSlice(sfm_in_layout(sfm_cfg))
         wiring.connect(m, ac_cmd_slice.o, ac.cmd)
         wiring.connect(m, sfm_in_slice.o, sfm.i)
