@@ -21,7 +21,7 @@ models is the target, not yet reached):
    the running maxima of the sinks, the middle range (band / prefix) and the tail.
 3. **Range attention** (``attend_bits``) of a range ``[lo, hi)`` with its maximum ``m``: one V
    burst; each score read back, ``x = sat(s - m)`` registered, the SFM's EXP2, ``p =
-   round_shift(me << (sum_frac - mantissa_frac), ke)`` into a FIFO, ``z += p``; the VPU's AXPY
+   round_shift(me << (sum_frac - mantissa_frac), ke)`` registered, into a FIFO and ``z += p``; the VPU's AXPY
    accumulates ``N += p v`` exactly; RECIP of ``sat(z)`` and a four-stage output pipeline
    ``sat(round_shift(round_shift(N, kr - G) · r, out_shift))`` (the product as registered
    partial products, summed with the rounding half) into the state SRAM. Ranges: tail;
@@ -207,6 +207,9 @@ class MacDecodeEngine(wiring.Component):
         me, ke = sfm.o.payload.value, sfm.o.payload.exponent
         p_value = Signal(vcfg.in_width)
         m.d.comb += p_value.eq(round_shift(me << (cfg.sum_frac - cfg.mantissa_frac), ke))
+        # p registered (with its valid) before the p FIFO and z's add: the shift's rounding and
+        # z's carry chain in series were the engine's critical path (34 levels, 56.7 MHz, session 52)
+        p_valid, p_reg = Signal(), Signal(vcfg.in_width)
 
         # output pipeline: N's beat rounded by kr - G; partial products of that times r (one
         # MULT18X18D each, registered); their sum with the rounding half; shift and saturate
@@ -403,9 +406,12 @@ class MacDecodeEngine(wiring.Component):
                     m.d.sync += [x_valid.eq(score_resp.valid),
                                  x_reg.eq(saturate(score_resp.payload.as_signed() - r_m, signed(sw)))]
                 m.d.comb += [sfm.i.valid.eq(x_valid), sfm.i.payload.op.eq(SfmOp.EXP2), sfm.i.payload.x.eq(x_reg),
-                             p_fifo.w_data.eq(p_value), p_fifo.w_en.eq(sfm.o.valid), sfm.o.ready.eq(p_fifo.w_rdy)]
-                with m.If(sfm.o.valid & sfm.o.ready):
-                    m.d.sync += z_sum.eq(z_sum + p_value)
+                             sfm.o.ready.eq(~p_valid | p_fifo.w_rdy),
+                             p_fifo.w_data.eq(p_reg), p_fifo.w_en.eq(p_valid)]
+                with m.If(sfm.o.ready):   # (p_valid is clear when the pass ends: the V beats take every p)
+                    m.d.sync += [p_valid.eq(sfm.o.valid), p_reg.eq(p_value)]
+                with m.If(p_valid & p_fifo.w_rdy):
+                    m.d.sync += z_sum.eq(z_sum + p_reg)
                 # AXPY with acc = 0 gives the exact products p v; they are added into N's beat
                 # where they come out of the VPU, so a beat is never read before its update lands
                 # (one beat per cycle whatever the VPU's latency and d/L)
