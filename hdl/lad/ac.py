@@ -233,16 +233,16 @@ class Ac(wiring.Component):
         N, B, C, D = (LaneFile(m, name, nb, G, AL, aw) for name in ("n", "b", "c", "d"))
         qa = Signal(d * aw)                 # q.A_r rows, shifted in P at a time
         qa_fresh = Signal()                 # qa is q.A_r of the current q and A (no update since)
+        # qa_fresh is cleared by registered events alone, a cycle after the command's transfer (by
+        # b0's update group, by COMBINE): TERMS, which reads it, waits for BEATS' groups to drain and
+        # no QA pass overlaps either. Cleared by the transfer's decode (AC's take, whose nets span
+        # the device), it was the tile's critical path (92.87 MHz, seed 1, session 52)
         combine_next = Signal()             # the q.A_r pass was started by TERMS: COMBINE follows
         # qa's shift (QA) and rotation (COMBINE) are chosen by two flags that are set and cleared with
         # those states, not by the state's decode: qa's ~2,000 flip-flops take that choice as their
         # enable and select, and the decode, through VPU 0's valid, reached them across the device
         # (tile 94.62 MHz, seed 2, session 48)
         qa_shifting, qa_rotating = Signal(), Signal()   # the main FSM is in QA, in COMBINE
-        # qa_fresh is cleared by registered events alone, a cycle after the command's transfer (by
-        # b0's update group, by COMBINE): TERMS, which reads it, waits for BEATS' groups to drain and
-        # no QA pass overlaps either. Cleared by the transfer's decode (AC's take, whose nets span
-        # the device), it was the tile's critical path (92.87 MHz, seed 1, session 52)
         # g and k of an update, two copies each in memories: BEATS writes copy g_wsel (the waiting
         # update's), the A engine reads the other (the one in progress); taking an update flips
         # g_wsel (as flip-flops, g and k were copied into the engine's: that copy's enable reached
