@@ -8,7 +8,8 @@ Mutants (one line each): a comparison flipped (``==``/``!=``, ``<``/``>=``, ``>`
 constant +-1, a ``Mux``'s arms swapped, ``&`` and ``|`` exchanged, a register stage dropped
 (``m.d.sync`` -> ``m.d.comb``), on every code line of the block's own sources and of the shared
 helpers it uses (``hdl/lib/arith.py``, ``pipe.py``, ``slice.py``, ``hdl/lad/common.py``) that runs
-while the block elaborates at one of its presets (function bodies, docstrings and comments left
+while the block elaborates at one of its presets (mac-decode and lad-tile, built of the other
+blocks: their own lines only) (function bodies, docstrings and comments left
 out; a line that never runs makes no hardware). Each runs in a copy of the repository (the
 working tree is never touched): the mutant's Verilog is generated at every preset of the block;
 if it equals the original's at all of them the mutant is **equivalent** by construction (nothing
@@ -58,10 +59,17 @@ BLOCKS = {
     "lad-apid": (["hdl/lad/apid.py"], ["testbenches/test_lad_modules.py", "-k", "lad_apid"]),
     "lad-md": (["hdl/lad/md.py"], ["testbenches/test_lad_modules.py", "-k", "lad_md"]),
     "lad-ac": (["hdl/lad/ac.py"], ["testbenches/test_lad_modules.py", "-k", "lad_ac or lane_file"]),
+    # blocks built of the blocks above: their own lines only (the parts' sources and the helpers
+    # are mutated with the blocks that own them, whose benches reach them at many more configs)
+    "mac-decode": (["hdl/mac/decode.py"], ["testbenches/test_mac_decode_rtl.py"]),
+    "lad-tile": (["hdl/lad/tile.py", "hdl/lib/parts.py"], ["testbenches/test_lad_tile.py", "-k", "rtl_equals"]),
 }
+COMPOSITES = {"mac-decode", "lad-tile"}
 
 
 def helpers_of(block: str) -> list[str]:
+    if block in COMPOSITES:
+        return []
     return LAD_HELPERS if block.startswith("lad-") or block == "dense" else LIB_HELPERS
 
 
@@ -208,7 +216,9 @@ def without_attributes(verilog: str) -> str:
 
 def compare_verilog(work: Path, block: str, timeout: float) -> str:
     """The mutated copy ``work``'s Verilog against the original's (``work/build/original*.v``),
-    preset by preset: ``differs`` (at one preset, beyond attributes), ``attributes`` (only in
+    preset by preset, the smallest first (it elaborates fastest, and most mutants differ there
+    already), through the copy's Verilog cache (a test at a preset finds the mutant's text there
+    instead of elaborating it again): ``differs`` (at one preset, beyond attributes), ``attributes`` (only in
     ``(* ... *)`` attributes, which simulation ignores: synthesis directives such as
     ``COLLISION_X``), ``same`` (at every preset) or ``error`` (does not elaborate, or not within
     ``timeout`` seconds: a generator loop that no longer ends, e.g. ``while len(values) > 0``)."""
@@ -216,8 +226,10 @@ def compare_verilog(work: Path, block: str, timeout: float) -> str:
               "from testbenches.mutation import without_attributes as strip\n"
               f"b = get_block({block!r})\n"
               "attributes = False\n"
-              "for n, c in enumerate(b.presets.values()):\n"
-              "    new, old = generate_verilog(b.name, c, cache=False), Path(f'build/original{n}.v').read_text()\n"
+              "presets = list(b.presets.values())\n"
+              "order = sorted(range(len(presets)), key=lambda n: Path(f'build/original{n}.v').stat().st_size)\n"
+              "for n in order:\n"
+              "    new, old = generate_verilog(b.name, presets[n]), Path(f'build/original{n}.v').read_text()\n"
               "    if new != old and strip(new) != strip(old):\n"
               "        sys.exit(3)\n"
               "    attributes |= new != old\n"
@@ -267,14 +279,17 @@ def run_tests(work: Path, tests: list[str], timeout: float) -> bool:
 
 
 def drop_new_builds(work: Path) -> None:
-    """Remove the Verilator builds a mutant made (100+ MB each for the larger blocks); the
-    unmutated builds listed in ``build/BASELINE`` stay, so a preset whose Verilog the mutant did
+    """Remove the Verilator builds a mutant made (100+ MB each for the larger blocks) and the
+    Verilog its sources generated; the unmutated builds listed in ``build/BASELINE`` stay, so a preset whose Verilog the mutant did
     not change is simulated from the original's build (the build folder is named by a digest of
     its Verilog)."""
     keep = set((work / "build" / "BASELINE").read_text().split())
     for d in (work / "build" / "sim").iterdir():
         if d.name not in keep:
             shutil.rmtree(d, ignore_errors=True)
+    for f in (work / "build" / "verilog-cache").glob("*"):   # the mutant's Verilog (a new source digest)
+        if f.name not in keep:
+            f.unlink(missing_ok=True)
 
 
 def is_kill(outcome: str) -> bool:
@@ -341,7 +356,9 @@ def main(argv=None) -> int:
     if not run_tests(copies[0], tests, 4 * args.timeout):
         sys.exit(f"ladmac: error: {args.block}'s tests fail unmutated")
     print(f"{args.block}: unmutated tests pass ({time.time() - t0:.0f} s)", file=sys.stderr)
-    (copies[0] / "build" / "BASELINE").write_text("\n".join(sorted(d.name for d in (copies[0] / "build" / "sim").iterdir())))
+    build = copies[0] / "build"
+    (build / "BASELINE").write_text("\n".join(sorted(d.name for folder in (build / "sim", build / "verilog-cache")
+                                                      if folder.exists() for d in folder.iterdir())))
     for work in copies:
         if work != copies[0]:
             shutil.copytree(copies[0] / "build", work / "build", symlinks=True)
