@@ -8,9 +8,9 @@ Mutants (one line each): a comparison flipped (``==``/``!=``, ``<``/``>=``, ``>`
 constant +-1, a ``Mux``'s arms swapped, ``&`` and ``|`` exchanged, a register stage dropped
 (``m.d.sync`` -> ``m.d.comb``), on every code line of the block's own sources and of the shared
 helpers it uses (``hdl/lib/arith.py``, ``pipe.py``, ``slice.py``, ``hdl/lad/common.py``) that runs
-while the block elaborates at one of its presets (mac-decode and lad-tile, built of the other
-blocks: their own lines only) (function bodies, docstrings and comments left
-out; a line that never runs makes no hardware). Each runs in a copy of the repository (the
+while the block elaborates at one of its presets (function bodies, docstrings and comments left
+out; a line that never runs makes no hardware; mac-decode and lad-tile, built of the other blocks:
+their own lines only). Each runs in a copy of the repository (the
 working tree is never touched): the mutant's Verilog is generated at every preset of the block;
 if it equals the original's at all of them the mutant is **equivalent** by construction (nothing
 the hardware does changed; for a helper line: it does not change this block); if it does not
@@ -280,9 +280,9 @@ def run_tests(work: Path, tests: list[str], timeout: float) -> bool:
 
 def drop_new_builds(work: Path) -> None:
     """Remove the Verilator builds a mutant made (100+ MB each for the larger blocks) and the
-    Verilog its sources generated; the unmutated builds listed in ``build/BASELINE`` stay, so a preset whose Verilog the mutant did
-    not change is simulated from the original's build (the build folder is named by a digest of
-    its Verilog)."""
+    Verilog its sources generated; the unmutated builds listed in ``build/BASELINE`` stay, so a
+    preset whose Verilog the mutant did not change is simulated from the original's build (the
+    build folder is named by a digest of its Verilog)."""
     keep = set((work / "build" / "BASELINE").read_text().split())
     for d in (work / "build" / "sim").iterdir():
         if d.name not in keep:
