@@ -242,15 +242,29 @@ def compare_verilog(work: Path, block: str, timeout: float) -> str:
     return {0: "same", 3: "differs", 4: "attributes"}.get(code, "error")
 
 
+def copy_repository(work: Path) -> None:
+    """A fresh copy of the project at ``work`` for mutants to be applied in (no git history,
+    virtual environment or builds)."""
+    if work.exists():
+        shutil.rmtree(work)
+    shutil.copytree(PROJECT_ROOT, work, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "__pycache__", ".pytest_cache", "*.egg-info"))
+
+
+def mutated(text: str, mut: Mutant) -> str:
+    """``text`` (the file ``mut.file``) with ``mut``'s line replaced, its indentation kept."""
+    lines = text.splitlines(keepends=True)
+    line = lines[mut.line - 1]
+    lines[mut.line - 1] = line[:len(line) - len(line.lstrip())] + mut.after + "\n"
+    return "".join(lines)
+
+
 def evaluate(mut: Mutant, work: Path, block: str, tests: list[str], timeout: int, elaboration_timeout: float) -> None:
     """Apply ``mut`` in the copy ``work``, classify it (``mut.outcome``), undo it."""
     t0 = time.time()
     path = work / mut.file
     text = path.read_text()
-    lines = text.splitlines(keepends=True)
-    indent = lines[mut.line - 1][:len(lines[mut.line - 1]) - len(lines[mut.line - 1].lstrip())]
-    lines[mut.line - 1] = indent + mut.after + "\n"
-    path.write_text("".join(lines))
+    path.write_text(mutated(text, mut))
     try:
         verdict = compare_verilog(work, block, elaboration_timeout)
         if verdict == "error":
@@ -340,10 +354,7 @@ def main(argv=None) -> int:
     copies = []
     for k in range(max(1, args.jobs)):
         work = PROJECT_ROOT / "build" / "mutation" / args.block / f"repo{k}"
-        if work.exists():
-            shutil.rmtree(work)
-        shutil.copytree(PROJECT_ROOT, work, ignore=shutil.ignore_patterns(
-            ".git", ".venv", "build", "__pycache__", ".pytest_cache", "*.egg-info"))
+        copy_repository(work)
         copies.append(work)
     t0 = time.time()
     ok, original = verilog_of(copies[0], args.block)

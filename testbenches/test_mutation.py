@@ -85,11 +85,9 @@ def test_compare_verilog_tells_same_from_differs_and_leaves_no_mutant_verilog(tm
     """In a copy: the unmutated sources are ``same``; a narrowed register ``differs`` (the smallest
     preset compared first, the texts left in the copy's Verilog cache for the tests); the mutant's
     cached Verilog is removed with its builds."""
-    import shutil
-    from testbenches.mutation import compare_verilog, drop_new_builds, mutants_of, verilog_of
+    from testbenches.mutation import compare_verilog, copy_repository, drop_new_builds, mutants_of, mutated, verilog_of
     work = tmp_path / "repo"
-    shutil.copytree(PROJECT_ROOT, work, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "build", "__pycache__", ".pytest_cache", "*.egg-info", "data", "benchmarks", "docs"))
+    copy_repository(work)
     ok, original = verilog_of(work, "sram")
     assert ok and len(original) >= 2 and all("module top" in v for v in original)
     (work / "build" / "sim").mkdir(parents=True)
@@ -99,11 +97,8 @@ def test_compare_verilog_tells_same_from_differs_and_leaves_no_mutant_verilog(tm
     assert compare_verilog(work, "sram", timeout=300) == "same"
     drop_new_builds(work)
     source = work / "hdl/lib/sram.py"
-    text = source.read_text()
     drop = next(m for m in mutants_of(source, "hdl/lib/sram.py") if m.operator == "drop register")
-    lines = text.splitlines(keepends=True)
-    lines[drop.line - 1] = lines[drop.line - 1].replace(drop.before, drop.after)
-    source.write_text("".join(lines))
+    source.write_text(mutated(source.read_text(), drop))
     assert compare_verilog(work, "sram", timeout=300) == "differs"
     cached = list((work / "build" / "verilog-cache").glob("*.v"))
     assert cached and any(c.read_text() not in original for c in cached)   # up to the first that differs
