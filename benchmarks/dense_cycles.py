@@ -24,7 +24,7 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for n in args.contexts:
         rep = simulate("dense", cfg, "testbenches.tb.tb_dense", seed=5, name=f"bench{n}",
-                       params={"steps": 1, "max_len": n, "fixed_len": n, "gap": 0.0, "stall": 0.0,
+                       params={"steps": 1, "max_len": n, "lengths": [n], "gap": 0.0, "stall": 0.0,
                                "latency": [1, 1]})
         beats = rep["kv_requests"]
         cycles = rep["step_cycles"][0]

@@ -179,7 +179,7 @@ def main() -> None:
     dense_cycles = {}
     for n in sorted(set(args.contexts)):
         d = simulate("dense", dense_cfg, "testbenches.tb.tb_dense", seed=5, name=f"bench{n}",
-                     params={"steps": 1, "max_len": n, "fixed_len": n, "gap": 0.0, "stall": 0.0, "latency": [1, 1]})
+                     params={"steps": 1, "max_len": n, "lengths": [n], "gap": 0.0, "stall": 0.0, "latency": [1, 1]})
         dense_cycles[n] = d["step_cycles"][0]
 
     all_stats = golden_stats(cfg, *(f.quantize(trace[n]) for n in ("q", "k", "v")))

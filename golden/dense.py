@@ -23,7 +23,7 @@ import torch
 from .config import BlockConfig, param
 from .fixedpoint import FixedFormat, round_shift, saturate
 from .sfm import SfmConfig, exp_pwl, recip
-from .vpu import VpuConfig
+from .vpu import PIPELINE_LATENCY, VpuConfig
 
 SCALE_FRAC = 16
 
@@ -113,6 +113,20 @@ PRESETS = {
     "default": DenseConfig(),
     "small": DenseConfig(head_dim=32, lanes=8, max_positions=256),
 }
+
+# -- the RTL's schedule (hdl.lad.dense), checked cycle-exactly by test_dense_rtl_cycles_equal_schedule
+STEP_FILL = 38   # cycles a step adds to its beats when nothing stalls (one-cycle KV memory): the fills of
+#                  the key pass (KV round trip, VPU, three score stages), the value pass (score SRAM, x
+#                  register, SFM EXP, p FIFO, VPU) and RECIP (SFM); measured on the RTL
+
+
+def dense_step_cycles(cfg: HeadConfig, n: int) -> int:
+    """Cycles of one step over ``n`` positions with nothing stalling (the ``cycles`` the RTL reports):
+    a key beat a cycle; a position's value beats ``max(beats, VPU latency + 1)`` cycles apart, as
+    its AXPY reads each beat of N only after the previous position's update of it is written back
+    (at most ``beats`` in the VPU), the last position's ``beats``; and the pipelines' fill."""
+    nb = cfg.beats
+    return n * nb + (n - 1) * max(nb, PIPELINE_LATENCY + 1) + nb + STEP_FILL
 
 
 def score_raw(q: torch.Tensor, k: torch.Tensor, cfg: DenseConfig) -> torch.Tensor:

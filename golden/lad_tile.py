@@ -282,15 +282,6 @@ SCHEDULE_FIXED = 254.3          # cycles per step outside the passes (fitted 230
 SCHEDULE_PER_MODE_CHANGE = 28.4 # cycles a mode change adds on average (fitted)
 
 
-DENSE_STEP_OVERHEAD = 36        # the dense baseline's cycles per step beyond its KV beats (benchmarks.dense_cycles)
-
-
-def dense_step_cycles(cfg: LadTileConfig, context: int) -> int:
-    """The dense baseline's (and the exact pass's) cycles for one step over ``context`` positions:
-    every key and value, one beat per cycle, plus its fixed latency (measured)."""
-    return 2 * context * cfg.beats + DENSE_STEP_OVERHEAD
-
-
 def schedule_cycles(cfg: LadTileConfig, position, centers_before, kv_beats, mode_changes):
     """Cycles of one LAD step (``path = LAD``) at ``position`` with the step's statistics (ints or
     tensors): the schedule's model above, fitted on and checked against the RTL."""

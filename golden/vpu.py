@@ -24,6 +24,9 @@ from .config import BlockConfig, param
 from .fixedpoint import FixedFormat, round_shift, saturate
 
 
+PIPELINE_LATENCY = 7   # the RTL's cycles from a beat's transfer to its result when nothing stalls
+
+
 class VpuOp(enum.IntEnum, shape=2):
     """VPU operation (the ``op`` field of a VPU input beat)."""
     DOT = 0      # sum over beats of a*b

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from golden.dense import PRESETS, DenseConfig, dense_attention_bits, dense_attention_float
+from golden.dense import PRESETS, DenseConfig, dense_attention_bits, dense_attention_float, dense_step_cycles
 from golden.errors import ConfigError
 from golden.sfm import exp_bound, recip_relative_bound
 from testbenches.runner import simulate
@@ -21,6 +21,17 @@ def test_dense_rtl_equals_golden_random(preset, max_len, steps):
     assert report["mismatches"] == 0 and report["steps"] == steps
     assert 1 in report["lengths"] and max_len in report["lengths"]  # shortest and longest contexts
     assert report["nonzero_outputs"] > report["beats"] // 2
+
+
+@pytest.mark.parametrize("preset", ["small", "default"])
+def test_dense_rtl_cycles_equal_schedule(preset):
+    """With nothing stalling each step's cycles are golden.dense.dense_step_cycles (small: 4 beats, fewer
+    than the VPU's latency, so the value pass waits for N's write-back; default: 8, it does not)."""
+    lengths = [1, 2, 3, 17]
+    report = simulate("dense", PRESETS[preset], "testbenches.tb.tb_dense", seed=SEED, name="cycles",
+                      params={"steps": len(lengths), "lengths": lengths, "gap": 0.0, "stall": 0.0, "latency": [1, 1]})
+    assert report["mismatches"] == 0
+    assert report["step_cycles"] == [dense_step_cycles(PRESETS[preset], n) for n in lengths]
 
 
 def test_dense_rtl_equals_golden_on_real_smollm2_head():

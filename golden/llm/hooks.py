@@ -18,10 +18,11 @@ from dataclasses import replace
 
 import torch
 
+from ..dense import dense_step_cycles
 from ..errors import ConfigError
 from ..lad_ref import LadConfig, LadHead
 from ..lad_batch import LadTileBatch
-from ..lad_tile import LadTileConfig, StepPath, dense_step_cycles, schedule_cycles
+from ..lad_tile import LadTileConfig, StepPath, schedule_cycles
 from ..mac_decode import MacDecodeConfig, MacDecodeLayer
 from ..mac_ref import MacConfig, MacLayerState
 

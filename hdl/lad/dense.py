@@ -1,7 +1,7 @@
 """Dense PWL attention baseline: every key and value read, LAD's PWL softmax.
 
 Implements golden.dense.dense_attention_bits bit for bit, from the shared VPU and SFM.
-A step: the query arrives as ``d/L`` beats (with the context length ``n`` on each);
+A step: the query arrives as ``d/L`` beats (the context length ``n`` read with the first);
 pass 1 reads every key over the KV port, the VPU's DOT gives each exact score (scaled
 to the SFM's x format), kept in a score SRAM, and the running max ``m``; pass 2 reads
 each score back, the SFM's EXP gives ``p_i`` (queued in a FIFO) and ``Z += p_i``, while

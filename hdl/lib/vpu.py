@@ -17,7 +17,7 @@ from amaranth import Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from golden.vpu import VpuConfig, VpuOp
+from golden.vpu import PIPELINE_LATENCY, VpuConfig, VpuOp
 
 from .arith import round_shift, saturate, saturating_add, stall_all_enable
 from .pipe import CHUNK, csa_sum, partial_products, placed, register_partials, tree_sum
@@ -60,7 +60,7 @@ class Vpu(wiring.Component):
     last beat of DOT/SQDIST, one lane vector per AXPY beat (whatever its ``last``; an AXPY
     between the beats of a DOT/SQDIST leaves that reduction's accumulator alone)."""
 
-    LATENCY = 7   # cycles from a beat's transfer on ``i`` to its result on ``o`` when nothing stalls
+    LATENCY = PIPELINE_LATENCY   # cycles from a beat's transfer on ``i`` to its result on ``o`` when nothing stalls
 
     def __init__(self, cfg: VpuConfig, ops=tuple(VpuOp)):
         """``ops``: the operations its user issues (all by default); the others' datapaths are

@@ -1,17 +1,18 @@
 """cocotb: dense PWL attention == golden.dense.dense_attention_bits, step after step, with
 a KV memory model (random latency, request back-pressure, response gaps) and random
-gaps/back-pressure on the query and output streams; random or real SmolLM2 q/k/v."""
+gaps/back-pressure on the query and output streams; random or real SmolLM2 q/k/v; params
+``lengths`` (the steps' contexts, in turn; default random), ``max_len``, ``trace``."""
 from __future__ import annotations
 
 import cocotb
 import torch
 
-from golden.dense import DenseConfig, dense_attention_bits
+from golden.dense import DenseConfig, dense_attention_bits, dense_step_cycles
 from hdl.lad.dense import dense_out_layout, dense_query_layout, kv_request_layout, kv_response_layout
 from testbenches.streams import Bench, kv_lookup, split_beats
 
 
-def random_steps(cfg: DenseConfig, rng, steps: int, max_len: int, fixed_len: int | None = None):
+def random_steps(cfg: DenseConfig, rng, steps: int, max_len: int, lengths: list[int] | None = None):
     gen = torch.Generator().manual_seed(rng.randrange(1 << 30))
     f = cfg.kv_format
     n_total = max_len
@@ -22,7 +23,7 @@ def random_steps(cfg: DenseConfig, rng, steps: int, max_len: int, fixed_len: int
     v[1] = f.min_raw
     out = []
     for s in range(steps):
-        length = fixed_len or rng.choice((1, 2, rng.randint(1, max_len), max_len))
+        length = lengths[s % len(lengths)] if lengths else rng.choice((1, 2, rng.randint(1, max_len), max_len))
         q = f.quantize(torch.randn(cfg.head_dim, generator=gen) * scale[2] * (4 if s % 5 == 0 else 1))
         out.append((q, length))
     return k, v, out
@@ -44,19 +45,30 @@ async def dense_matches_golden(dut):
     if p.get("trace"):
         k, v, steps = trace_steps(cfg, p["trace"], bench.steps(4), max_len)
     else:
-        k, v, steps = random_steps(cfg, bench.rng, bench.steps(20), max_len, p.get("fixed_len"))
+        k, v, steps = random_steps(cfg, bench.rng, bench.steps(20), max_len, p.get("lengths"))
     src, sink = bench.source("query", dense_query_layout(cfg)), bench.sink("out", dense_out_layout(cfg))
     memory = bench.memory("kv_req", kv_request_layout(cfg), "kv_resp", kv_response_layout(cfg),
                           kv_lookup(k, v, cfg.lanes), latency=(1, 6))
     for s, (q, length) in enumerate(steps):
-        src.put(*({"q": qb, "length": length} for qb in split_beats(q, cfg.lanes)))
+        # the length is read with the first beat: the others carry any length
+        src.put(*({"q": qb, "length": length if b == 0 else bench.rng.randrange(1 << cfg.position_width)}
+                  for b, qb in enumerate(split_beats(q, cfg.lanes))))
         o, m, z = dense_attention_bits(q, k[:length], v[:length], cfg)
         for b, ob in enumerate(split_beats(o, cfg.lanes)):
             sink.expect({"o": ob, "m": m, "z": z, "kv_beats": 2 * length * cfg.beats}, inputs=f"step {s} beat {b}")
     total = sum(length for _, length in steps)
     await bench.drain(timeout_cycles=total * cfg.beats * 2 * 30 + 5000)
+    # the cycles each step reports against the schedule's model: equal when nothing stalls, else at least
+    step_cycles = [got["cycles"] for _, got in sink.received[::cfg.beats]]
+    nothing_stalls = bench.gap == 0 and bench.stall == 0 and tuple(memory.latency) == (1, 1)
+    for s, (cycles, (_, length)) in enumerate(zip(step_cycles, steps)):
+        model = dense_step_cycles(cfg, length)
+        if nothing_stalls:
+            bench.check(f"step {s} cycles", cycles, model)
+        else:
+            bench.check(f"step {s} cycles at least the schedule's {model}", cycles >= model, True)
     bench.finish(vectors=len(steps), steps=len(steps), beats=len(sink.expected),
                  kv_requests=len(memory.requests.received),
-                 step_cycles=[got["cycles"] for _, got in sink.received[::cfg.beats]],
+                 step_cycles=step_cycles,
                  lengths=[length for _, length in steps],
                  nonzero_outputs=sum(1 for w, _ in sink.expected if any(w["o"])))
