@@ -135,17 +135,24 @@ def score_raw(q: torch.Tensor, k: torch.Tensor, cfg: DenseConfig) -> torch.Tenso
     return saturate(round_shift(dots * cfg.scale_raw, cfg.score_shift), cfg.sfm.x_format)
 
 
-def dense_attention_bits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: DenseConfig):
-    """Bit-accurate dense PWL attention: raw o (d,) and (m, Z) for one step."""
+def dense_weights(q: torch.Tensor, k: torch.Tensor, cfg: DenseConfig):
+    """The step's PWL weights: raw ``p`` (n,), ``m`` and ``Z`` (ints)."""
     s = score_raw(q, k, cfg)
     m = int(s.max())
-    x = saturate(s - m, cfg.sfm.x_format)
-    p, _ = exp_pwl(x, cfg.sfm)
-    z = int(p.sum())
-    n = (p[:, None] * v).sum(0)
+    p, _ = exp_pwl(saturate(s - m, cfg.sfm.x_format), cfg.sfm)
+    return p, m, int(p.sum())
+
+
+def dense_normalise(n: torch.Tensor, z: int, cfg: DenseConfig) -> torch.Tensor:
+    """``o = sat(round_shift(N * r, mantissa_frac + k))`` with ``(r, k)`` = SFM RECIP of ``Z``."""
     r, kk = (int(t) for t in recip(torch.tensor([z]), cfg.sfm))
-    o = saturate(round_shift(n * r, cfg.sfm.mantissa_frac + kk), cfg.kv_format)
-    return o, m, z
+    return saturate(round_shift(n * r, cfg.sfm.mantissa_frac + kk), cfg.kv_format)
+
+
+def dense_attention_bits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: DenseConfig):
+    """Bit-accurate dense PWL attention: raw o (d,) and (m, Z) for one step."""
+    p, m, z = dense_weights(q, k, cfg)
+    return dense_normalise((p[:, None] * v).sum(0), z, cfg), m, z
 
 
 def dense_attention_float(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: DenseConfig,

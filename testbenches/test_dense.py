@@ -34,6 +34,13 @@ def test_dense_rtl_cycles_equal_schedule(preset):
     assert report["step_cycles"] == [dense_step_cycles(PRESETS[preset], n) for n in lengths]
 
 
+def test_dense_rtl_output_on_rounding_boundary():
+    """Every output element one LSB of N below its rounding boundary: N must be exact to its last bit."""
+    report = simulate("dense", PRESETS["default"], "testbenches.tb.tb_dense", seed=SEED, name="boundary",
+                      params={"boundary": True})
+    assert report["mismatches"] == 0 and report["steps"] == 1 and report["nonzero_outputs"] == report["beats"]
+
+
 def test_dense_rtl_equals_golden_on_real_smollm2_head():
     report = simulate("dense", PRESETS["default"], "testbenches.tb.tb_dense", seed=SEED, name="trace",
                       params={"trace": str(TRACE), "steps": 3, "max_len": 400, "latency": [1, 4]})

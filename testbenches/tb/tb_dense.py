@@ -1,13 +1,14 @@
 """cocotb: dense PWL attention == golden.dense.dense_attention_bits, step after step, with
 a KV memory model (random latency, request back-pressure, response gaps) and random
 gaps/back-pressure on the query and output streams; random or real SmolLM2 q/k/v; params
-``lengths`` (the steps' contexts, in turn; default random), ``max_len``, ``trace``."""
+``lengths`` (the steps' contexts, in turn; default random), ``max_len``, ``trace``, ``boundary``
+(one step with every output on its rounding boundary)."""
 from __future__ import annotations
 
 import cocotb
 import torch
 
-from golden.dense import DenseConfig, dense_attention_bits, dense_step_cycles
+from golden.dense import DenseConfig, dense_attention_bits, dense_normalise, dense_step_cycles, dense_weights
 from hdl.lad.dense import dense_out_layout, dense_query_layout, kv_request_layout, kv_response_layout
 from testbenches.streams import Bench, kv_lookup, split_beats
 
@@ -37,6 +38,32 @@ def trace_steps(cfg: DenseConfig, path: str, steps: int, max_len: int):
     return k, v, [(q[p], p + 1) for p in positions]
 
 
+def boundary_step(cfg: DenseConfig, rng, positions: int = 3, attempts: int = 200):
+    """A step whose every output element sits on its rounding boundary: its ``N_l`` one LSB below
+    a value where ``golden.dense.dense_normalise`` steps, so an ``N`` off by one LSB changes ``o``.
+    Random q and keys; per lane, random values but the largest weight's, which is searched over its
+    whole range (about one hit a draw)."""
+    gen = torch.Generator().manual_seed(rng.randrange(1 << 30))
+    f = cfg.kv_format
+    q = f.quantize(torch.randn(cfg.head_dim, generator=gen))
+    k = f.quantize(torch.randn(positions, cfg.head_dim, generator=gen))
+    p, _, z = dense_weights(q, k, cfg)
+    top = int(p.argmax())
+    values = torch.arange(f.min_raw, f.max_raw + 1)
+    v = torch.zeros(positions, cfg.head_dim, dtype=torch.long)
+    for lane in range(cfg.head_dim):
+        for _ in range(attempts):
+            v[:, lane] = f.quantize(torch.randn(positions, generator=gen) * 2)
+            n = p[top] * values + (p * v[:, lane]).sum() - p[top] * v[top, lane]
+            hits = (dense_normalise(n + 1, z, cfg) != dense_normalise(n, z, cfg)).nonzero().flatten()
+            if len(hits):
+                v[top, lane] = values[hits[rng.randrange(len(hits))]]
+                break
+        else:
+            raise AssertionError(f"no rounding boundary for lane {lane} in {attempts} draws")
+    return k, v, [(q, positions)]
+
+
 @cocotb.test()
 async def dense_matches_golden(dut):
     bench = await Bench.start(dut, DenseConfig)
@@ -44,6 +71,8 @@ async def dense_matches_golden(dut):
     max_len = min(p.get("max_len", 64), cfg.max_positions)
     if p.get("trace"):
         k, v, steps = trace_steps(cfg, p["trace"], bench.steps(4), max_len)
+    elif p.get("boundary"):
+        k, v, steps = boundary_step(cfg, bench.rng)
     else:
         k, v, steps = random_steps(cfg, bench.rng, bench.steps(20), max_len, p.get("lengths"))
     src, sink = bench.source("query", dense_query_layout(cfg)), bench.sink("out", dense_out_layout(cfg))
