@@ -311,6 +311,21 @@ def is_kill(outcome: str) -> bool:
     return outcome.startswith("killed") or outcome == "timeout"
 
 
+def identities(mutants: list[dict], sampled: int = 0) -> list[tuple]:
+    """Each mutant's identity across two runs of a block, not its line (lines above may have moved
+    since): its file, its text before and after, and which of the file's identical mutants it is in
+    line order (one counter's update in two FSM states is two mutants). Mutants of a ``--limit``
+    sample keep their line, their rank among the sample's identical ones being no rank of the block's."""
+    rank: dict[tuple, int] = {}
+    out: list[tuple] = [()] * len(mutants)
+    for j in sorted(range(len(mutants)), key=lambda j: (mutants[j]["file"], mutants[j]["line"])):
+        m = mutants[j]
+        text = (m["file"], m["before"], m["after"])
+        out[j] = (*text, m["line"] if sampled else rank.get(text, 0))
+        rank[text] = rank.get(text, 0) + 1
+    return out
+
+
 def block_fingerprint(block: str) -> str:
     """What a mutant's outcome depends on besides its line: the block's sources and helpers, its
     tests, its bench, the RTL and golden models its sources import, and the golden models its tests
@@ -381,8 +396,10 @@ def main(argv=None) -> int:
     if args.limit and args.limit < total:
         mutants = sorted(random.Random(args.seed).sample(mutants, args.limit), key=lambda m: (m.file, m.line))
     if args.survivors_of:   # after a bench fix: what an earlier run did not kill (benches only gain checks)
-        earlier = {(m["file"], m["before"], m["after"]): m for m in json.loads(args.survivors_of.read_text())["mutants"]}
-        key = lambda m: (m.file, m.before, m.after)   # not the line: lines above may have moved
+        record = json.loads(args.survivors_of.read_text())
+        earlier = dict(zip(identities(record["mutants"], record["limit"]), record["mutants"]))
+        keys = dict(zip(map(id, mutants), identities([asdict(m) for m in mutants], record["limit"])))
+        key = lambda m: keys[id(m)]
         if args.survivors_only:
             wanted = {k for k, m in earlier.items() if m["outcome"] == "survived"}
             mutants = [m for m in mutants if key(m) in wanted]
