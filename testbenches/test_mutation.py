@@ -1,7 +1,7 @@
 """The mutation tool's mutant generator (testbenches/mutation.py): which single-line changes it makes."""
 from pathlib import Path
 
-from testbenches.mutation import BLOCKS, mutants_of, statement_spans, swap_mux
+from testbenches.mutation import BLOCKS, identities, mutants_of, statement_spans, swap_mux
 from golden.paths import PROJECT_ROOT
 
 
@@ -46,6 +46,16 @@ def test_a_statement_over_several_lines_is_one_span(tmp_path):
                    "        pass\n")
     spans = statement_spans(src)
     assert range(2, 4) in spans and range(4, 5) in spans   # the with's header only, not its body
+
+
+def test_identities_keep_identical_lines_apart_and_survive_moved_lines():
+    def mutant(line, before="c.eq(c + 1)", after="c.eq(c + 2)"):
+        return {"file": "b.py", "line": line, "before": before, "after": after}
+    run = [mutant(20), mutant(9), mutant(12, "x", "y")]    # one update in two states, out of order
+    moved = [mutant(11), mutant(22), mutant(14, "x", "y")]  # the same mutants, two lines further down
+    assert len(set(identities(run))) == 3
+    assert identities(moved) == [identities(run)[j] for j in (1, 0, 2)]
+    assert identities(run, sampled=3)[0] == ("b.py", "c.eq(c + 1)", "c.eq(c + 2)", 20)   # a sample keeps its lines
 
 
 def test_every_block_names_existing_sources_and_tests():
