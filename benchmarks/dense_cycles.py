@@ -4,14 +4,15 @@
 
 One step per context length, random q/k/v (cycles do not depend on the data), no input
 gaps, no back-pressure and a one-cycle KV memory: the block's own cost. KV bytes are
-the beats requested times lanes times kv_width/8. This is the reference the LAD tile is
-to be compared with (docs/lad-tile.md).
+the beats requested times lanes times kv_width/8; ``model``: golden.dense.dense_step_cycles, the
+schedule's model (equal, or the bench fails). This is the reference the LAD tile is to be compared
+with (docs/lad-tile.md).
 """
 from __future__ import annotations
 
 import argparse
 
-from golden.dense import DenseConfig
+from golden.dense import DenseConfig, dense_step_cycles
 from testbenches.runner import simulate
 
 
@@ -20,15 +21,15 @@ def main() -> None:
     parser.add_argument("--contexts", type=int, nargs="+", default=[512, 1024, 2048, 4096])
     args = parser.parse_args()
     cfg = DenseConfig()
-    print("| context | cycles/step | KV beats | KV bytes | cycles per KV beat |")
-    print("|---|---|---|---|---|")
+    print("| context | cycles/step | model | KV beats | KV bytes | cycles per KV beat |")
+    print("|---|---|---|---|---|---|")
     for n in args.contexts:
         rep = simulate("dense", cfg, "testbenches.tb.tb_dense", seed=5, name=f"bench{n}",
                        params={"steps": 1, "max_len": n, "lengths": [n], "gap": 0.0, "stall": 0.0,
                                "latency": [1, 1]})
         beats = rep["kv_requests"]
         cycles = rep["step_cycles"][0]
-        print(f"| {n} | {cycles} | {beats} | {beats * cfg.lanes * cfg.kv_width // 8} | {cycles / beats:.3f} |",
+        print(f"| {n} | {cycles} | {dense_step_cycles(cfg, n)} | {beats} | {beats * cfg.lanes * cfg.kv_width // 8} | {cycles / beats:.3f} |",
               flush=True)
 
 
