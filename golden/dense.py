@@ -101,6 +101,20 @@ class DenseConfig(HeadConfig):
         """Bits of Z = sum of up to max_positions PWL values."""
         return 16 + self.position_width
 
+    @property
+    def out_shift_max(self) -> int:
+        """Largest shift of the output ``round_shift(N r, mantissa_frac + k)``: ``k`` is the leading one of Z."""
+        return self.sfm.mantissa_frac + self.sfm_out_width_sum - 1
+
+    @property
+    def out_sum_width(self) -> int:
+        """Signed bits of ``N r + 2^(s-1)`` (s = mantissa_frac + k), the output's sum before its shift.
+        ``N = sum p v`` and ``Z = sum p`` (p >= 0, ``|v| <= 2^(kv_width-1)``), so ``|N| <= Z 2^(kv_width-1)``;
+        RECIP's ``r = 2^s (1 + e) / Z`` with ``|e| <= recip_relative_bound`` (1e-4), so
+        ``|N r| <= 2^(s + kv_width - 1) (1 + e)`` and ``|N r + 2^(s-1)| < 2^(s + kv_width)``.
+        Checked at every Z (test_dense_output_sum_fits_its_width)."""
+        return self.out_shift_max + self.kv_width + 1
+
     @cached_property
     def vpu(self) -> VpuConfig:
         """One VPU does both the score DOT (q, k) and the AXPY N += p v (scalar p up to 17 bits)."""

@@ -7,37 +7,47 @@ import torch
 
 from golden.dense import PRESETS, DenseConfig, dense_attention_bits, dense_attention_float, dense_step_cycles
 from golden.errors import ConfigError
-from golden.sfm import exp_bound, recip_relative_bound
+from golden.sfm import exp_bound, recip, recip_relative_bound
 from testbenches.runner import simulate
 
 SEED = 4096
 TRACE = Path(__file__).parent / "data" / "smollm2_head_trace.pt"
+# beats not a power of two (6): the beat counters wrap by their compare, not by overflowing
+SIX_BEATS = DenseConfig(head_dim=48, lanes=8, max_positions=256)
+CONFIGS = {**PRESETS, "six-beats": SIX_BEATS}
 
 
-@pytest.mark.parametrize("preset, max_len, steps", [("small", 40, 25), ("default", 24, 12)])
+@pytest.mark.parametrize("preset, max_len, steps", [("small", 40, 25), ("default", 24, 12), ("six-beats", 20, 8)])
 def test_dense_rtl_equals_golden_random(preset, max_len, steps):
-    report = simulate("dense", PRESETS[preset], "testbenches.tb.tb_dense", seed=SEED, name=preset,
+    report = simulate("dense", CONFIGS[preset], "testbenches.tb.tb_dense", seed=SEED, name=preset,
                       params={"steps": steps, "max_len": max_len})
     assert report["mismatches"] == 0 and report["steps"] == steps
     assert 1 in report["lengths"] and max_len in report["lengths"]  # shortest and longest contexts
     assert report["nonzero_outputs"] > report["beats"] // 2
 
 
-@pytest.mark.parametrize("preset", ["small", "default"])
+@pytest.mark.parametrize("preset", ["small", "default", "six-beats"])
 def test_dense_rtl_cycles_equal_schedule(preset):
-    """With nothing stalling each step's cycles are golden.dense.dense_step_cycles (small: 4 beats, fewer
-    than the VPU's latency, so the value pass waits for N's write-back; default: 8, it does not)."""
+    """With nothing stalling each step's cycles are golden.dense.dense_step_cycles (small: 4 beats, six-beats:
+    6, fewer than the VPU's latency, so the value pass waits for N's write-back; default: 8, it does not)."""
     lengths = [1, 2, 3, 17]
-    report = simulate("dense", PRESETS[preset], "testbenches.tb.tb_dense", seed=SEED, name="cycles",
+    report = simulate("dense", CONFIGS[preset], "testbenches.tb.tb_dense", seed=SEED, name="cycles",
                       params={"steps": len(lengths), "lengths": lengths, "gap": 0.0, "stall": 0.0, "latency": [1, 1]})
     assert report["mismatches"] == 0
-    assert report["step_cycles"] == [dense_step_cycles(PRESETS[preset], n) for n in lengths]
+    assert report["step_cycles"] == [dense_step_cycles(CONFIGS[preset], n) for n in lengths]
 
 
 def test_dense_rtl_output_on_rounding_boundary():
     """Every output element one LSB of N below its rounding boundary: N must be exact to its last bit."""
     report = simulate("dense", PRESETS["default"], "testbenches.tb.tb_dense", seed=SEED, name="boundary",
                       params={"boundary": True})
+    assert report["mismatches"] == 0 and report["steps"] == 1 and report["nonzero_outputs"] == report["beats"]
+
+
+def test_dense_rtl_output_sum_one_below_rounding_step():
+    """Every output element's N r + half one below its rounding step: that sum must be exact to its last unit."""
+    report = simulate("dense", PRESETS["default"], "testbenches.tb.tb_dense", seed=SEED, name="tie",
+                      params={"tie": True})
     assert report["mismatches"] == 0 and report["steps"] == 1 and report["nonzero_outputs"] == report["beats"]
 
 
@@ -85,3 +95,28 @@ def test_dense_config_rejects_bad_values():
         DenseConfig(head_dim=16, lanes=8)
     with pytest.raises(ConfigError, match="cutoff"):
         DenseConfig(cutoff=-1000.0)   # below the s18.9 score range (-256)
+
+
+@pytest.mark.parametrize("cfg", [*CONFIGS.values(), DenseConfig(kv_width=4, kv_frac=2, max_positions=1 << 16),
+                                 DenseConfig(kv_width=20, kv_frac=10, max_positions=2)],
+                         ids=[*CONFIGS, "kv4-65536", "kv20-2"])
+def test_dense_output_sum_fits_its_width(cfg):
+    """The RTL's output sum N r + 2^(s-1) fits cfg.out_sum_width signed bits at every Z (no zero flag for
+    large shifts, no spare bit): |N| <= Z max|v|, and RECIP's r is the same for every Z of one bucket
+    (the bits below its table's index and offset dropped), so each bucket's largest Z bounds it."""
+    sfm, top = cfg.sfm, 1 << (cfg.out_sum_width - 1)
+    kept = sfm.table_index_bits + sfm.table_delta_bits   # Z's bits below the leading one that RECIP reads
+    widest = 0
+    for k in range(cfg.sfm_out_width_sum):
+        if k <= kept:
+            z = torch.arange(1 << k, 2 << k)
+        else:
+            z = ((torch.arange(1 << kept) + (1 << kept)) << (k - kept)) + ((1 << (k - kept)) - 1)
+        r, kk = recip(z, sfm)
+        s = sfm.mantissa_frac + k
+        assert (kk == k).all() and s <= cfg.out_shift_max
+        rz = int((r * z).max())                   # r Z < 2^50: exact in int64
+        n_r = rz << (cfg.kv_width - 1)            # the largest |N r|
+        assert n_r + (1 << (s - 1)) < top and -n_r + (1 << (s - 1)) >= -top, k
+        widest = max(widest, n_r)
+    assert widest >= top >> 1   # one bit fewer would not hold it

@@ -139,16 +139,17 @@ class DenseAttention(wiring.Component):
         m.d.sync += [k1_valid.eq(k_in), k2_valid.eq(k1_valid), k3_valid.eq(k2_valid)]
         # pass 2: x = s - m registered before the SFM
         x_valid, x_reg = Signal(), Signal(signed(xw))
-        # output: r, the rounding half of its shift frac + k; the pipeline's enable
-        # |N * r| < 2^(o_width - 1): at a larger shift the rounded quotient is 0 (o_zero)
-        o_width = vpu_cfg.acc_width + sfm_cfg.value_width + 1
-        o_half = Signal(o_width + 1)
-        # the shift frac + k (fine_bits low bits, the others: the coarse shift) and o_zero, one
-        # copy per lane (lane_copies): read by every bit of a lane's shifters, one register for
-        # all lanes had the largest fan-out of the output pipeline (its critical path)
+        # output: r and the rounding half of its shift s = frac + k (s <= cfg.out_shift_max); N r + half
+        # fits cfg.out_sum_width signed bits (golden.dense: |N| <= Z max|v|), so the half always fits
+        # and the sum's arithmetic shift is the rounded quotient at every s
+        sw = cfg.out_sum_width
+        o_half = Signal(cfg.out_shift_max)
+        # the shift s (fine_bits low bits, the others: the coarse shift), one copy per lane
+        # (lane_copies): read by every bit of a lane's shifters, one register for all lanes had the
+        # largest fan-out of the output pipeline (its critical path)
         fine_bits = 3
-        shift_bits = (sfm_cfg.mantissa_frac + (1 << sfm_cfg.exponent_width) - 1).bit_length()
-        o_ctl_load, o_ctl_word = Signal(), Signal(shift_bits + 1)
+        shift_bits = cfg.out_shift_max.bit_length()
+        o_ctl_load, o_ctl_word = Signal(), Signal(shift_bits)
         o_ctl = lane_copies(m, o_ctl_word, o_ctl_load, cfg.lanes, "o_ctl")
         o_issue, out_issued = Signal(), Signal()
         # the output pipeline runs freely into a FIFO that holds a step's nb beats (empty when OUTPUT
@@ -294,7 +295,7 @@ class DenseAttention(wiring.Component):
                     out_shift = sfm_cfg.mantissa_frac + sfm.o.payload.exponent
                     # the lanes' copies of the shift: in place 2 cycles before the first beat
                     # reaches the coarse shift (5 cycles after this one)
-                    m.d.comb += [o_ctl_load.eq(1), o_ctl_word.eq(Cat(out_shift[:shift_bits], out_shift > o_width))]
+                    m.d.comb += [o_ctl_load.eq(1), o_ctl_word.eq(out_shift[:shift_bits])]
                     m.d.sync += [recip_m.eq(sfm.o.payload.value),
                                  o_half.eq((Const(1, 1) << out_shift) >> 1),
                                  out_beat.eq(0), out_issued.eq(0), *(r.eq(0) for r in out_beat_l)]
@@ -322,26 +323,25 @@ class DenseAttention(wiring.Component):
         o1_pp = [register_partials(m, 1, partial_products(o0_lane[l], o0_recip[l % len(o0_recip)]), f"o1_{l}")
                  for l in range(cfg.lanes)]
         o1b_pp = [register_partials(m, 1, o1_pp[l], f"o1b_{l}") for l in range(cfg.lanes)]
-        pw = o_width
         o2_valid, o2_last = Signal(), Signal()
-        o2_t = [Signal(signed(pw + 1), name=f"o2_t{l}") for l in range(cfg.lanes)]
+        o2_t = [Signal(signed(sw), name=f"o2_t{l}") for l in range(cfg.lanes)]
         m.d.sync += [o0_valid.eq(o_issue), o0_last.eq(out_beat == nb - 1)]
         m.d.sync += [o0_lane[l].eq(numer_out[l].data) for l in range(cfg.lanes)]
         m.d.sync += [o1_valid.eq(o0_valid), o1_last.eq(o0_last), o1b_valid.eq(o1_valid), o1b_last.eq(o1_last),
                      o2_valid.eq(o1b_valid), o2_last.eq(o1b_last)]
-        m.d.sync += [o2_t[l].eq(csa_sum(m, placed(o1b_pp[l]) + [o_half], pw + 1, f"o2_{l}").as_signed())
+        m.d.sync += [o2_t[l].eq(csa_sum(m, placed(o1b_pp[l]) + [o_half], sw, f"o2_{l}").as_signed())
                      for l in range(cfg.lanes)]
-        # the shift in two registered steps (by the shift's high bits, 0 if o_zero; then by its low
-        # fine_bits bits), then the saturation: an arithmetic shift by a + b is the shift by a, then by b
+        # the shift in two registered steps (by the shift's high bits, then by its low fine_bits
+        # bits), then the saturation: an arithmetic shift by a + b is the shift by a, then by b
         o2b_valid, o2b_last, o2c_valid, o2c_last, o3_valid, o3_last = (Signal() for _ in range(6))
-        o2b_t = [Signal(signed(pw + 1), name=f"o2b_t{l}") for l in range(cfg.lanes)]
-        o2c_t = [Signal(signed(pw + 1), name=f"o2c_t{l}") for l in range(cfg.lanes)]
+        o2b_t = [Signal(signed(sw), name=f"o2b_t{l}") for l in range(cfg.lanes)]
+        o2c_t = [Signal(signed(sw), name=f"o2c_t{l}") for l in range(cfg.lanes)]
         o3_o = [Signal(signed(cfg.kv_width), name=f"o3_o{l}") for l in range(cfg.lanes)]
         m.d.sync += [o2b_valid.eq(o2_valid), o2b_last.eq(o2_last), o2c_valid.eq(o2b_valid),
                      o2c_last.eq(o2b_last), o3_valid.eq(o2c_valid), o3_last.eq(o2c_last)]
         for l in range(cfg.lanes):
-            fine, coarse, zero = o_ctl[l][:fine_bits], o_ctl[l][fine_bits:shift_bits], o_ctl[l][-1]
-            m.d.sync += [o2b_t[l].eq(Mux(zero, 0, o2_t[l] >> Cat(Const(0, fine_bits), coarse))),
+            fine, coarse = o_ctl[l][:fine_bits], o_ctl[l][fine_bits:]
+            m.d.sync += [o2b_t[l].eq(o2_t[l] >> Cat(Const(0, fine_bits), coarse)),
                          o2c_t[l].eq(o2b_t[l] >> fine),
                          o3_o[l].eq(saturate(o2c_t[l], signed(cfg.kv_width)))]
         m.d.comb += [o_fifo.w_en.eq(o3_valid), o_fifo.w_data.eq(Cat(*o3_o, o3_last)),

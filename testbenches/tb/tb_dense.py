@@ -2,13 +2,16 @@
 a KV memory model (random latency, request back-pressure, response gaps) and random
 gaps/back-pressure on the query and output streams; random or real SmolLM2 q/k/v; params
 ``lengths`` (the steps' contexts, in turn; default random), ``max_len``, ``trace``, ``boundary``
-(one step with every output on its rounding boundary)."""
+(one step with every output on its rounding boundary), ``tie`` (one step with every output's sum
+one below its rounding step)."""
 from __future__ import annotations
 
 import cocotb
 import torch
 
 from golden.dense import DenseConfig, dense_attention_bits, dense_normalise, dense_step_cycles, dense_weights
+from golden.fixedpoint import round_shift, saturate
+from golden.sfm import recip
 from hdl.lad.dense import dense_out_layout, dense_query_layout, kv_request_layout, kv_response_layout
 from testbenches.streams import Bench, kv_lookup, split_beats
 
@@ -64,6 +67,57 @@ def boundary_step(cfg: DenseConfig, rng, positions: int = 3, attempts: int = 200
     return k, v, [(q, positions)]
 
 
+def tie_step(cfg: DenseConfig, rng, positions: int = 3, attempts: int = 200):
+    """A step whose every output element's sum ``N r + half`` is one below a multiple of ``2^s`` (s =
+    frac + k, the output's shift): a sum one unit off (a rounding constant, a compressor's carry)
+    moves every output element. ``N r`` hits that residue for one ``N`` in ``2^s`` (``r`` odd: draws
+    until it is); per lane, random values but the two largest weights', solved for exactly."""
+    gen = torch.Generator().manual_seed(rng.randrange(1 << 30))
+    f = cfg.kv_format
+    for _ in range(attempts):
+        q = f.quantize(torch.randn(cfg.head_dim, generator=gen))
+        k = f.quantize(torch.randn(positions, cfg.head_dim, generator=gen))
+        p, _, z = dense_weights(q, k, cfg)
+        r, kk = (int(t) for t in recip(torch.tensor([z]), cfg.sfm))
+        a, b = (int(i) for i in p.argsort(descending=True)[:2])
+        if r % 2 and int(p[b]) > 0:
+            break
+    else:
+        raise AssertionError(f"no step with an odd reciprocal in {attempts} draws")
+    shift = cfg.sfm.mantissa_frac + kk
+    mod, half = 1 << shift, 1 << (shift - 1)
+    target = (half - 1) * pow(r, -1, mod) % mod   # N with N r + half = -1 (mod 2^s)
+    pa, pb = int(p[a]), int(p[b])
+    values = torch.arange(f.min_raw, f.max_raw + 1)
+    v = torch.zeros(positions, cfg.head_dim, dtype=torch.long)
+    for lane in range(cfg.head_dim):
+        for _ in range(attempts):
+            v[:, lane] = f.quantize(torch.randn(positions, generator=gen) * 2)
+            rest = int((p * v[:, lane]).sum()) - pa * int(v[a, lane]) - pb * int(v[b, lane])
+            lo = rest + (pa + pb) * f.min_raw
+            found, sums = None, list(range(lo + (target - lo) % mod, rest + (pa + pb) * f.max_raw + 1, mod))
+            rng.shuffle(sums)
+            for n in sums:
+                rem = n - rest - pa * values                  # pb * v_b for each v_a
+                ok = (rem % pb == 0) & (rem // pb >= f.min_raw) & (rem // pb <= f.max_raw)
+                hits = ok.nonzero().flatten()
+                if len(hits):
+                    va = int(values[hits[rng.randrange(len(hits))]])
+                    found = va, (n - rest - pa * va) // pb
+                    break
+            if found is None:
+                continue
+            v[a, lane], v[b, lane] = found
+            n = int((p * v[:, lane]).sum())
+            assert (n * r + half + 1) % mod == 0
+            moved = dense_normalise(torch.tensor([n]), z, cfg) != saturate(round_shift(torch.tensor([n * r + 1]), shift), f)
+            if bool(moved):   # not held at a saturation bound
+                break
+        else:
+            raise AssertionError(f"no exact rounding tie for lane {lane} in {attempts} draws")
+    return k, v, [(q, positions)]
+
+
 @cocotb.test()
 async def dense_matches_golden(dut):
     bench = await Bench.start(dut, DenseConfig)
@@ -73,6 +127,8 @@ async def dense_matches_golden(dut):
         k, v, steps = trace_steps(cfg, p["trace"], bench.steps(4), max_len)
     elif p.get("boundary"):
         k, v, steps = boundary_step(cfg, bench.rng)
+    elif p.get("tie"):
+        k, v, steps = tie_step(cfg, bench.rng)
     else:
         k, v, steps = random_steps(cfg, bench.rng, bench.steps(20), max_len, p.get("lengths"))
     src, sink = bench.source("query", dense_query_layout(cfg)), bench.sink("out", dense_out_layout(cfg))
