@@ -111,6 +111,13 @@ def test_match_ties_to_lower_position_and_threshold():
     valid[1, 4] = False
     hit, p, _ = match(ring, pos, valid, q, threshold=100.0)
     assert p[1] == 7                                               # all others tie at distance 10
+    # distances equal up to rounding (a relative 1e-9, inside TIE_TOLERANCE) tie: the lower position
+    ring[0, 0] = 0.1 * (1 - 1e-9)                                  # position 12, a hair closer
+    hit, p, _ = match(ring, pos, valid, q, threshold=1.0)
+    assert p[0] == 9
+    ring[0, 0] = 0.1 * (1 - 1e-4)                                  # a real gap: the closer one
+    hit, p, _ = match(ring, pos, valid, q, threshold=1.0)
+    assert p[0] == 12
     assert MacConfig().threshold(64) == pytest.approx(math.sqrt(128) * 0.55)
 
 

@@ -201,7 +201,8 @@ def test_mac_decode_inside_smollm2():
     assert st_b["hit_rate"] > 0.2 and abs(st_b["hit_rate"] - st_f["hit_rate"]) < 0.02, (st_b, st_f)
     assert (lg_b - lg_f).abs().max() > 1e-3                  # the integer datapath ran
     # 24 scored tokens: one match decision that falls the other way moves perplexity by ~1.5 %
-    # (the float reference itself was seen at 160.46 and 160.91 on this sequence), so the bound
-    # here is 2 %; the per-step numerics bound is test_decode_step_within_stated_bound_of_float_on_real_trace's
+    # (the bit-accurate model: 160.36 at one thread, 161.66 at two; the float reference 160.00 at both
+    # since its ties take a tolerance, golden.mac_ref.TIE_TOLERANCE; before, 154.37 and 159.67), so the
+    # bound here is 2 %; the per-step numerics bound is test_decode_step_within_stated_bound_of_float_on_real_trace's
     assert abs(perplexity(nll_b) / perplexity(nll_f) - 1) < 0.02, (perplexity(nll_b), perplexity(nll_f))
     assert 0 < st_b["kv_bytes"] < st_b["dense_kv_bytes"] and st_b["entry_bytes"] > 0
