@@ -42,6 +42,16 @@ def test_lad_eas_rtl_equals_golden(kind, steps, seed, eas_beats):
         assert r["approx_saturated"] > 0
 
 
+def test_lad_eas_approximates_one_lookup_a_cycle():
+    """With no gaps and no back-pressure a step's lookups (APID's plus the extra ones) leave as
+    ``approx`` one a cycle: the rho FIFO holds the score SRAM's reads in flight (a FIFO one entry
+    short passes every value but loses a cycle in every read_latency + 1)."""
+    r = simulate("lad-eas", SMALL, "testbenches.tb.tb_lad_eas", seed=SEED + 8, name="rate",
+                 params={"steps": 12, "kind": "trace", "trace": str(TRACE), "head": 1, "extra_lookups": 4,
+                         "gap": 0.0, "stall": 0.0})
+    assert r["mismatches"] == 0 and r["steps"] == 12, r["mismatch_list"]
+    assert r["lookups"] > 40 and r["lookup_idle_cycles"] == 0, r
+
 
 @pytest.mark.parametrize("kind, steps, seed", [("drift", 64, SEED), ("all_active", 30, SEED + 2),
                                                ("zero_interval", 40, SEED + 3)])

@@ -35,6 +35,7 @@ async def eas_matches_golden(dut):
     extra = bench.params.get("extra_lookups", 4)
     want_recip = []
     extra_count = 0
+    lookup_idle = 0
     for i, rec in enumerate(recs):
         await load_vector(bench, q_src, rec.q)
         await load_vector(bench, k_src, rec.k)
@@ -62,8 +63,12 @@ async def eas_matches_golden(dut):
             scores = model.approx_scores(qcs, torch.tensor([c for c, _ in more]), torch.tensor([r for _, r in more]))
             for (c, r), s_hat in zip(more, scores.tolist()):
                 approx_sink.expect(s_hat, inputs=f"step {rec.n} extra center {c} rho {r}")
+        first = len(approx_sink.log)
         lookup_src.put(*({"center": c, "rho": r} for c, r in lookups))
         await approx_sink.wait_for(len(approx_sink.expected), timeout_cycles=20 * len(lookups) + 2000)
+        cycles = [c for c, _ in approx_sink.log[first:]]
+        if cycles:   # cycles the step's approx stream lost against one a cycle
+            lookup_idle = max(lookup_idle, cycles[-1] - cycles[0] - (len(cycles) - 1))
     await bench.drain(timeout_cycles=2000, settle=50)
     bench.compare("key_out", key_sink.items[len(recs):], [])
     bench.compare("recip_req", sfm.requests.items, want_recip)
@@ -81,4 +86,4 @@ async def eas_matches_golden(dut):
         lookups=len(want_approx), extra_lookups=extra_count,
         nonzero_approx=sum(1 for a in want_approx if a != 0),
         approx_saturated=sum(1 for a in want_approx if a in (cfg.sfm.x_format.max_raw, cfg.sfm.x_format.min_raw)),
-        recips=len(want_recip))
+        recips=len(want_recip), lookup_idle_cycles=lookup_idle)
