@@ -42,15 +42,21 @@ def test_lad_eas_rtl_equals_golden(kind, steps, seed, eas_beats):
         assert r["approx_saturated"] > 0
 
 
-def test_lad_eas_approximates_one_lookup_a_cycle():
-    """With no gaps and no back-pressure a step's lookups (APID's plus the extra ones) leave as
-    ``approx`` one a cycle: the rho FIFO holds the score SRAM's reads in flight (a FIFO one entry
-    short passes every value but loses a cycle in every read_latency + 1)."""
+def test_lad_eas_rates_with_nothing_stalling():
+    """With no gaps, no back-pressure and a one-cycle RECIP: a step's lookups (APID's plus the extra
+    ones) leave as ``approx`` one a cycle (the rho FIFO holds the score SRAM's reads in flight; one
+    entry short it passes every value but loses a cycle in every read_latency + 1), and a step's
+    cycles from start to key_out grow by ``eas_beats`` per center scanned (steps making a new center
+    from 1 to 7 centers; full-table joins all alike)."""
     r = simulate("lad-eas", SMALL, "testbenches.tb.tb_lad_eas", seed=SEED + 8, name="rate",
                  params={"steps": 12, "kind": "trace", "trace": str(TRACE), "head": 1, "extra_lookups": 4,
-                         "gap": 0.0, "stall": 0.0})
+                         "gap": 0.0, "stall": 0.0, "latency": [1, 1]})
     assert r["mismatches"] == 0 and r["steps"] == 12, r["mismatch_list"]
     assert r["lookups"] > 40 and r["lookup_idle_cycles"] == 0, r
+    new = [cycles - centers * SMALL.eas_beats for cycles, (centers, made) in zip(r["step_cycles"], r["step_centers"])
+           if made and centers > 0]
+    joins = [cycles for cycles, (centers, made) in zip(r["step_cycles"], r["step_centers"]) if not made]
+    assert len(new) >= 6 and len(set(new)) == 1 and len(joins) >= 3 and len(set(joins)) == 1, r["step_cycles"]
 
 
 @pytest.mark.parametrize("kind, steps, seed", [("drift", 64, SEED), ("all_active", 30, SEED + 2),

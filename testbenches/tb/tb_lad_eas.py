@@ -36,12 +36,15 @@ async def eas_matches_golden(dut):
     want_recip = []
     extra_count = 0
     lookup_idle = 0
+    step_cycles = []   # from start's put to key_out, per step
     for i, rec in enumerate(recs):
         await load_vector(bench, q_src, rec.q)
         await load_vector(bench, k_src, rec.k)
+        start_cycle = bench.cycles.now
         start_src.put(0)
         C = rec.centers_before
         await key_sink.wait_for(i + 1, timeout_cycles=20 * (C + 4) * cfg.beats + 2000)
+        step_cycles.append(key_sink.log[-1][0] - start_cycle)
         bench.check(f"step {rec.n} key_out", key_sink.received[-1][1],
                     {"center": rec.center, "rho": rec.rho, "new_center": int(rec.new_center), "s_new": rec.s_new})
         bench.check(f"step {rec.n} centers", int(dut.centers.value), rec.centers_after)
@@ -86,4 +89,5 @@ async def eas_matches_golden(dut):
         lookups=len(want_approx), extra_lookups=extra_count,
         nonzero_approx=sum(1 for a in want_approx if a != 0),
         approx_saturated=sum(1 for a in want_approx if a in (cfg.sfm.x_format.max_raw, cfg.sfm.x_format.min_raw)),
-        recips=len(want_recip), lookup_idle_cycles=lookup_idle)
+        recips=len(want_recip), lookup_idle_cycles=lookup_idle,
+        step_cycles=step_cycles, step_centers=[[r.centers_before, int(r.new_center)] for r in recs])
