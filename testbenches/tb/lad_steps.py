@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from golden.lad_tile import LadTileConfig, LadTileModel, StepTrace
+from golden.lad_tile import COS_FRAC, LadTileConfig, LadTileModel, StepTrace
 from golden.sfm import recip
 from testbenches.streams import Bench, split_beats
 
@@ -42,17 +42,42 @@ def random_sequence(cfg: LadTileConfig, seed: int, steps: int, kind: str):
 def eas_corners(cfg: LadTileConfig, k: torch.Tensor, rng) -> torch.Tensor:
     """EAS corner keys on the first steps and one late step: a tiny first center, a zero key
     (|k|^2 = 0 becomes a center, RECIP(0)), keys along the tiny center 200x longer in both
-    signs (rho saturates at +-max), its negation (rho = -1), and a zero key once the table
-    may be full (joins with rho = 0)."""
+    signs (rho saturates at +-max), its negation (rho = -1), a center and two keys whose join
+    verdict t's rounding decides (:func:`rounding_keys`), and a zero key once the table may be
+    full (joins with rho = 0)."""
     k = k.clone()
     d, steps = cfg.head_dim, k.shape[0]
     tiny = torch.tensor([rng.choice((-1, 1)) for _ in range(d)], dtype=torch.int64)
     rows = [tiny, torch.zeros(d, dtype=torch.int64), 200 * tiny, -200 * tiny, -tiny]
+    rows += rounding_keys(cfg, torch.Generator().manual_seed(rng.randrange(1 << 30)))
     for i, row in enumerate(rows[:steps]):
         k[i] = row
     if steps > 3 * cfg.max_centers:
         k[steps - 3] = 0
     return k
+
+
+def rounding_keys(cfg: LadTileConfig, gen: torch.Generator) -> list[torch.Tensor]:
+    """A small center c and two keys whose join verdict (``t << COS_FRAC >= cos2 kk``, docs/algorithms.md
+    §1.4) the rounding of ``t = round_shift(dot^2 rc, mf + e)`` decides: the exact quotient x lies
+    within a unit below the threshold's integer T. The first has x's fraction in [1/2, 3/4): it joins
+    c only because x rounds up (truncated, or with a quarter added, t = T - 1); the second's is below
+    1/2: it stays out only because x rounds down (with a whole unit added it would join)."""
+    d, mf = cfg.head_dim, cfg.sfm.mantissa_frac
+    c = torch.randint(-8, 9, (d,), generator=gen)
+    cc = int((c * c).sum())
+    rc, e = (int(t) for t in recip(torch.tensor([cc]), cfg.sfm))
+    shift = mf + e
+    scale = torch.rand(4096, 1, generator=gen) * 0.4
+    k = c + (torch.randn(4096, d, generator=gen) * scale * 8).round().long()
+    dot, kk = (k * c).sum(-1), (k * k).sum(-1)
+    x = dot * dot * rc
+    below = (x >> shift) == -((-cfg.cos2_raw * kk) >> COS_FRAC) - 1     # floor(x) = T - 1
+    frac = x & ((1 << shift) - 1)
+    half, quarter = 1 << (shift - 1), 1 << (shift - 2)
+    up = torch.nonzero(below & (frac >= half) & (frac < half + quarter))[0, 0]
+    down = torch.nonzero(below & (frac < half))[0, 0]
+    return [c, k[up], k[down]]
 
 
 def sequence(bench: Bench):

@@ -14,9 +14,22 @@ import cocotb
 import torch
 from amaranth import signed, unsigned
 
+from golden.lad_tile import COS_FRAC
 from hdl.lad.common import beat_load_layout, recip_resp_layout
 from hdl.lad.eas import key_out_layout, lookup_layout
 from testbenches.tb.lad_steps import load_vector, open_bench, sfm_recip
+
+
+def joins_with_half(model, rec, half) -> bool:
+    """EAS's join verdict at ``rec``'s step had each ``t_j`` been rounded by adding ``half(shift)``
+    (the model adds ``2^(shift - 1)``): does the stimulus hold steps that t's rounding decides?"""
+    cfg, C = model.cfg, rec.centers_before
+    k = torch.tensor(rec.k, dtype=torch.int64)
+    best_t = -1
+    for c, (rc, e) in zip(model.centers[:C], model.center_recip[:C]):
+        dot, shift = int((c * k).sum()), cfg.sfm.mantissa_frac + e
+        best_t = max(best_t, (dot * dot * rc + half(shift)) >> shift)
+    return C > 0 and rec.kk > 0 and (best_t << COS_FRAC) >= cfg.cos2_raw * rec.kk
 
 
 @cocotb.test()
@@ -77,6 +90,7 @@ async def eas_matches_golden(dut):
     bench.compare("recip_req", sfm.requests.items, want_recip)
     want_approx = [w for w, _ in approx_sink.expected]
     joins = [r for r in recs if not r.new_center]
+    free = [r for r in recs if 0 < r.centers_before < cfg.max_centers]   # a verdict, not a full table
     bench.finish(
         vectors=len(recs), steps=len(recs),
         new_centers=sum(r.new_center for r in recs), joins=len(joins),
@@ -90,4 +104,8 @@ async def eas_matches_golden(dut):
         nonzero_approx=sum(1 for a in want_approx if a != 0),
         approx_saturated=sum(1 for a in want_approx if a in (cfg.sfm.x_format.max_raw, cfg.sfm.x_format.min_raw)),
         recips=len(want_recip), lookup_idle_cycles=lookup_idle,
+        # verdicts t's rounding half decides: with a quarter added (or truncated) the key would not join; with
+        # a whole unit added, it would
+        joins_by_rounding_up=sum(1 for r in free if not r.new_center and not joins_with_half(model, r, lambda s: 1 << s >> 2)),
+        new_centers_by_rounding_down=sum(1 for r in free if r.new_center and joins_with_half(model, r, lambda s: 1 << s)),
         step_cycles=step_cycles, step_centers=[[r.centers_before, int(r.new_center)] for r in recs])
