@@ -20,15 +20,19 @@ from hdl.lad.eas import key_out_layout, lookup_layout
 from testbenches.tb.lad_steps import load_vector, open_bench, sfm_recip
 
 
+def center_t(model, k: list[int], j: int, half=lambda shift: 1 << shift >> 1) -> int:
+    """EAS's ``t_j = round_shift(dot^2 rc_j, mf + e_j)`` of key ``k`` and center ``j``, the rounding
+    half ``half(shift)`` (the model's: ``2^(shift - 1)``)."""
+    rc, e = model.center_recip[j]
+    dot, shift = int((model.centers[j] * torch.tensor(k, dtype=torch.int64)).sum()), model.cfg.sfm.mantissa_frac + e
+    return (dot * dot * rc + half(shift)) >> shift
+
+
 def joins_with_half(model, rec, half) -> bool:
-    """EAS's join verdict at ``rec``'s step had each ``t_j`` been rounded by adding ``half(shift)``
-    (the model adds ``2^(shift - 1)``): does the stimulus hold steps that t's rounding decides?"""
+    """EAS's join verdict at ``rec``'s step had each ``t_j`` been rounded by adding ``half(shift)``:
+    does the stimulus hold steps that t's rounding decides?"""
     cfg, C = model.cfg, rec.centers_before
-    k = torch.tensor(rec.k, dtype=torch.int64)
-    best_t = -1
-    for c, (rc, e) in zip(model.centers[:C], model.center_recip[:C]):
-        dot, shift = int((c * k).sum()), cfg.sfm.mantissa_frac + e
-        best_t = max(best_t, (dot * dot * rc + half(shift)) >> shift)
+    best_t = max((center_t(model, rec.k, j, half) for j in range(C)), default=-1)
     return C > 0 and rec.kk > 0 and (best_t << COS_FRAC) >= cfg.cos2_raw * rec.kk
 
 
