@@ -453,7 +453,7 @@ class LadTileModel:
         """Exact scaled score(s) of raw q against raw key(s), in the SFM's x format."""
         return score_raw(q, k, self.cfg)   # the dense baseline's score: same scale and rounding
 
-    def _center_update(self, k: torch.Tensor) -> tuple[int, int, bool]:
+    def center_update(self, k: torch.Tensor) -> tuple[int, int, bool]:
         """EAS for the new key: (center index, raw rho, became a new center)."""
         cfg = self.cfg
         mf = cfg.sfm.mantissa_frac
@@ -570,7 +570,7 @@ class LadTileModel:
         # 1-2. EAS: center scores, the new key's center, approximate scores, m
         C = self.n_centers
         qcs = self.score(q, self.centers[:C]) if C else torch.zeros(0, dtype=torch.int64)
-        center, rho, new_center = self._center_update(k)
+        center, rho, new_center = self.center_update(k)
         s_new = int(self.score(q, k))
         s_hat = self.approx_scores(qcs, self.center_of[:n], self.rho[:n]) if n else \
             torch.zeros(0, dtype=torch.int64)

@@ -24,10 +24,10 @@ WIDE_RHO = replace(SMALL, rho_width=24, rho_frac=22)
                                                        ("drift", 40, SEED + 6, 4)])
 def test_lad_eas_rtl_equals_golden(kind, steps, seed, eas_beats):
     """Drift with the EAS corner keys (first step, zero key, rho saturating both ways, rho < 0,
-    full center table, zero key joining, join verdicts that t's rounding decides) at rho_frac 22 (a tiny center's rho shifts left), one
-    center per cycle and one per 4 cycles (``eas_beats``: each center and q, k_n read in 4
-    beats), and a real SmolLM2 head (every key a new center until the table is full) at the
-    small preset."""
+    full center table, zero key joining, join verdicts that t's rounding decides) at rho_frac 22
+    (a tiny center's rho shifts left, one 4x its norm right by 1), one center per cycle and one
+    per 4 cycles (``eas_beats``: each center and q, k_n read in 4 beats), and a real SmolLM2 head
+    (every key a new center until the table is full) at the small preset."""
     params = {"steps": steps, "kind": kind, "eas_corners": kind == "drift", "extra_lookups": 4}
     if kind == "trace":
         params.update(trace=str(TRACE), head=1)
@@ -38,7 +38,7 @@ def test_lad_eas_rtl_equals_golden(kind, steps, seed, eas_beats):
     assert r["nonzero_approx"] > r["lookups"] // 2 and r["extra_lookups"] > 0
     if kind == "drift":
         assert r["zero_keys"] == 2 and r["rho_saturated"] >= 2 and r["rho_negative"] > 0 and r["joins"] > 10
-        assert r["rho_left_shift"] > 0
+        assert r["rho_left_shift"] > 0 and r["rho_shift_one"] > 0
         assert r["joins_by_rounding_up"] > 0 and r["new_centers_by_rounding_down"] > 0
         assert r["approx_saturated"] > 0
 

@@ -43,13 +43,18 @@ def eas_corners(cfg: LadTileConfig, k: torch.Tensor, rng) -> torch.Tensor:
     """EAS corner keys on the first steps and one late step: a tiny first center, a zero key
     (|k|^2 = 0 becomes a center, RECIP(0)), keys along the tiny center 200x longer in both
     signs (rho saturates at +-max), its negation (rho = -1), a center and two keys whose join
-    verdict t's rounding decides (:func:`rounding_keys`), and a zero key once the table may be
-    full (joins with rho = 0)."""
+    verdict t's rounding decides (:func:`rounding_keys`), a center 4x the tiny one's norm and a
+    key joining it (its rho shift 2 more than the tiny center's: 1 at rho_frac 22, the smallest
+    right shift), and a zero key once the table may be full (joins with rho = 0)."""
     k = k.clone()
     d, steps = cfg.head_dim, k.shape[0]
     tiny = torch.tensor([rng.choice((-1, 1)) for _ in range(d)], dtype=torch.int64)
     rows = [tiny, torch.zeros(d, dtype=torch.int64), 200 * tiny, -200 * tiny, -tiny]
     rows += rounding_keys(cfg, torch.Generator().manual_seed(rng.randrange(1 << 30)))
+    # a center with |c|^2 = 4 d across the tiny one (half its signs flipped), then a key equal to it:
+    # rho's shift e + mf - rho_frac is one more than at the tiny center's 4x smaller norm
+    across = 2 * tiny * torch.where(torch.arange(d) < d // 2, 1, -1)
+    rows += [across, across]
     for i, row in enumerate(rows[:steps]):
         k[i] = row
     if steps > 3 * cfg.max_centers:
@@ -85,7 +90,7 @@ def rounding_keys(cfg: LadTileConfig, gen: torch.Generator) -> list[torch.Tensor
 def sequence(bench: Bench):
     """Raw (steps, d) q, k, v of the run: ``trace`` (head ``head`` of a SmolLM2 file), else
     ``kind`` of :func:`random_sequence`; ``eas_corners`` puts the EAS corner keys in (and one
-    query at the format's extremes)."""
+    query at the format's extremes, along the longest center)."""
     cfg, rng, p = bench.cfg, bench.rng, bench.params
     steps = bench.steps(24)
     if p.get("trace"):
@@ -96,9 +101,15 @@ def sequence(bench: Bench):
         q, k, v = random_sequence(cfg, rng.randrange(1 << 30), steps, p.get("kind", "drift"))
     if p.get("eas_corners"):
         k = eas_corners(cfg, k, rng)
-        # one query at the kv format's extremes: center scores (and s^) saturate the score format
+        # one query at the kv format's extremes, signed as the longest center made before it (the
+        # centers follow from the keys alone): its score saturates the score format, and so does s^
+        # at any rho beyond 1 (the bench's extra lookup of that center at an extreme rho)
+        n, eas = steps // 2, LadTileModel(cfg)
+        for i in range(n):
+            eas.center_update(k[i])
+        longest = eas.centers[int((eas.centers ** 2).sum(-1).argmax())]
         q = q.clone()
-        q[steps // 2] = torch.where(q[steps // 2] < 0, cfg.kv_format.min_raw, cfg.kv_format.max_raw)
+        q[n] = torch.where(longest < 0, cfg.kv_format.min_raw, cfg.kv_format.max_raw)
     return q, k, v
 
 

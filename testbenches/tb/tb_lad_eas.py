@@ -95,6 +95,9 @@ async def eas_matches_golden(dut):
     want_approx = [w for w, _ in approx_sink.expected]
     joins = [r for r in recs if not r.new_center]
     free = [r for r in recs if 0 < r.centers_before < cfg.max_centers]   # a verdict, not a full table
+
+    def rho_shift(r):   # rho = sat(round_shift(dot rc, mf + e - rho_frac)) of a join
+        return model.center_recip[r.center][1] + cfg.sfm.mantissa_frac - cfg.rho_frac
     bench.finish(
         vectors=len(recs), steps=len(recs),
         new_centers=sum(r.new_center for r in recs), joins=len(joins),
@@ -102,8 +105,8 @@ async def eas_matches_golden(dut):
         centers=recs[-1].centers_after, zero_keys=sum(1 for r in recs if r.kk == 0),
         rho_saturated=sum(1 for r in joins if r.rho in (rf.max_raw, rf.min_raw)),
         rho_negative=sum(1 for r in joins if r.rho < 0),
-        rho_left_shift=sum(1 for r in joins   # mf + e - rho_frac <= 0: rho = sat(dot rc << -shift)
-                           if model.center_recip[r.center][1] + cfg.sfm.mantissa_frac - cfg.rho_frac <= 0),
+        rho_left_shift=sum(1 for r in joins if rho_shift(r) <= 0),   # rho = sat(dot rc << -shift)
+        rho_shift_one=sum(1 for r in joins if rho_shift(r) == 1),     # the smallest right shift
         lookups=len(want_approx), extra_lookups=extra_count,
         nonzero_approx=sum(1 for a in want_approx if a != 0),
         approx_saturated=sum(1 for a in want_approx if a in (cfg.sfm.x_format.max_raw, cfg.sfm.x_format.min_raw)),
