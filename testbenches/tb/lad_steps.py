@@ -64,10 +64,11 @@ def eas_corners(cfg: LadTileConfig, k: torch.Tensor, rng) -> torch.Tensor:
 
 def rounding_keys(cfg: LadTileConfig, gen: torch.Generator) -> list[torch.Tensor]:
     """A small center c and two keys whose join verdict (``t << COS_FRAC >= cos2 kk``, docs/algorithms.md
-    §1.4) the rounding of ``t = round_shift(dot^2 rc, mf + e)`` decides: the exact quotient x lies
-    within a unit below the threshold's integer T. The first has x's fraction in [1/2, 3/4): it joins
-    c only because x rounds up (truncated, or with a quarter added, t = T - 1); the second's is below
-    1/2: it stays out only because x rounds down (with a whole unit added it would join)."""
+    §1.4) the rounding of ``t = round_shift(dot^2 rc, mf + e)`` decides: the exact quotient
+    ``dot^2 rc / 2^(mf + e)`` lies within a unit below the threshold's integer T. The first has its
+    fraction in [1/2, 3/4): it joins c only because t rounds up (truncated, or with a quarter added,
+    t = T - 1); the second's is below 1/2: it stays out only because t rounds down (with a whole
+    unit added it would join)."""
     d, mf = cfg.head_dim, cfg.sfm.mantissa_frac
     c = torch.randint(-8, 9, (d,), generator=gen)
     cc = int((c * c).sum())
@@ -77,9 +78,9 @@ def rounding_keys(cfg: LadTileConfig, gen: torch.Generator) -> list[torch.Tensor
     scale = torch.rand(draws, 1, generator=gen) * 0.4
     k = c + (torch.randn(draws, d, generator=gen) * scale * 8).round().long()
     dot, kk = (k * c).sum(-1), (k * k).sum(-1)
-    x = dot * dot * rc
-    below = (x >> shift) == -((-cfg.cos2_raw * kk) >> COS_FRAC) - 1     # floor(x) = T - 1
-    frac = x & ((1 << shift) - 1)
+    product = dot * dot * rc
+    below = (product >> shift) == -((-cfg.cos2_raw * kk) >> COS_FRAC) - 1     # the quotient's floor = T - 1
+    frac = product & ((1 << shift) - 1)
     half, quarter = 1 << (shift - 1), 1 << (shift - 2)
     up, down = torch.nonzero(below & (frac >= half) & (frac < half + quarter)), torch.nonzero(below & (frac < half))
     if not (len(up) and len(down)):

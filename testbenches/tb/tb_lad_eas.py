@@ -20,9 +20,9 @@ from hdl.lad.eas import key_out_layout, lookup_layout
 from testbenches.tb.lad_steps import load_vector, open_bench, sfm_recip
 
 
-def center_t(model, k: list[int], j: int, half=lambda shift: 1 << shift >> 1) -> int:
-    """EAS's ``t_j = round_shift(dot^2 rc_j, mf + e_j)`` of key ``k`` and center ``j``, the rounding
-    half ``half(shift)`` (the model's: ``2^(shift - 1)``)."""
+def center_t(model, k: list[int], j: int, half) -> int:
+    """EAS's ``t_j = round_shift(dot^2 rc_j, mf + e_j)`` of key ``k`` and center ``j`` with the rounding
+    half ``half(shift)`` in place of the model's ``2^(shift - 1)``."""
     rc, e = model.center_recip[j]
     dot, shift = int((model.centers[j] * torch.tensor(k, dtype=torch.int64)).sum()), model.cfg.sfm.mantissa_frac + e
     return (dot * dot * rc + half(shift)) >> shift
