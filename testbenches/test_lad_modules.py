@@ -20,14 +20,16 @@ TRACE = Path(__file__).parent / "data" / "smollm2_lad_trace.pt"   # real SmolLM2
 WIDE_RHO = replace(SMALL, rho_width=24, rho_frac=22)
 
 
-@pytest.mark.parametrize("kind, steps, seed, eas_beats", [("drift", 40, SEED, 1), ("trace", 24, SEED + 1, 1),
+@pytest.mark.parametrize("kind, steps, seed, eas_beats", [("drift", 40, SEED, 1), ("trace", 24, SEED + 1, 2),
                                                        ("drift", 40, SEED + 6, 4)])
 def test_lad_eas_rtl_equals_golden(kind, steps, seed, eas_beats):
     """Drift with the EAS corner keys (first step, zero key, rho saturating both ways, rho < 0,
-    full center table, zero key joining, join verdicts that t's rounding decides) at rho_frac 22
-    (a tiny center's rho shifts left, one 4x its norm right by 1), one center per cycle and one
-    per 4 cycles (``eas_beats``: each center and q, k_n read in 4 beats), and a real SmolLM2 head
-    (every key a new center until the table is full) at the small preset."""
+    full center table, zero key joining, join verdicts that t's rounding decides, a join won by t's
+    lowest bit) at rho_frac 22 (a tiny center's rho shifts left, one 4x its norm right by 1), one
+    center per cycle and one per 4 cycles (``eas_beats``: each center and q, k_n read in 4 beats),
+    and a real SmolLM2 head (every key a new center until the table is full) at the small preset,
+    one center per 2 cycles (q and k_n copied as two 16-element words, each written by two load
+    beats: the only run whose copies have more than one word of more than one beat)."""
     params = {"steps": steps, "kind": kind, "eas_corners": kind == "drift", "extra_lookups": 4}
     if kind == "trace":
         params.update(trace=str(TRACE), head=1)
@@ -40,6 +42,7 @@ def test_lad_eas_rtl_equals_golden(kind, steps, seed, eas_beats):
         assert r["zero_keys"] == 2 and r["rho_saturated"] >= 2 and r["rho_negative"] > 0 and r["joins"] > 10
         assert r["rho_left_shift"] > 0 and r["rho_shift_one"] > 0
         assert r["joins_by_rounding_up"] > 0 and r["new_centers_by_rounding_down"] > 0
+        assert r["joins_by_lowest_bit"] > 0
         assert r["approx_saturated"] > 0
 
 

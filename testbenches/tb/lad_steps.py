@@ -45,7 +45,8 @@ def eas_corners(cfg: LadTileConfig, k: torch.Tensor, rng) -> torch.Tensor:
     signs (rho saturates at +-max), its negation (rho = -1), a center and two keys whose join
     verdict t's rounding decides (:func:`rounding_keys`), a center 4x the tiny one's norm and a
     key joining it (its rho shift 2 more than the tiny center's: 1 at rho_frac 22, the smallest
-    right shift), and a zero key once the table may be full (joins with rho = 0)."""
+    right shift), two centers and a key whose t over them differ in the lowest bit alone
+    (:func:`tie_keys`), and a zero key once the table may be full (joins with rho = 0)."""
     k = k.clone()
     d, steps = cfg.head_dim, k.shape[0]
     tiny = torch.tensor([rng.choice((-1, 1)) for _ in range(d)], dtype=torch.int64)
@@ -55,6 +56,7 @@ def eas_corners(cfg: LadTileConfig, k: torch.Tensor, rng) -> torch.Tensor:
     # rho's shift e + mf - rho_frac is one more than at the tiny center's 4x smaller norm
     across = 2 * tiny * torch.where(torch.arange(d) < d // 2, 1, -1)
     rows += [across, across]
+    rows += tie_keys(cfg, rows, torch.Generator().manual_seed(rng.randrange(1 << 30)))
     for i, row in enumerate(rows[:steps]):
         k[i] = row
     if steps > 3 * cfg.max_centers:
@@ -86,6 +88,48 @@ def rounding_keys(cfg: LadTileConfig, gen: torch.Generator) -> list[torch.Tensor
     if not (len(up) and len(down)):
         raise ValueError(f"rounding_keys: no key's verdict t's rounding decides in {draws} draws at {cfg}")
     return [c, k[up[0, 0]], k[down[0, 0]]]
+
+
+def tie_keys(cfg: LadTileConfig, rows: list[torch.Tensor], gen: torch.Generator) -> list[torch.Tensor]:
+    """Two new centers a, b (after ``rows``' keys) and a key that joins b because its ``t_b`` is one
+    more than ``t_a``, the first maximum of the rest, with ``t_a`` even: a compare of t blind to its
+    lowest bit would keep a (docs/algorithms.md §1.4: the first maximum of t wins). a has random
+    elements up to 8 x 32 raw (at the small preset, the longest center: the extreme query of
+    :func:`sequence` is signed as a or b), b is a turned 16 degrees (a new center at the cos^2 0.96
+    of the presets), the keys drawn about their bisector."""
+    d, mf, draws = cfg.head_dim, cfg.sfm.mantissa_frac, 1 << 14
+    eas = LadTileModel(cfg)
+    for row in rows:
+        eas.center_update(row)
+    for _ in range(16):
+        a = torch.randint(-8, 9, (d,), generator=gen) * 32
+        turn = torch.randn(d, generator=gen, dtype=torch.float64)
+        turn -= (turn @ a.double()) / (a.double() @ a.double()) * a.double()
+        b = (a + turn / turn.norm() * a.double().norm() * 0.29).round().long()
+        first = eas.n_centers
+        if first + 2 > cfg.max_centers:
+            break
+        if not (eas.center_update(a)[2] and eas.center_update(b)[2]):   # a or b joined a center
+            del eas.center_recip[first:]
+            continue
+        mid = a.double() / a.double().norm() + b.double() / b.double().norm()
+        k = (mid * torch.rand(draws, 1, generator=gen, dtype=torch.float64) * 40
+             + torch.randn(draws, d, generator=gen, dtype=torch.float64) * 0.6).round().long()
+        C = eas.n_centers
+        dots = k @ eas.centers[:C].T
+        rc, e = (torch.tensor(x) for x in zip(*eas.center_recip))
+        t = (dots * dots * rc + (1 << (mf + e - 1))) >> (mf + e)
+        kk = (k * k).sum(-1)
+        best = t.max(-1)
+        lower = t.clone()
+        lower[:, first + 1] = -1
+        ok = ((best.indices == first + 1) & (best.values % 2 == 1) & (t[:, first] == best.values - 1)
+              & (lower.max(-1).values == t[:, first]) & (kk > 0) & ((best.values << COS_FRAC) >= cfg.cos2_raw * kk))
+        hits = torch.nonzero(ok)
+        if len(hits):
+            return [a, b, k[hits[0, 0]]]
+        del eas.center_recip[first:]
+    raise ValueError(f"tie_keys: no key whose t decides a center by its lowest bit in 16 x {draws} draws at {cfg}")
 
 
 def sequence(bench: Bench):

@@ -36,6 +36,12 @@ def joins_with_half(model, rec, half) -> bool:
     return C > 0 and rec.kk > 0 and (best_t << COS_FRAC) >= cfg.cos2_raw * rec.kk
 
 
+def wins_by_lowest_bit(model, rec) -> bool:
+    """Did ``rec``'s key join a center whose t beats an earlier center's by t's lowest bit alone?"""
+    t = [center_t(model, rec.k, j, lambda s: 1 << s >> 1) for j in range(rec.centers_before)]
+    return t[rec.center] % 2 == 1 and t[rec.center] - 1 in t[:rec.center]
+
+
 @cocotb.test()
 async def eas_matches_golden(dut):
     bench, _, model, recs = await open_bench(dut)
@@ -115,4 +121,5 @@ async def eas_matches_golden(dut):
         # a whole unit added, it would
         joins_by_rounding_up=sum(1 for r in free if not r.new_center and not joins_with_half(model, r, lambda s: 1 << s >> 2)),
         new_centers_by_rounding_down=sum(1 for r in free if r.new_center and joins_with_half(model, r, lambda s: 1 << s)),
+        joins_by_lowest_bit=sum(1 for r in joins if wins_by_lowest_bit(model, r)),
         step_cycles=step_cycles, step_centers=[[r.centers_before, int(r.new_center)] for r in recs])
