@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from golden.fixedpoint import round_shift
 from golden.lad_tile import COS_FRAC, LadTileConfig, LadTileModel, StepTrace
 from golden.sfm import recip
 from testbenches.streams import Bench, split_beats
@@ -118,7 +119,7 @@ def tie_keys(cfg: LadTileConfig, rows: list[torch.Tensor], gen: torch.Generator)
         C = eas.n_centers
         dots = k @ eas.centers[:C].T
         rc, e = (torch.tensor(x) for x in zip(*eas.center_recip))
-        t = (dots * dots * rc + (1 << (mf + e - 1))) >> (mf + e)
+        t = round_shift(dots * dots * rc, mf + e)   # EAS's t_j, every key x center
         kk = (k * k).sum(-1)
         best = t.max(-1)
         lower = t.clone()
