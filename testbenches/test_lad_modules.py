@@ -110,14 +110,17 @@ def test_lad_md_rtl_equals_golden(kind, steps, seed, inflight):
 def test_lad_ac_rtl_equals_golden(kind, steps, seed, ac_lanes):
     """The tile's command sequence of a drift / all-active sequence: first step (empty caches,
     Z = 0 into RECIP), corrections, mode-change cache updates, absorptions, extreme values (v =
-    127, k = -100 in drift); probes read o of the cache terms alone. ``ac_lanes = 2``: the
-    scalar-times-vector arithmetic two lanes a cycle (4 cycles a beat), as the FPGA preset does."""
+    127, k = -100 in drift); probes read o of the cache terms alone; in drift, RECIP's corners (Z
+    moved to a power of two: mantissa 1.0, and below zero: the largest mantissa) with the cache
+    terms' N. ``ac_lanes = 2``: the scalar-times-vector arithmetic two lanes a cycle (4 cycles a
+    beat), as the FPGA preset does."""
     cfg = replace(SMALL, ac_lanes=ac_lanes)
     r = simulate("lad-ac", cfg, "testbenches.tb.tb_lad_ac", seed=seed, name=f"{kind}-{cfg.ac_group}",
-                 params={"steps": steps, "kind": kind, "probe": 0.5})
+                 params={"steps": steps, "kind": kind, "probe": 0.5, "recip_corners": 0.2 if kind == "drift" else 0})
     assert r["mismatches"] == 0 and r["steps"] == steps, r["mismatch_list"]
     assert r["corrections"] > 0 and r["mode_change_updates"] > 0 and r["probes"] > 0 and r["qa_passes"] > 0
     assert r["nonzero_outputs"] > r["beats"] // 2 and r["z_clamped"] > 0
+    assert (r["recip_corners"] > 0) == (kind == "drift")
 
 
 @pytest.mark.parametrize("groups, group_lanes", [(1, 4), (4, 1), (3, 2)])

@@ -9,8 +9,11 @@ corrections of the step's actives (BEATS with w, alpha, beta, update = mode chan
 the new position (w = p_n, v_n), checks ``z``, then FINISH: ``recip_req`` = clamp(Z), served with
 golden.sfm.recip (random latency), every ``out`` beat = golden o; then the absorption BEATS
 (update only), half the time followed at once by the next step's commands (the A engine still
-busy). Fields a command does not use carry random values. Random gaps on
-cmd/recip_resp, back-pressure on out/recip_req.
+busy). RECIP's corners, with ``recip_corners`` (probability per step, once N of the cache terms is
+not zero): after TERMS, BEATS with v = 0 and w moving Z to a power of two (RECIP's mantissa 1.0, its
+top bit) and then to -1 (clamped to 0: the mantissa's largest value), a FINISH at each (o =
+``LadTileModel.finish`` of the cache terms' N), then Z moved back. Fields a command does not use
+carry random values. Random gaps on cmd/recip_resp, back-pressure on out/recip_req.
 """
 from __future__ import annotations
 
@@ -45,7 +48,7 @@ async def ac_matches_golden(dut):
                        sfm_recip(cfg))
     budget = 40 * cfg.head_dim * cfg.beats + 4000
     want_recip = []
-    probes = updates = qa_passes = 0
+    probes = updates = qa_passes = recip_corners = 0
 
     async def settle():
         await bench.until(lambda: cmd_src.idle, budget, "commands taken")
@@ -71,6 +74,19 @@ async def ac_matches_golden(dut):
             probes += 1
             o, z_in = model.finish(rec.terms_n, rec.terms_z)
             await finish(o, z_in, f"step {n} probe")
+        corners = bench.params.get("recip_corners", 0)
+        if corners and any(rec.terms_n) and 0 < rec.terms_z and rng.random() < corners:
+            recip_corners += 1   # Z at a power of two, then below zero; N the cache terms'
+            z_now = rec.terms_z
+            for target in (1 << (rec.terms_z.bit_length() - 1), -1, rec.terms_z):
+                for kb in beats([0] * cfg.head_dim, cfg):   # w counts once per nb beats, v = 0 keeps N
+                    cmd_src.put(command(cfg, rng, w=target - z_now, accumulate=1, v=kb))
+                z_now = target
+                await settle()
+                bench.check(f"step {n} z moved to {target}", dut.z.value.to_signed(), target)
+                if target != rec.terms_z:
+                    o, z_in = model.finish(rec.terms_n, target)
+                    await finish(o, z_in, f"step {n} Z = {target}")
         for pos, g in zip(rec.cand, rec.md):
             if not g.active:
                 continue
@@ -93,6 +109,7 @@ async def ac_matches_golden(dut):
     zf = cfg.sfm.recip_in_width
     bench.finish(
         vectors=len(recs), steps=len(recs), beats=len(want_out), probes=probes, qa_passes=qa_passes,
+        recip_corners=recip_corners,
         corrections=sum(sum(g.active for g in r.md) for r in recs), mode_change_updates=updates,
         absorptions=len(recs), nonzero_outputs=sum(1 for w in want_out if any(w)),
         saturated_outputs=sum(1 for w in want_out if any(abs(x) >= (1 << (cfg.kv_width - 1)) - 1 for x in w)),
