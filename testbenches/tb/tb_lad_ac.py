@@ -3,7 +3,7 @@ terms N = qA/sqrt(d) - mB + C, Z = qD/sqrt(d) - mE + F; §1.3 corrections N += w
 §1.4 mode-change and §1.5 absorption cache updates; o = N RECIP(Z)), bit-exact.
 
 The bench plays the tile sequencer, MD and the SFM from the golden trace: per step it loads q (``q_load``: random beat order and gaps) and
-sends ``cmd`` TERMS(m), half the time after a QA (checks ``z`` = Z from the caches, and with ``probe`` a FINISH whose ``o``
+sends ``cmd`` TERMS(m), half the time after a QA (at once, or once its pass is done; checks ``z`` = Z from the caches, and with ``probe`` a FINISH whose ``o``
 must equal ``LadTileModel.finish`` of the cache terms: the caches seen directly), the MD
 corrections of the step's actives (BEATS with w, alpha, beta, update = mode change, k_i, v_i),
 the new position (w = p_n, v_n), checks ``z``, then FINISH: ``recip_req`` = clamp(Z), served with
@@ -13,7 +13,8 @@ busy). RECIP's corners, with ``recip_corners`` (probability per step, once N of 
 not zero): after TERMS, BEATS with v = 0 and w moving Z to a power of two (RECIP's mantissa 1.0, its
 top bit) and then to -1 (clamped to 0: the mantissa's largest value), a FINISH at each (o =
 ``LadTileModel.finish`` of the cache terms' N), then Z moved back. Fields a command does not use
-carry random values. Random gaps on cmd/recip_resp, back-pressure on out/recip_req.
+carry random values. Random gaps on cmd/recip_resp, back-pressure on out/recip_req. Reported
+cycles: TERMS's, from its transfer until AC is idle, after a QA and without one.
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ async def ac_matches_golden(dut):
     budget = 40 * cfg.head_dim * cfg.beats + 4000
     want_recip = []
     probes = updates = qa_passes = recip_corners = 0
+    terms_cycles = {True: [], False: []}   # TERMS's cycles after a QA, without one
 
     async def settle():
         await bench.until(lambda: cmd_src.idle, budget, "commands taken")
@@ -64,11 +66,15 @@ async def ac_matches_golden(dut):
     for rec in recs:
         n = rec.n
         await load_vector(bench, q_src, rec.q)
-        if rng.random() < 0.5:   # the q.A pass ahead of TERMS, as the tile sends it
+        qa = rng.random() < 0.5
+        if qa:   # the q.A pass ahead of TERMS, as the tile sends it
             qa_passes += 1
             cmd_src.put(command(cfg, rng, op=AcOp.QA))
+            if rng.random() < 0.5:   # TERMS later, once the pass is done (in the tile: m comes after EAS, APID)
+                await settle()
         cmd_src.put(command(cfg, rng, op=AcOp.TERMS, m=rec.m))
         await settle()
+        terms_cycles[qa].append(bench.cycles.now - cmd_src.log[-1][0])   # from TERMS's transfer to idle
         bench.check(f"step {n} z after TERMS", dut.z.value.to_signed(), rec.terms_z)
         if rng.random() < bench.params.get("probe", 0.5):   # o of the cache terms alone
             probes += 1
@@ -109,7 +115,7 @@ async def ac_matches_golden(dut):
     zf = cfg.sfm.recip_in_width
     bench.finish(
         vectors=len(recs), steps=len(recs), beats=len(want_out), probes=probes, qa_passes=qa_passes,
-        recip_corners=recip_corners,
+        recip_corners=recip_corners, terms_cycles_after_qa=terms_cycles[True], terms_cycles_alone=terms_cycles[False],
         corrections=sum(sum(g.active for g in r.md) for r in recs), mode_change_updates=updates,
         absorptions=len(recs), nonzero_outputs=sum(1 for w in want_out if any(w)),
         saturated_outputs=sum(1 for w in want_out if any(abs(x) >= (1 << (cfg.kv_width - 1)) - 1 for x in w)),
