@@ -13,13 +13,17 @@ busy). RECIP's corners, with ``recip_corners`` (probability per step, once N of 
 not zero): after TERMS, BEATS with v = 0 and w moving Z to a power of two (RECIP's mantissa 1.0, its
 top bit) and then to -1 (clamped to 0: the mantissa's largest value), a FINISH at each (o =
 ``LadTileModel.finish`` of the cache terms' N), then Z moved back. Fields a command does not use
-carry random values. Random gaps on cmd/recip_resp, back-pressure on out/recip_req. Reported
-cycles: TERMS's, from its transfer until AC is idle, after a QA and without one.
+carry random values. Random gaps on cmd/recip_resp, back-pressure on out/recip_req. A probe's
+FINISH is followed at once by the corrections half the time, a corner's always (``out_stall``: the out
+sink's back-pressure, high enough that a FINISH's beats are still leaving when the next FINISH could
+start): cmd must not be ready until a FINISH's last beat has left (a monitor counts the cycles it
+is). Reported cycles: TERMS's, from its transfer until AC is idle, after a QA and without one.
 """
 from __future__ import annotations
 
 import cocotb
 from amaranth import unsigned
+from cocotb.triggers import ReadOnly, RisingEdge
 
 from golden.lad_tile import LadTileConfig
 from hdl.lad.common import AcOp, ac_command_layout, beat_layout, beat_load_layout, recip_resp_layout, w_width
@@ -44,7 +48,7 @@ async def ac_matches_golden(dut):
     cfg, rng = bench.cfg, bench.rng
     q_src = bench.source("q_load", beat_load_layout(cfg))
     cmd_src = bench.source("cmd", ac_command_layout(cfg))
-    out_sink = bench.sink("out", beat_layout(cfg))
+    out_sink = bench.sink("out", beat_layout(cfg), stall=bench.params.get("out_stall"))
     sfm = bench.memory("recip_req", unsigned(cfg.sfm.recip_in_width), "recip_resp", recip_resp_layout(cfg),
                        sfm_recip(cfg))
     budget = 40 * cfg.head_dim * cfg.beats + 4000
@@ -52,16 +56,35 @@ async def ac_matches_golden(dut):
     probes = updates = qa_passes = recip_corners = 0
     terms_cycles = {True: [], False: []}   # TERMS's cycles after a QA, without one
 
+    interlock = {"ready": 0, "offered": 0}   # cycles with a FINISH's beats still to leave: cmd ready, offered
+
+    async def watch_out_interlock():   # a FINISH holds cmd until its last beat has left (o's FIFO holds one)
+        seen_cmd = seen_out = finishes = 0
+        while True:
+            await RisingEdge(dut.clk)
+            await ReadOnly()
+            now = bench.cycles.now   # transfers of earlier cycles (this cycle's may be logged already)
+            while seen_cmd < len(cmd_src.log) and cmd_src.log[seen_cmd][0] < now:
+                finishes += cmd_src.log[seen_cmd][1]["op"] == AcOp.FINISH
+                seen_cmd += 1
+            while seen_out < len(out_sink.log) and out_sink.log[seen_out][0] < now:
+                seen_out += 1
+            if finishes * cfg.beats > seen_out:
+                interlock["ready"] += int(cmd_src.ready.value)
+                interlock["offered"] += int(cmd_src.valid.value)
+    cocotb.start_soon(watch_out_interlock())
+
     async def settle():
         await bench.until(lambda: cmd_src.idle, budget, "commands taken")
         await bench.until(lambda: not int(dut.busy.value), budget, "AC idle")
 
-    async def finish(o, z_in, what):
+    async def finish(o, z_in, what, wait=True):   # wait=False: the next commands follow at once
         want_recip.append(z_in)
         for b, ob in enumerate(beats(o, cfg)):
             out_sink.expect(ob, inputs=f"{what} o beat {b}")
         cmd_src.put(command(cfg, rng, op=AcOp.FINISH))
-        await out_sink.wait_for(len(out_sink.expected), timeout_cycles=budget)
+        if wait:
+            await out_sink.wait_for(len(out_sink.expected), timeout_cycles=budget)
 
     for rec in recs:
         n = rec.n
@@ -79,7 +102,7 @@ async def ac_matches_golden(dut):
         if rng.random() < bench.params.get("probe", 0.5):   # o of the cache terms alone
             probes += 1
             o, z_in = model.finish(rec.terms_n, rec.terms_z)
-            await finish(o, z_in, f"step {n} probe")
+            await finish(o, z_in, f"step {n} probe", wait=rng.random() < 0.5)
         corners = bench.params.get("recip_corners", 0)
         if corners and any(rec.terms_n) and 0 < rec.terms_z and rng.random() < corners:
             recip_corners += 1   # Z at a power of two, then below zero; N the cache terms'
@@ -92,7 +115,7 @@ async def ac_matches_golden(dut):
                 bench.check(f"step {n} z moved to {target}", dut.z.value.to_signed(), target)
                 if target != rec.terms_z:
                     o, z_in = model.finish(rec.terms_n, target)
-                    await finish(o, z_in, f"step {n} Z = {target}")
+                    await finish(o, z_in, f"step {n} Z = {target}", wait=False)
         for pos, g in zip(rec.cand, rec.md):
             if not g.active:
                 continue
@@ -115,7 +138,8 @@ async def ac_matches_golden(dut):
     zf = cfg.sfm.recip_in_width
     bench.finish(
         vectors=len(recs), steps=len(recs), beats=len(want_out), probes=probes, qa_passes=qa_passes,
-        recip_corners=recip_corners, terms_cycles_after_qa=terms_cycles[True], terms_cycles_alone=terms_cycles[False],
+        recip_corners=recip_corners, cmd_ready_while_out_pending=interlock["ready"],
+        cmd_offered_while_out_pending=interlock["offered"], terms_cycles_after_qa=terms_cycles[True], terms_cycles_alone=terms_cycles[False],
         corrections=sum(sum(g.active for g in r.md) for r in recs), mode_change_updates=updates,
         absorptions=len(recs), nonzero_outputs=sum(1 for w in want_out if any(w)),
         saturated_outputs=sum(1 for w in want_out if any(abs(x) >= (1 << (cfg.kv_width - 1)) - 1 for x in w)),
