@@ -2,8 +2,9 @@
 terms N = qA/sqrt(d) - mB + C, Z = qD/sqrt(d) - mE + F; §1.3 corrections N += w v, Z += w;
 §1.4 mode-change and §1.5 absorption cache updates; o = N RECIP(Z)), bit-exact.
 
-The bench plays the tile sequencer, MD and the SFM from the golden trace: per step it loads q (``q_load``: random beat order and gaps) and
-sends ``cmd`` TERMS(m), half the time after a QA (at once, or once its pass is done; checks ``z`` = Z from the caches, and with ``probe`` a FINISH whose ``o``
+The bench plays the tile sequencer, MD and the SFM from the golden trace: per step it loads q
+(``q_load``: random beat order and gaps) and sends ``cmd`` TERMS(m), half the time after a QA (at
+once, or once its pass is done; checks ``z`` = Z from the caches, and with ``probe`` a FINISH whose ``o``
 must equal ``LadTileModel.finish`` of the cache terms: the caches seen directly), the MD
 corrections of the step's actives (BEATS with w, alpha, beta, update = mode change, k_i, v_i),
 the new position (w = p_n, v_n), checks ``z``, then FINISH: ``recip_req`` = clamp(Z), served with
@@ -55,7 +56,6 @@ async def ac_matches_golden(dut):
     want_recip = []
     probes = updates = qa_passes = recip_corners = 0
     terms_cycles = {True: [], False: []}   # TERMS's cycles after a QA, without one
-
     interlock = {"ready": 0, "offered": 0}   # cycles with a FINISH's beats still to leave: cmd ready, offered
 
     async def watch_out_interlock():   # a FINISH holds cmd until its last beat has left (o's FIFO holds one)
@@ -139,7 +139,8 @@ async def ac_matches_golden(dut):
     bench.finish(
         vectors=len(recs), steps=len(recs), beats=len(want_out), probes=probes, qa_passes=qa_passes,
         recip_corners=recip_corners, cmd_ready_while_out_pending=interlock["ready"],
-        cmd_offered_while_out_pending=interlock["offered"], terms_cycles_after_qa=terms_cycles[True], terms_cycles_alone=terms_cycles[False],
+        cmd_offered_while_out_pending=interlock["offered"],
+        terms_cycles_after_qa=terms_cycles[True], terms_cycles_alone=terms_cycles[False],
         corrections=sum(sum(g.active for g in r.md) for r in recs), mode_change_updates=updates,
         absorptions=len(recs), nonzero_outputs=sum(1 for w in want_out if any(w)),
         saturated_outputs=sum(1 for w in want_out if any(abs(x) >= (1 << (cfg.kv_width - 1)) - 1 for x in w)),
