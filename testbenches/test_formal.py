@@ -68,3 +68,44 @@ def test_decode_engine_bmc():
     result = run("mac-decode", mode="bmc")
     _ok(result)
     assert {"assert:out<=query", "assert:kv_req.only_in_step", "assert:es_req.only_in_step"} <= set(result.properties)
+
+
+def test_cover_trace_replays_on_the_design():
+    """The replay that makes a cut model's covers count (replay.py): a cover trace of the VPU
+    (no cut cells: the solver's model is the design) replayed in Amaranth's simulator reaches
+    its cover in the step the solver reports, and with the input never valid it reaches none."""
+    from testbenches.formal.replay import replay
+    from testbenches.formal.sby import wrapper
+    result = run("vpu", mode="cover")
+    _ok(result)
+    assert result.traces and set(result.traces) == set(result.reached), result.line()
+    top = lambda: wrapper("vpu", SPECS["vpu"].small, "cover", replay=True)
+    for cover, trace in result.traces.items():
+        assert replay(top(), trace, cover).hit == result.reached_at[cover], cover
+    unit = "o.unit_done"
+    starved = replay(top(), result.traces[unit], unit, force={"i__valid": 0})
+    assert starved.hit is None and starved.left_env is None
+
+
+def test_prefix_pins_the_inputs():
+    """A prefixed task (prefix.py: the inputs of a simulated run, then free) follows the run:
+    mac-match's covers after a 12-cycle prefix are all reached, each trace's inputs in the
+    prefix's steps are the simulated ones, and the prefixed BMC of a VPU whose output drops
+    valid in a stall fails."""
+    from testbenches.formal.prefix import simulate
+    from testbenches.formal.sby import wrapper
+    from testbenches.formal.specs import Prefix
+    from testbenches.formal.vcd import read_vcd
+    prefix, spec = Prefix(12, seed=3), SPECS["mac-match"]
+    result = run("mac-match", mode="cover", depth=24, prefix=prefix)
+    _ok(result)
+    assert result.reached and not result.unreached and result.prefix == prefix
+    record = simulate(wrapper("mac-match", spec.small, "cover", replay=True), spec.rules(spec.small),
+                      prefix.cycles, prefix.seed)
+    assert any(record["query__valid"]) and not all(record["result__ready"])   # offered, and stalled
+    for cover, trace in result.traces.items():
+        table, _ = read_vcd(trace)
+        steps = min(prefix.cycles, result.reached_at[cover] + 1)
+        assert all(table[name][:steps] == values[:steps] for name, values in record.items()), cover
+    broken = run("vpu", mode="prefix", depth=16, prefix=Prefix(6), mutation=Mutation("o", "drop_valid"))
+    assert broken.status == "FAIL" and broken.failed == ["o.valid_held"], broken.line()

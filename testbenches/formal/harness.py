@@ -109,9 +109,12 @@ class FormalWrapper(wiring.Component):
     environment), ``"cover"`` (covers only, no assertions)."""
 
     def __init__(self, dut, *, mode: str, counts=(), gates=(), responses=(), lives=(), assumes=(),
-                 mutation: Mutation | None = None):
+                 mutation: Mutation | None = None, replay: bool = False):
         assert mode in ("prove", "bmc", "deep", "live", "cover"), mode
         self.dut, self.mode, self.mutation = dut, mode, mutation
+        # replay: every property's test drives a signal of ``tests`` (name -> (kind, signal))
+        # instead of an Assert / Assume / Cover, for Amaranth's simulator (see replay.py)
+        self.replay, self.tests = replay, {}
         self.counts, self.gates, self.responses, self.lives = list(counts), list(gates), list(responses), list(lives)
         self.assumes = list(assumes)   # wrapper -> Value: the block's input contract (e.g. a length >= 1)
         self.ports = stream_ports(dut)
@@ -122,9 +125,19 @@ class FormalWrapper(wiring.Component):
         self.property_names: list[str] = []
 
     # -- helpers
-    def _prop(self, m, kind, test, name):
-        self.property_names.append(f"{kind.__name__.lower()}:{name}")
-        m.d.comb += _named(kind(test), name)
+    def _prop(self, m, kind, test, name, listed=True):
+        if listed:
+            self.property_names.append(f"{kind.__name__.lower()}:{name}")
+        if self.replay:
+            signal = Signal(name=f"test_{len(self.tests)}")
+            m.d.comb += signal.eq(test)
+            self.tests[name] = (kind.__name__.lower(), signal)
+        else:
+            m.d.comb += _named(kind(test), name)
+
+    def _assume(self, m, test, name):
+        """The environment (unlisted; named for a replay that leaves it)."""
+        self._prop(m, Assume, test, name, listed=False)
 
     def _counter(self, m, name, width=8):
         return Signal(range(1 << width), name=name)
@@ -150,9 +163,9 @@ class FormalWrapper(wiring.Component):
 
         started = Signal()   # low in the first (reset) cycle: no past yet
         m.d.sync += started.eq(1)
-        m.d.comb += Assume(~ResetSignal())
-        for contract in self.assumes:
-            m.d.comb += Assume(contract(self))
+        self._assume(m, ~ResetSignal(), "no_reset")
+        for k, contract in enumerate(self.assumes):
+            self._assume(m, contract(self), f"contract{k}")
 
         def transfer(port):
             s = getattr(self, port)
@@ -168,7 +181,8 @@ class FormalWrapper(wiring.Component):
             valid_kept = ~(started & held) | s.valid
             payload_kept = ~(started & held) | (payload_bits == prev)
             if flow == Flow.In:
-                m.d.comb += [Assume(valid_kept), Assume(payload_kept)]
+                self._assume(m, valid_kept, f"{name}.valid_held")
+                self._assume(m, payload_kept, f"{name}.payload_stable")
             elif mode in ("prove", "bmc", "deep"):
                 self._prop(m, Assert, valid_kept, f"{name}.valid_held")
                 if mode != "deep":
@@ -183,7 +197,7 @@ class FormalWrapper(wiring.Component):
             per = r.per(getattr(self, r.req).payload) if callable(r.per) else r.per
             m.d.sync += n.eq(n + Mux(transfer(r.req), per, 0) - transfer(r.resp))   # no $mul: cut cells are the dut's
             outstanding[r.resp] = n
-            m.d.comb += Assume(~getattr(self, r.resp).valid | (n > 0))
+            self._assume(m, ~getattr(self, r.resp).valid | (n > 0), f"{r.resp}.only_when_asked")
 
         # Counting rules.
         def units(port, per, when=None, name=""):
@@ -233,9 +247,9 @@ class FormalWrapper(wiring.Component):
                 for name, flow in self.ports.items():
                     s = getattr(self, name)
                     if flow == Flow.Out:
-                        m.d.comb += Assume(s.ready)
+                        self._assume(m, s.ready, f"{name}.always_ready")
                     elif name in outstanding:
-                        m.d.comb += Assume(s.valid == (outstanding[name] > 0))
+                        self._assume(m, s.valid == (outstanding[name] > 0), f"{name}.answered_at_once")
             for lv in self.lives:
                 s = getattr(self, lv.inp)
                 wait = Signal(range(lv.bound + 2), name=f"{lv.inp}_wait")

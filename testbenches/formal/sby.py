@@ -24,12 +24,13 @@ from golden.paths import BUILD_ROOT
 from hdl.registry import get_block, top_ports
 
 from .harness import FormalWrapper, Mutation
-from .specs import SPECS
+from .specs import SPECS, Prefix
 
 ENGINE = "smtbmc yices"
-_MODE = {"prove": "prove", "bmc": "bmc", "deep": "bmc", "live": "bmc", "cover": "cover"}
-# the modes that run on the cut model where the spec has one (FormalSpec.abstract)
-_CUT_MODES = ("deep", "live")
+_MODE = {"prove": "prove", "bmc": "bmc", "deep": "bmc", "live": "bmc", "cover": "cover", "prefix": "bmc"}
+# the modes that run on the cut model where the spec has one (FormalSpec.abstract); a cover
+# reached there counts once its trace, replayed on the real design, reaches it too (replay.py)
+_CUT_MODES = ("deep", "live", "cover")
 
 
 @dataclass
@@ -41,19 +42,24 @@ class Result:
     seconds: float
     properties: list[str]             # the properties of the task (kind:name)
     failed: list[str] = field(default_factory=list)     # assertions with a counterexample
-    reached: list[str] = field(default_factory=list)    # covers reached
+    reached: list[str] = field(default_factory=list)    # covers reached (on the real design)
     unreached: list[str] = field(default_factory=list)  # covers not reached
+    cut_only: list[str] = field(default_factory=list)   # reached on the cut model, not by its replay
+    traces: dict = field(default_factory=dict)          # cover -> its trace (VCD)
+    reached_at: dict = field(default_factory=dict)      # cover -> the step the solver reached it in
     step: int | None = None           # the counterexample's step
     workdir: Path | None = None
     trace: Path | None = None
     log_tail: str = ""
     abstract: tuple = ()              # cell types cut to free values (see FormalSpec.abstract)
+    prefix: Prefix | None = None      # the simulated prefix followed (see FormalSpec.prefix)
     checked: int | None = None        # BMC / base case: steps 0..checked-1 passed (a timeout's partial result)
 
     def line(self) -> str:
         what = {"prove": f"k-induction k={self.depth}", "bmc": f"BMC depth {self.depth}",
                 "deep": f"BMC depth {self.depth} (cut)",
-                "live": f"liveness BMC depth {self.depth}", "cover": f"cover depth {self.depth}"}[self.mode]
+                "live": f"liveness BMC depth {self.depth}", "cover": f"cover depth {self.depth}",
+                "prefix": f"BMC depth {self.depth}"}[self.mode]
         extra = ""
         if self.failed:
             extra = f"; counterexample at step {self.step}: {', '.join(self.failed)}; trace {self.trace}"
@@ -61,10 +67,15 @@ class Result:
             extra += f"; {len(self.reached)}/{len(self.reached) + len(self.unreached)} reached"
             if self.unreached:
                 extra += f" (unreached: {', '.join(self.unreached)})"
+            if self.abstract:
+                extra += " (traces of the cut model replayed on the real design"
+                extra += f"; not replayed: {', '.join(self.cut_only)})" if self.cut_only else ")"
         if self.status == "TIMEOUT" and self.checked:
             extra += f"; no counterexample in steps 0..{self.checked - 1} before the timeout"
         if self.abstract:
             extra += f"; {'/'.join(self.abstract)} cut"
+        if self.prefix:
+            extra += f"; inputs of a simulated run (seed {self.prefix.seed}) in steps 0..{self.prefix.cycles - 1}"
         return f"{self.block:<10} {self.mode:<6} {what:<26} {self.status:<7} {self.seconds:6.1f} s{extra}"
 
 
@@ -85,18 +96,23 @@ def check_tools() -> None:
         raise RuntimeError(f"formal tools missing ({', '.join(missing)}): install the 'formal' extra (make venv)")
 
 
-def wrapper(block: str, cfg, mode: str, mutation: Mutation | None = None) -> FormalWrapper:
-    spec = SPECS[block]
-    rules = spec.rules(cfg)
-    return FormalWrapper(get_block(block).build(cfg), mode=mode, mutation=mutation, **rules)
+def wrapper(block: str, cfg, mode: str, mutation: Mutation | None = None, replay: bool = False) -> FormalWrapper:
+    mode = "bmc" if mode == "prefix" else mode   # the prefix task checks what bmc checks
+    return FormalWrapper(get_block(block).build(cfg), mode=mode, mutation=mutation, replay=replay,
+                         **SPECS[block].rules(cfg))
 
 
 def run(block: str, cfg=None, mode: str = "prove", depth: int | None = None, *, big: bool = False,
-        mutation: Mutation | None = None, timeout: int | None = None, workroot: Path | None = None) -> Result:
-    """Run one task; ``cfg`` defaults to the spec's small (or ``big``) config, ``depth`` to its depth."""
+        mutation: Mutation | None = None, timeout: int | None = None, workroot: Path | None = None,
+        prefix: Prefix | None = None) -> Result:
+    """Run one task; ``cfg`` defaults to the spec's small (or ``big``) config, ``depth`` to its depth,
+    ``prefix`` (of the ``prefix`` and ``cover`` tasks) to the spec's."""
     check_tools()
     spec = SPECS[block]
     cfg = cfg if cfg is not None else (spec.big if big else spec.small)
+    prefix = (prefix or spec.prefix) if mode in ("prefix", "cover") else None
+    if mode == "prefix" and prefix is None:
+        raise ValueError(f"{block} has no simulated prefix (FormalSpec.prefix)")
     depth = depth if depth is not None else getattr(spec.depths(cfg), mode)
     top = wrapper(block, cfg, mode, mutation)
     text = rtlil.convert(top, name="top", ports=top_ports(top), emit_src=True)
@@ -106,11 +122,20 @@ def run(block: str, cfg=None, mode: str = "prove", depth: int | None = None, *, 
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
     (workdir / "top.il").write_text(text)
-    cuts = [f"cutpoint t:{cell}" for cell in spec.abstract] if mode in _CUT_MODES else []
+    # a prefixed task runs on the real model: the prefix's inputs fix its state
+    cuts = [f"cutpoint t:{cell}" for cell in spec.abstract] if mode in _CUT_MODES and not prefix else []
+    files = ["top.il"]
+    if prefix:
+        from .prefix import simulate, smtc
+        record = simulate(wrapper(block, cfg, mode, replay=True), spec.rules(cfg), prefix.cycles, prefix.seed)
+        widths = {name: len(value) for name, (value, _) in top_ports(top).items()}
+        (workdir / "prefix.smtc").write_text(smtc(record, widths))
+        files.append("prefix.smtc")
     (workdir / "task.sby").write_text("\n".join([
         "[options]", f"mode {_MODE[mode]}", f"depth {depth}", "multiclock off", *([f"timeout {timeout}"] if timeout else []),
+        *(["smtc prefix.smtc"] if prefix else []),
         "", "[engines]", ENGINE, "", "[script]", "read_rtlil top.il", "prep -top top", *cuts, "",
-        "[files]", "top.il", ""]))
+        "[files]", *files, ""]))
     t0 = time.time()
     done = subprocess.run(["yowasp-sby", "-f", "-d", "run", "task.sby"], cwd=workdir, env=tool_env(),
                           capture_output=True, text=True)
@@ -118,10 +143,24 @@ def run(block: str, cfg=None, mode: str = "prove", depth: int | None = None, *, 
     log = done.stdout + done.stderr
     (workdir / "sby.log").write_text(log)
     result = Result(block, mode, depth, _status(log), seconds, top.property_names, workdir=workdir,
-                    abstract=tuple(spec.abstract) if cuts else (),
+                    abstract=tuple(spec.abstract) if cuts else (), prefix=prefix,
                     log_tail="\n".join(log.splitlines()[-25:]))
     _parse(log, result)
+    if mode == "cover" and cuts:
+        _concretize(result, lambda: wrapper(block, cfg, mode, replay=True))
     return result
+
+
+def _concretize(result: Result, make_top) -> None:
+    """Keep in ``reached`` only the covers whose cut-model trace reaches them on the real design."""
+    from .replay import replay
+    reached, result.reached = result.reached, []
+    for cover in reached:
+        done = replay(make_top(), result.traces[cover], cover)
+        if done.hit is not None:
+            result.reached.append(cover)
+        else:
+            result.cut_only.append(cover + (f" [left the environment: {done.left_env}]" if done.left_env else ""))
 
 
 def _status(log: str) -> str:
@@ -136,9 +175,17 @@ def _parse(log: str, result: Result) -> None:
             result.failed.append(m.group(1))
         if m.group(2) is not None:
             result.step = int(m.group(2))
-    for m in re.finditer(r"Reached cover statement (?:in step \d+ )?at top: ([^\s(]+?):0\b", log):
-        if m.group(1) not in result.reached:
-            result.reached.append(m.group(1))
+    pending = []   # covers reached, their trace written next
+    for m in re.finditer(r"Reached cover statement (?:in step (\d+) )?at top: ([^\s(]+?):0\b|"
+                         r"Writing trace to VCD file: (\S+\.vcd)", log):
+        if m.group(3) is not None:
+            result.traces.update({cover: result.workdir / "run" / m.group(3) for cover in pending})
+            pending = []
+        elif m.group(2) not in result.reached:
+            result.reached.append(m.group(2))
+            pending.append(m.group(2))
+            if m.group(1) is not None:
+                result.reached_at[m.group(2)] = int(m.group(1))
     for m in re.finditer(r"Unreached cover statement at top: ([^\s(]+?):0\b", log):
         if m.group(1) not in result.unreached:
             result.unreached.append(m.group(1))

@@ -22,12 +22,23 @@ from .harness import Count, Gate, Live, Response
 class Depths:
     """k of the k-induction (``prove``; None: not attempted, it does not close), BMC depth of
     the protocol and counting rules (``bmc``), of the counting rules on the cut model
-    (``deep``; None: no cut model), of the liveness check (``live``) and of the covers."""
+    (``deep``; None: no cut model), of the liveness check (``live``), of the covers and of the
+    BMC that follows the spec's :class:`Prefix` (``prefix``, the prefix's cycles included)."""
     prove: int | None
     bmc: int
     live: int
     cover: int
     deep: int | None = None
+    prefix: int | None = None
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """A simulated run from reset (testbenches/formal/prefix.py, seeded environment) whose
+    inputs the ``prefix`` and ``cover`` tasks follow for ``cycles`` cycles before they are free
+    again: for a block whose outputs lie deeper than the solver reaches from reset."""
+    cycles: int
+    seed: int = 1
 
 
 @dataclass(frozen=True)
@@ -38,10 +49,13 @@ class FormalSpec:
     rules: Callable                   # cfg -> dict(counts=, gates=, responses=, lives=)
     depths: Callable                  # cfg -> Depths
     note: str = ""
-    # Cell types cut out of the model for prove / bmc / live (Yosys ``cutpoint``: each output a
-    # free value every cycle). Sound for these safety checks (the cut model has every behaviour
-    # of the real one, and more); covers always run on the real design.
+    # Cell types cut out of the model for deep / live / cover (Yosys ``cutpoint``: each output a
+    # free value every cycle). Sound for the safety checks (the cut model has every behaviour of
+    # the real one, and more); a cover reached there counts only when its trace, replayed on the
+    # real design (replay.py), reaches it too.
     abstract: tuple = ()
+    # The simulated prefix of the ``prefix`` task and of the covers (then on the real model).
+    prefix: Prefix | None = None
 
 
 # Beats a stall-all pipeline may hold: above the VPU's, SFM's and merge unit's stage counts
@@ -165,8 +179,8 @@ _FSM_NOTE = ("k-induction does not close at small k (unreachable FSM / counter s
 CUT = ("$mul", "$shl", "$shr", "$sshl", "$sshr", "$shift", "$shiftx")
 
 
-def _d(prove, bmc, live, cover, deep=None):
-    return lambda cfg: Depths(prove, bmc, live, cover, deep)
+def _d(prove, bmc, live, cover, deep=None, prefix=None):
+    return lambda cfg: Depths(prove, bmc, live, cover, deep, prefix)
 
 
 SPECS: dict[str, FormalSpec] = {s.block: s for s in [
@@ -190,8 +204,10 @@ SPECS: dict[str, FormalSpec] = {s.block: s for s in [
     FormalSpec("dense", DenseConfig(head_dim=4, lanes=1, max_positions=2, kv_width=6, kv_frac=3),
                DenseConfig(head_dim=8, lanes=2, max_positions=4, kv_width=8, kv_frac=4), _dense_rules,
                _d(None, 20, None, 44, deep=44), abstract=CUT, note=_FSM_NOTE),
-    FormalSpec("mac-decode", _TINY_DECODE, _SMALL_DECODE, _decode_rules, _d(None, 12, None, 24, deep=24),
-               abstract=CUT, note=_FSM_NOTE),
+    # prefix: the first step's query and K pass (its first out beat is at cycle 76 of the run, its
+    # entry-store requests at 65); the second step's K pass is free (its kv_req stalled at 85)
+    FormalSpec("mac-decode", _TINY_DECODE, _SMALL_DECODE, _decode_rules,
+               _d(None, 12, None, 88, deep=24, prefix=88), abstract=CUT, note=_FSM_NOTE, prefix=Prefix(60, seed=1)),
     FormalSpec("lad-tile", _TINY_LAD, _SMALL_LAD, _tile_rules, _d(None, 12, None, 16, deep=30), abstract=CUT,
                note=_FSM_NOTE),
     FormalSpec("lad-eas", _TINY_LAD, _SMALL_LAD, _eas_rules, _d(None, 2, None, 32, deep=24), abstract=CUT,
