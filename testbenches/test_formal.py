@@ -89,9 +89,10 @@ def test_cover_trace_replays_on_the_design():
 
 def test_prefix_pins_the_inputs():
     """A prefixed task (prefix.py: the inputs of a simulated run, then free) follows the run:
-    mac-match's covers after a 12-cycle prefix are all reached, each trace's inputs in the
-    prefix's steps are the simulated ones, and the prefixed BMC of a VPU whose output drops
-    valid in a stall fails."""
+    mac-match's covers with a 12-cycle prefix are all reached, by traces whose first 12 steps
+    have the run's inputs; a VPU whose output drops valid in a stall fails, with the stall inside
+    the prefix (10 cycles), after it (2 cycles), and with no solver steps at all (depth 12 within
+    a 12-cycle prefix: the simulation's check alone)."""
     from testbenches.formal.prefix import simulate
     from testbenches.formal.sby import wrapper
     from testbenches.formal.specs import Prefix
@@ -100,12 +101,16 @@ def test_prefix_pins_the_inputs():
     result = run("mac-match", mode="cover", depth=24, prefix=prefix)
     _ok(result)
     assert result.reached and not result.unreached and result.prefix == prefix
-    record = simulate(wrapper("mac-match", spec.small, "cover", replay=True), spec.rules(spec.small),
-                      prefix.cycles, prefix.seed)
-    assert any(record["query__valid"]) and not all(record["result__ready"])   # offered, and stalled
+    simulated = simulate(wrapper("mac-match", spec.small, "cover", replay=True), spec.rules(spec.small),
+                         prefix.cycles, prefix.seed)
+    inputs = simulated.inputs
+    assert any(inputs["query__valid"]) and not all(inputs["result__ready"])   # offered, and stalled
+    assert result.traces
     for cover, trace in result.traces.items():
         table, _ = read_vcd(trace)
         steps = min(prefix.cycles, result.reached_at[cover] + 1)
-        assert all(table[name][:steps] == values[:steps] for name, values in record.items()), cover
-    broken = run("vpu", mode="prefix", depth=16, prefix=Prefix(6), mutation=Mutation("o", "drop_valid"))
-    assert broken.status == "FAIL" and broken.failed == ["o.valid_held"], broken.line()
+        assert all(table[name][:steps] == values[:steps] for name, values in inputs.items()), cover
+    for cycles, depth in ((10, 16), (2, 16), (12, 12)):   # inside the prefix, after it, the simulation alone
+        broken = run("vpu", mode="prefix", depth=depth, prefix=Prefix(cycles), mutation=Mutation("o", "drop_valid"))
+        assert broken.status == "FAIL" and broken.failed == ["o.valid_held"], broken.line()
+        assert broken.solver == (depth > cycles) and (broken.step < cycles) == (cycles > 2), broken.line()

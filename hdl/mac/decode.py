@@ -6,7 +6,8 @@ Streams: ``query`` (``d/L`` beats of head, position n, pre-RoPE and post-RoPE qu
 ``lanes`` elements, in order); ``es_req`` (write bit, head, slot, beat and, for a write, the
 beat's m, s, o lanes) / ``es_resp`` (m, s, o lanes of a read beat; a write has no response);
 ``out`` (``d/L`` beats of m, s, o lanes with ``stats = 0``, then one statistics beat with
-``stats = 1``: engaged, hit, matched position and distance, fallback, keys read, cycles).
+``stats = 1``: engaged, hit, matched position and distance, fallback, keys read, cycles: the
+step's, less those with ``out`` stalled).
 
 A step, in order (one thing at a time; the schedule ``golden.mac_decode.head_step_cycles``
 models is the target, not yet reached):
@@ -169,9 +170,11 @@ class MacDecodeEngine(wiring.Component):
         L, F, lo_tail, lo_band, lo_mid, keys = (Signal(pos_t, name=n) for n in
                                                 ("L", "F", "lo_tail", "lo_band", "lo_mid", "keys"))
         engaged, hit, fallback = Signal(), Signal(), Signal()
+        # cycles: the step's, less those with out stalled (the statistic stays put while its beat
+        # waits, as the stream's payload must; the LAD tile counts the same way)
         cycles = Signal(32)
         counting = Signal()
-        with m.If(counting):
+        with m.If(counting & ~(self.out.valid & ~self.out.ready)):
             m.d.sync += cycles.eq(cycles + 1)
 
         # per-state scalars

@@ -1,17 +1,21 @@
 """A simulated prefix for the formal tasks of blocks whose first output is deeper than a solver
-reaches from reset (docs/verification.md, "Prefixed tasks").
+reaches from reset (docs/verification.md, "Modes": ``prefix``).
 
 :func:`simulate` runs the block's formal wrapper (``replay=True``) in Amaranth's simulator from
 reset under a seeded environment that keeps every assumption: the spec's first input (the
 ``inp`` of its first counting rule) offered with random payloads that meet the input contract,
-every request answered with random data once asked, every output ready three cycles in four. It records each
-input port per cycle; :func:`smtc` writes them as yosys-smtbmc constraints on steps
-``0..cycles-1``. A task with the prefix checks its assertions on that one path's first
-``cycles`` steps and on *every* path that continues it (inputs free again) to the task's depth.
+every request answered with random data once asked, every output ready three cycles in four.
+It records each input port per cycle, checks the wrapper's assertions and notes its covers in
+every cycle; :func:`smtc` writes the inputs as yosys-smtbmc constraints on steps
+``0..cycles-1``. A task with the prefix skips those steps in the solver (SymbiYosys ``skip``:
+the simulation checked them) and checks *every* path that continues the run (inputs free
+again) from step ``cycles`` to the task's depth.
 """
 from __future__ import annotations
 
 import random
+
+from dataclasses import dataclass, field
 
 from amaranth import Value
 from amaranth.lib.wiring import In
@@ -22,16 +26,24 @@ from hdl.lib.parts import part_ports
 from .harness import stream_ports
 
 
-def simulate(top, rules: dict, cycles: int, seed: int = 1, transfers: dict | None = None) -> dict[str, list[int]]:
-    """Inputs of ``top`` (a replay wrapper) per cycle for ``cycles`` cycles: port name -> values;
-    ``transfers`` (if given) is filled with stream name -> the cycles of its transfers."""
+@dataclass
+class Run:
+    inputs: dict[str, list[int]]                        # input port name -> its value per cycle
+    covers: dict[str, int] = field(default_factory=dict)    # cover -> the first cycle it held
+    failed: dict[str, int] = field(default_factory=dict)    # assertion -> the first cycle it broke
+    transfers: dict[str, list[int]] = field(default_factory=dict)   # stream -> its transfer cycles
+
+
+def simulate(top, rules: dict, cycles: int, seed: int = 1) -> Run:
+    """``cycles`` cycles of ``top`` (a replay wrapper) from reset under the seeded environment."""
     rng = random.Random(seed)
     ports = {name: value for name, (value, flow) in part_ports(top).items() if flow == In}
     first = rules["counts"][0].inp
     responses = {r.resp: r for r in rules.get("responses", ())}
-    record = {name: [] for name in ports}
+    run = Run({name: [] for name in ports})
     sim = Simulator(top)   # elaborates top: its tests exist from here on
-    assumes = [(name, s) for name, (kind, s) in top.tests.items() if kind == "assume"]
+    tests = {kind: [(name, s) for name, (k, s) in top.tests.items() if k == kind] for kind in ("assume", "assert", "cover")}
+    assumes = tests["assume"]
     contracts = [s for name, s in assumes if name.startswith("contract")]
 
     async def bench(ctx):
@@ -64,15 +76,18 @@ def simulate(top, rules: dict, cycles: int, seed: int = 1, transfers: dict | Non
             if broken:
                 raise RuntimeError(f"the prefix's environment breaks {broken[0]} at cycle {cycle}")
             for name, value in ports.items():
-                record[name].append(ctx.get(value))
+                run.inputs[name].append(ctx.get(value))
+            for kind, found in (("assert", run.failed), ("cover", run.covers)):
+                for name, s in tests[kind]:
+                    if name not in found and bool(ctx.get(s)) == (kind == "cover"):
+                        found[name] = cycle
             for name in free:
                 s = getattr(top, name)
                 free[name] = not ctx.get(s.valid) or bool(ctx.get(s.ready))
-            if transfers is not None:
-                for name in stream_ports(top.dut):
-                    s = getattr(top, name)
-                    if ctx.get(s.valid) and ctx.get(s.ready):
-                        transfers.setdefault(name, []).append(cycle)
+            for name in stream_ports(top.dut):
+                s = getattr(top, name)
+                if ctx.get(s.valid) and ctx.get(s.ready):
+                    run.transfers.setdefault(name, []).append(cycle)
             for r in responses.values():
                 req, resp = getattr(top, r.req), getattr(top, r.resp)
                 if ctx.get(req.valid) and ctx.get(req.ready):
@@ -84,7 +99,7 @@ def simulate(top, rules: dict, cycles: int, seed: int = 1, transfers: dict | Non
     sim.add_clock(1e-6)
     sim.add_testbench(bench)
     sim.run()
-    return record
+    return run
 
 
 def smtc(record: dict[str, list[int]], widths: dict[str, int]) -> str:

@@ -45,6 +45,7 @@ class Result:
     reached: list[str] = field(default_factory=list)    # covers reached (on the real design)
     unreached: list[str] = field(default_factory=list)  # covers not reached
     cut_only: list[str] = field(default_factory=list)   # reached on the cut model, not by its replay
+    real_model: list[str] = field(default_factory=list)  # of those and the unreached: found on the real model
     traces: dict = field(default_factory=dict)          # cover -> its trace (VCD)
     reached_at: dict = field(default_factory=dict)      # cover -> the step the solver reached it in
     step: int | None = None           # the counterexample's step
@@ -53,6 +54,7 @@ class Result:
     log_tail: str = ""
     abstract: tuple = ()              # cell types cut to free values (see FormalSpec.abstract)
     prefix: Prefix | None = None      # the simulated prefix followed (see FormalSpec.prefix)
+    solver: bool = True               # False: depth within the prefix, the simulation is the whole task
     checked: int | None = None        # BMC / base case: steps 0..checked-1 passed (a timeout's partial result)
 
     def line(self) -> str:
@@ -62,20 +64,23 @@ class Result:
                 "prefix": f"BMC depth {self.depth}"}[self.mode]
         extra = ""
         if self.failed:
-            extra = f"; counterexample at step {self.step}: {', '.join(self.failed)}; trace {self.trace}"
+            extra = f"; counterexample at step {self.step}: {', '.join(self.failed)}"
+            extra += f"; trace {self.trace}" if self.trace else " (in the simulated prefix)"
         if self.mode == "cover":
             extra += f"; {len(self.reached)}/{len(self.reached) + len(self.unreached)} reached"
             if self.unreached:
                 extra += f" (unreached: {', '.join(self.unreached)})"
             if self.abstract:
                 extra += " (traces of the cut model replayed on the real design"
-                extra += f"; not replayed: {', '.join(self.cut_only)})" if self.cut_only else ")"
+                extra += f"; not replayed: {', '.join(self.cut_only)}" if self.cut_only else ""
+                extra += f"; found on the real model: {', '.join(self.real_model)})" if self.real_model else ")"
         if self.status == "TIMEOUT" and self.checked:
             extra += f"; no counterexample in steps 0..{self.checked - 1} before the timeout"
         if self.abstract:
             extra += f"; {'/'.join(self.abstract)} cut"
         if self.prefix:
             extra += f"; inputs of a simulated run (seed {self.prefix.seed}) in steps 0..{self.prefix.cycles - 1}"
+            extra += "" if self.solver else ", no solver steps: the simulated run alone"
         return f"{self.block:<10} {self.mode:<6} {what:<26} {self.status:<7} {self.seconds:6.1f} s{extra}"
 
 
@@ -104,9 +109,10 @@ def wrapper(block: str, cfg, mode: str, mutation: Mutation | None = None, replay
 
 def run(block: str, cfg=None, mode: str = "prove", depth: int | None = None, *, big: bool = False,
         mutation: Mutation | None = None, timeout: int | None = None, workroot: Path | None = None,
-        prefix: Prefix | None = None) -> Result:
+        prefix: Prefix | None = None, cut: bool = True) -> Result:
     """Run one task; ``cfg`` defaults to the spec's small (or ``big``) config, ``depth`` to its depth,
-    ``prefix`` (of the ``prefix`` and ``cover`` tasks) to the spec's."""
+    ``prefix`` (of the ``prefix`` and ``cover`` tasks) to the spec's; ``cut=False``: the real model
+    where the spec cuts cells (a cover task whose cut-model traces missed some covers reruns so)."""
     check_tools()
     spec = SPECS[block]
     cfg = cfg if cfg is not None else (spec.big if big else spec.small)
@@ -123,32 +129,71 @@ def run(block: str, cfg=None, mode: str = "prove", depth: int | None = None, *, 
     workdir.mkdir(parents=True)
     (workdir / "top.il").write_text(text)
     # a prefixed task runs on the real model: the prefix's inputs fix its state
-    cuts = [f"cutpoint t:{cell}" for cell in spec.abstract] if mode in _CUT_MODES and not prefix else []
+    cuts = [f"cutpoint t:{cell}" for cell in spec.abstract] if mode in _CUT_MODES and cut and not prefix else []
     files = ["top.il"]
+    t0 = time.time()
     if prefix:
         from .prefix import simulate, smtc
-        record = simulate(wrapper(block, cfg, mode, replay=True), spec.rules(cfg), prefix.cycles, prefix.seed)
+        simulated = simulate(wrapper(block, cfg, mode, mutation, replay=True), spec.rules(cfg), prefix.cycles, prefix.seed)
         widths = {name: len(value) for name, (value, _) in top_ports(top).items()}
-        (workdir / "prefix.smtc").write_text(smtc(record, widths))
+        inputs = {name: values[:depth] for name, values in simulated.inputs.items()}
+        (workdir / "prefix.smtc").write_text(smtc(inputs, widths))
         files.append("prefix.smtc")
-    (workdir / "task.sby").write_text("\n".join([
-        "[options]", f"mode {_MODE[mode]}", f"depth {depth}", "multiclock off", *([f"timeout {timeout}"] if timeout else []),
-        *(["smtc prefix.smtc"] if prefix else []),
-        "", "[engines]", ENGINE, "", "[script]", "read_rtlil top.il", "prep -top top", *cuts, "",
-        "[files]", *files, ""]))
-    t0 = time.time()
-    done = subprocess.run(["yowasp-sby", "-f", "-d", "run", "task.sby"], cwd=workdir, env=tool_env(),
-                          capture_output=True, text=True)
-    seconds = time.time() - t0
-    log = done.stdout + done.stderr
-    (workdir / "sby.log").write_text(log)
-    result = Result(block, mode, depth, _status(log), seconds, top.property_names, workdir=workdir,
-                    abstract=tuple(spec.abstract) if cuts else (), prefix=prefix,
-                    log_tail="\n".join(log.splitlines()[-25:]))
-    _parse(log, result)
+    if prefix and depth <= prefix.cycles:   # every step is the simulation's: no solver
+        covers = [p.split(":", 1)[1] for p in top.property_names if p.startswith("cover:")]
+        result = Result(block, mode, depth, "PASS", 0.0, top.property_names, workdir=workdir, prefix=prefix,
+                        unreached=covers, solver=False)
+    else:
+        (workdir / "task.sby").write_text("\n".join([
+            "[options]", f"mode {_MODE[mode]}", f"depth {depth}", "multiclock off",
+            *([f"timeout {timeout}"] if timeout else []), *(["smtc prefix.smtc"] if prefix else []),
+            "", "[engines]", ENGINE, "", "[script]", "read_rtlil top.il", "prep -top top", *cuts, "",
+            "[files]", *files, ""]))
+        done = subprocess.run(["yowasp-sby", "-f", "-d", "run", "task.sby"], cwd=workdir, env=tool_env(),
+                              capture_output=True, text=True)
+        log = done.stdout + done.stderr
+        (workdir / "sby.log").write_text(log)
+        result = Result(block, mode, depth, _status(log), 0.0, top.property_names, workdir=workdir,
+                        abstract=tuple(spec.abstract) if cuts else (), prefix=prefix,
+                        log_tail="\n".join(log.splitlines()[-25:]))
+        _parse(log, result)
+    if prefix:
+        _add_prefix(result, simulated, depth)
+    result.seconds = time.time() - t0
     if mode == "cover" and cuts:
         _concretize(result, lambda: wrapper(block, cfg, mode, replay=True))
+        if result.unreached:   # not reached or not replayed: the real model searches for them
+            real = run(block, cfg, mode, depth, timeout=timeout, workroot=workroot, prefix=prefix, cut=False)
+            result.real_model = [c for c in result.unreached if c in real.reached]
+            result.reached += result.real_model
+            result.traces.update({c: real.traces[c] for c in result.real_model if c in real.traces})
+            result.unreached = [c for c in result.unreached if c not in real.reached]
+            result.seconds += real.seconds
+            result.status = real.status if result.unreached else "PASS"
     return result
+
+
+def _add_prefix(result: Result, simulated, depth: int) -> None:
+    """The simulated prefix's findings in steps below ``depth`` (the solver's own where it ran):
+    its assertion failures, and its covers (steps of a real run) as reached."""
+    for name, cycle in simulated.failed.items():
+        if cycle >= depth:
+            continue
+        if name not in result.failed:
+            result.failed.append(name)
+        if result.step is None or cycle < result.step:
+            result.step, result.trace = cycle, None   # the simulation's: no solver trace
+        result.status = "FAIL"
+    for name, cycle in simulated.covers.items():
+        if cycle >= depth:
+            continue
+        if name in result.unreached:
+            result.unreached.remove(name)
+        if name not in result.reached:
+            result.reached.append(name)
+        result.reached_at[name] = min(cycle, result.reached_at.get(name, cycle))
+    if result.mode == "cover" and result.unreached:
+        result.status = "FAIL"
 
 
 def _concretize(result: Result, make_top) -> None:
@@ -161,6 +206,7 @@ def _concretize(result: Result, make_top) -> None:
             result.reached.append(cover)
         else:
             result.cut_only.append(cover + (f" [left the environment: {done.left_env}]" if done.left_env else ""))
+            result.unreached.append(cover)
 
 
 def _status(log: str) -> str:

@@ -203,18 +203,24 @@ SPECS: dict[str, FormalSpec] = {s.block: s for s in [
     FormalSpec("mac-unit", _TINY_MAC, _SMALL_MAC, _unit_rules, _d(2, 24, 28, 24)),
     FormalSpec("dense", DenseConfig(head_dim=4, lanes=1, max_positions=2, kv_width=6, kv_frac=3),
                DenseConfig(head_dim=8, lanes=2, max_positions=4, kv_width=8, kv_frac=4), _dense_rules,
-               _d(None, 20, None, 44, deep=44), abstract=CUT, note=_FSM_NOTE),
+               _d(None, 20, None, 64, deep=44), abstract=CUT, note=_FSM_NOTE),   # out first done at step 62
     # prefix: the first step's query and K pass (its first out beat is at cycle 76 of the run, its
     # entry-store requests at 65); the second step's K pass is free (its kv_req stalled at 85)
     FormalSpec("mac-decode", _TINY_DECODE, _SMALL_DECODE, _decode_rules,
                _d(None, 12, None, 88, deep=24, prefix=88), abstract=CUT, note=_FSM_NOTE, prefix=Prefix(60, seed=1)),
-    FormalSpec("lad-tile", _TINY_LAD, _SMALL_LAD, _tile_rules, _d(None, 12, None, 16, deep=30), abstract=CUT,
-               note=_FSM_NOTE),
+    # prefix: step 0 (its out at cycles 111-115 of the run) and step 1 up to its candidates' KV
+    # reads (kv_req from 218, one stalled at 222): every cover in the run; the solver checks every
+    # continuation for 24 cycles more (the covers' task is the run alone: a solver's cover search
+    # along it did not finish, docs/verification.md)
+    FormalSpec("lad-tile", _TINY_LAD, _SMALL_LAD, _tile_rules, _d(None, 12, None, 224, deep=30, prefix=248),
+               abstract=CUT, note=_FSM_NOTE, prefix=Prefix(224, seed=1)),
     FormalSpec("lad-eas", _TINY_LAD, _SMALL_LAD, _eas_rules, _d(None, 2, None, 32, deep=24), abstract=CUT,
                note=_FSM_NOTE),
     FormalSpec("lad-apid", _TINY_LAD, _SMALL_LAD, _apid_rules, _d(None, 10, None, 12, deep=16), abstract=CUT,
                note=_FSM_NOTE),
-    FormalSpec("lad-md", _TINY_LAD, _SMALL_LAD, _md_rules, _d(None, 12, None, 24, deep=18), abstract=CUT,
+    # on the cut model a candidate's verdict is first taken at step 24, its corrections' first
+    # beat stalled at 30 and first unit done at 32 (covers at 34; deep 32: steps 0..31)
+    FormalSpec("lad-md", _TINY_LAD, _SMALL_LAD, _md_rules, _d(None, 12, None, 34, deep=32), abstract=CUT,
                note=_FSM_NOTE),
     FormalSpec("lad-ac", _TINY_LAD, _SMALL_LAD, _ac_rules, _d(None, 5, None, 20, deep=30), abstract=CUT,
                note=_FSM_NOTE),
