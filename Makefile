@@ -45,8 +45,8 @@ synth: $(STAMP)
 # checks finish at them.
 FORMAL_BIG := vpu sfm sram mac-match mac-merge mac-unit
 formal: $(STAMP)
-	nice -n 10 $(VENV)/bin/ladmac formal; s=$$?; \
-	nice -n 10 $(VENV)/bin/ladmac formal --big $(FORMAL_BIG); exit $$((s | $$?))
+	nice -n 10 $(VENV)/bin/ladmac formal --timeout 2400; s=$$?; \
+	nice -n 10 $(VENV)/bin/ladmac formal --big --timeout 2400 $(FORMAL_BIG); exit $$((s | $$?))
 
 # Config-space fuzzing (testbenches/fuzz.py): FUZZ_COUNT random valid configs per block family
 # (the blocks sharing a config class; a family's configs rotate over its blocks), each emitted and
