@@ -4,7 +4,8 @@ reaches from reset (docs/verification.md, "Modes": ``prefix``).
 :func:`simulate` runs the block's formal wrapper (``replay=True``) in Amaranth's simulator from
 reset under a seeded environment that keeps every assumption: the spec's first input (the
 ``inp`` of its first counting rule) offered with random payloads that meet the input contract,
-every request answered with random data once asked, every output ready three cycles in four.
+every request answered with random data once asked, every output ready three cycles in four
+(any other input stays 0).
 It records each input port per cycle, checks the wrapper's assertions and notes its covers in
 every cycle; :func:`smtc` writes the inputs as yosys-smtbmc constraints on steps
 ``0..cycles-1``. A task with the prefix skips those steps in the solver (SymbiYosys ``skip``:
