@@ -135,6 +135,11 @@ class FormalWrapper(wiring.Component):
         else:
             m.d.comb += _named(kind(test), name)
 
+    def tests_of(self, kind: str) -> list:
+        """``(name, signal)`` of the replay tests of ``kind`` ("assume", "assert" or "cover");
+        they exist once the wrapper is elaborated (a Simulator of it is made)."""
+        return [(name, signal) for name, (k, signal) in self.tests.items() if k == kind]
+
     def _assume(self, m, test, name):
         """The environment (unlisted; named for a replay that leaves it)."""
         self._prop(m, Assume, test, name, listed=False)

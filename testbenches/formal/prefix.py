@@ -24,15 +24,12 @@ from amaranth.sim import Simulator
 
 from hdl.lib.parts import part_ports
 
-from .harness import stream_ports
-
 
 @dataclass
 class Run:
     inputs: dict[str, list[int]]                        # input port name -> its value per cycle
     covers: dict[str, int] = field(default_factory=dict)    # cover -> the first cycle it held
     failed: dict[str, int] = field(default_factory=dict)    # assertion -> the first cycle it broke
-    transfers: dict[str, list[int]] = field(default_factory=dict)   # stream -> its transfer cycles
 
 
 def simulate(top, rules: dict, cycles: int, seed: int = 1) -> Run:
@@ -43,7 +40,7 @@ def simulate(top, rules: dict, cycles: int, seed: int = 1) -> Run:
     responses = {r.resp: r for r in rules.get("responses", ())}
     run = Run({name: [] for name in ports})
     sim = Simulator(top)   # elaborates top: its tests exist from here on
-    tests = {kind: [(name, s) for name, (k, s) in top.tests.items() if k == kind] for kind in ("assume", "assert", "cover")}
+    tests = {kind: top.tests_of(kind) for kind in ("assume", "assert", "cover")}
     assumes = tests["assume"]
     contracts = [s for name, s in assumes if name.startswith("contract")]
 
@@ -85,10 +82,6 @@ def simulate(top, rules: dict, cycles: int, seed: int = 1) -> Run:
             for name in free:
                 s = getattr(top, name)
                 free[name] = not ctx.get(s.valid) or bool(ctx.get(s.ready))
-            for name in stream_ports(top.dut):
-                s = getattr(top, name)
-                if ctx.get(s.valid) and ctx.get(s.ready):
-                    run.transfers.setdefault(name, []).append(cycle)
             for r in responses.values():
                 req, resp = getattr(top, r.req), getattr(top, r.resp)
                 if ctx.get(req.valid) and ctx.get(req.ready):

@@ -1,5 +1,5 @@
-"""Replay a cover trace of the cut model on the real design (docs/verification.md, "Covers on
-the cut model").
+"""Replay a cover trace of the cut model on the real design (docs/verification.md, "Modes and
+how each is proved": ``cover``).
 
 A cover reached on the model whose datapath cells are cut to free values (FormalSpec.abstract)
 shows a path of that over-approximation only. Replaying the trace's inputs (every port the
@@ -31,12 +31,13 @@ def replay(top, trace_vcd, cover: str, force: dict | None = None) -> Replay:
     ``force``: input port name -> a value held in every step instead of the trace's."""
     table, steps = read_vcd(trace_vcd)
     table.update({name: [value] * steps for name, value in (force or {}).items()})
-    inputs = [(value, table[name]) for name, (value, flow) in part_ports(top).items() if flow == In]
-    missing = [name for name, (_, flow) in part_ports(top).items() if flow == In and name not in table]
+    ports = {name: value for name, (value, flow) in part_ports(top).items() if flow == In}
+    missing = [name for name in ports if name not in table]
     if missing:
         raise ValueError(f"{trace_vcd}: no trace of the inputs {', '.join(missing)}")
+    inputs = [(value, table[name]) for name, value in ports.items()]
     sim = Simulator(top)   # elaborates top: its tests exist from here on
-    assumes = [(name, s) for name, (kind, s) in top.tests.items() if kind == "assume"]
+    assumes = top.tests_of("assume")
     test = top.tests[cover][1]
     result = Replay(None)
 

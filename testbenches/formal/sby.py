@@ -163,7 +163,7 @@ def run(block: str, cfg=None, mode: str = "prove", depth: int | None = None, *, 
     if mode == "cover" and cuts:
         _concretize(result, lambda: wrapper(block, cfg, mode, replay=True))
         if result.unreached:   # not reached or not replayed: the real model searches for them
-            real = run(block, cfg, mode, depth, timeout=timeout, workroot=workroot, prefix=prefix, cut=False)
+            real = run(block, cfg, mode, depth, timeout=timeout, workroot=workroot, cut=False)   # (no prefix here)
             result.real_model = [c for c in result.unreached if c in real.reached]
             result.reached += result.real_model
             result.traces.update({c: real.traces[c] for c in result.real_model if c in real.traces})
