@@ -1,7 +1,7 @@
 """The mutation tool's mutant generator (testbenches/mutation.py): which single-line changes it makes."""
 from pathlib import Path
 
-from testbenches.mutation import BLOCKS, identities, mutants_of, statement_spans, swap_mux
+from testbenches.mutation import BLOCKS, compiler_cache, identities, mutants_of, statement_spans, swap_mux
 from golden.paths import PROJECT_ROOT
 
 
@@ -114,3 +114,20 @@ def test_compare_verilog_tells_same_from_differs_and_leaves_no_mutant_verilog(tm
     assert cached and any(c.read_text() not in original for c in cached)   # up to the first that differs
     drop_new_builds(work)
     assert not list((work / "build" / "verilog-cache").glob("*.v"))
+
+
+def test_the_compiler_cache_serves_a_second_compile_of_the_same_source(tmp_path):
+    """compiler_cache: ccache (the test extra) in front of the compiler, its cache in the folder
+    given: the second compile of an unchanged source is a hit, a changed one a miss."""
+    import os
+    import subprocess
+    env = {**os.environ, **compiler_cache(tmp_path)}
+    assert "OBJCACHE=" in env["MAKEFLAGS"] and env["CCACHE_DIR"] == str(tmp_path / "ccache")
+    ccache = env["MAKEFLAGS"].split("OBJCACHE=")[1].split()[0]
+    src = tmp_path / "a.cpp"
+    for n, body in enumerate(["return x * 3;", "return x * 3;", "return x * 4;"]):
+        src.write_text(f"int f(int x) {{ {body} }}\n")
+        subprocess.run([ccache, "c++", "-O1", "-c", str(src), "-o", str(tmp_path / f"{n}.o")], env=env, check=True)
+    stats = dict(line.split("\t") for line in subprocess.run(
+        [ccache, "--print-stats"], env=env, capture_output=True, text=True, check=True).stdout.splitlines())
+    assert int(stats["direct_cache_hit"]) == 1 and int(stats["cache_miss"]) == 2
