@@ -2,7 +2,7 @@
 changes to its RTL sources its tests catch.
 
     .venv/bin/python -m testbenches.mutation BLOCK [--jobs N] [--limit N --seed S] [--survivors-of JSON]
-                                                   [--out JSON] [--timeout S]
+                                                   [--lines FILE:LINE,...] [--out JSON] [--timeout S]
 
 Mutants (one line each): a comparison flipped (``==``/``!=``, ``<``/``>=``, ``>``/``<=``), an integer
 constant +-1, a ``Mux``'s arms swapped, ``&`` and ``|`` exchanged, a register stage dropped
@@ -21,7 +21,8 @@ block's own test selection) and a failure kills it. Score = killed / (killed + s
 checks or a preset: its survivors, its equivalents and any new mutant; ``--survivors-only``: its
 survivors alone); ``--resume``
 takes the outcomes an interrupted run recorded (same sources and benches: the JSON's fingerprint) and
-evaluates the rest. The tests
+evaluates the rest; ``--lines`` evaluates only the mutants of the lines named (``ac.py:542``: a bench
+fix checked against the survivors it targets; a check, not the block's score). The tests
 run unmutated first (they must pass); their builds are kept and shared by every mutant, so a preset
 whose Verilog a mutant leaves unchanged is not built again.
 """
@@ -357,6 +358,14 @@ def block_fingerprint(block: str) -> str:
     return fingerprint([*files, *rtl, *bench_sources(block, *module.values())])
 
 
+def lines_arg(text: str) -> list[tuple[str, int]]:
+    """``--lines``: ``FILE:LINE[,FILE:LINE...]`` as (file, line) pairs."""
+    try:
+        return [(f, int(no)) for f, no in (item.rsplit(":", 1) for item in text.split(","))]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected FILE:LINE[,FILE:LINE...]") from None
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("block", choices=sorted(BLOCKS))
@@ -370,6 +379,8 @@ def main(argv=None) -> int:
                              "survivors, its equivalents, which a new preset may tell apart, and new mutants)")
     parser.add_argument("--survivors-only", action="store_true",
                         help="with --survivors-of: evaluate only its survivors (a bench gained checks, no preset)")
+    parser.add_argument("--lines", type=lines_arg, default=None,
+                        help="only the mutants of these lines: FILE:LINE[,FILE:LINE...] (FILE: the end of a source's path)")
     parser.add_argument("--resume", type=Path, default=None,
                         help="a result JSON of an interrupted run: keep its outcomes (same fingerprint), evaluate the rest")
     args = parser.parse_args(argv)
@@ -414,6 +425,10 @@ def main(argv=None) -> int:
     total = len(mutants)
     if args.limit and args.limit < total:
         mutants = sorted(random.Random(args.seed).sample(mutants, args.limit), key=lambda m: (m.file, m.line))
+    if args.lines:
+        mutants = [m for m in mutants if any(m.file.endswith(f) and m.line == no for f, no in args.lines)]
+        if not mutants:
+            sys.exit(f"ladmac: error: no mutants on the lines {args.lines} of {args.block}'s sources")
     if args.survivors_of:   # after a bench fix: what an earlier run did not kill (benches only gain checks)
         record = json.loads(args.survivors_of.read_text())
         earlier = dict(zip(identities(record["mutants"], record["limit"]), record["mutants"]))
@@ -478,6 +493,7 @@ def main(argv=None) -> int:
 def write(args, total, mutants, counts) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"block": args.block, "seed": args.seed, "limit": args.limit, "mutants_total": total,
+                                    "lines": [f"{f}:{no}" for f, no in args.lines or []],
                                     "survivors_of": str(args.survivors_of or ""), "fingerprint": args.fingerprint,
                                     "counts": counts, "mutants": [asdict(m) for m in mutants]}, indent=1))
 

@@ -115,16 +115,18 @@ def test_lad_ac_rtl_equals_golden(kind, steps, seed, ac_lanes):
     terms' N. ``ac_lanes = 2``: the scalar-times-vector arithmetic two lanes a cycle (4 cycles a
     beat), as the FPGA preset does, with out stalled 95 % of the cycles (a FINISH's beats still leave
     when the commands behind it would start the next). Cycles: a TERMS after a QA does not run the
-    pass again."""
+    pass again. ``decoy``: a QA and TERMS of another q right before a step's TERMS (a QA serves one
+    TERMS: the step's runs its own pass); ``busy`` high while a FINISH's beats remain."""
     cfg = replace(SMALL, ac_lanes=ac_lanes)
     r = simulate("lad-ac", cfg, "testbenches.tb.tb_lad_ac", seed=seed, name=f"{kind}-{cfg.ac_group}",
                  params={"steps": steps, "kind": kind, "probe": 0.5, "recip_corners": 0.2 if kind == "drift" else 0,
-                         "out_stall": 0.95 if ac_lanes else 0.3})
+                         "out_stall": 0.95 if ac_lanes else 0.3, "decoy": 0.2})
     assert r["mismatches"] == 0 and r["steps"] == steps, r["mismatch_list"]
     assert r["corrections"] > 0 and r["mode_change_updates"] > 0 and r["probes"] > 0 and r["qa_passes"] > 0
     assert r["nonzero_outputs"] > r["beats"] // 2 and r["z_clamped"] > 0
     assert (r["recip_corners"] > 0) == (kind == "drift")
     assert r["cmd_ready_while_out_pending"] == 0 and r["cmd_offered_while_out_pending"] > 0
+    assert r["idle_while_out_pending"] == 0 and r["decoys"] > 0
     # a QA's pass serves its TERMS: one number of cycles (COMBINE, then Z), a pass (d / P rows x nb
     # beats) or more below a TERMS that runs the pass itself (after waiting for the A engine, or not)
     after_qa, alone = r["terms_cycles_after_qa"], r["terms_cycles_alone"]

@@ -18,7 +18,10 @@ carry random values. Random gaps on cmd/recip_resp, back-pressure on out/recip_r
 FINISH is followed at once by the corrections half the time, a corner's always (``out_stall``: the out
 sink's back-pressure, high enough that a FINISH's beats are still leaving when the next FINISH could
 start): cmd must not be ready until a FINISH's last beat has left (a monitor counts the cycles it
-is). Reported cycles: TERMS's, from its transfer until AC is idle, after a QA and without one.
+is; ``busy`` must be high all that time). With ``decoy`` (probability per step), the step's TERMS
+comes without a QA right behind a QA and TERMS of another step's q and m (no cache update between):
+it must run its own q.A_r pass (a QA serves one TERMS). Reported cycles: TERMS's, from its transfer
+until AC is idle, after a QA and without one.
 """
 from __future__ import annotations
 
@@ -56,7 +59,9 @@ async def ac_matches_golden(dut):
     want_recip = []
     probes = updates = qa_passes = recip_corners = 0
     terms_cycles = {True: [], False: []}   # TERMS's cycles after a QA, without one
-    interlock = {"ready": 0, "offered": 0}   # cycles with a FINISH's beats still to leave: cmd ready, offered
+    # cycles with a FINISH's beats still to leave: cmd ready, cmd offered, busy low
+    interlock = {"ready": 0, "offered": 0, "idle": 0}
+    decoys = 0
 
     async def watch_out_interlock():   # a FINISH holds cmd until its last beat has left (o's FIFO holds one)
         seen_cmd = seen_out = finishes = 0
@@ -72,6 +77,7 @@ async def ac_matches_golden(dut):
             if finishes * cfg.beats > seen_out:
                 interlock["ready"] += int(cmd_src.ready.value)
                 interlock["offered"] += int(cmd_src.valid.value)
+                interlock["idle"] += not int(dut.busy.value)
     cocotb.start_soon(watch_out_interlock())
 
     async def settle():
@@ -88,8 +94,15 @@ async def ac_matches_golden(dut):
 
     for rec in recs:
         n = rec.n
+        decoy = rng.random() < bench.params.get("decoy", 0)
+        if decoy:   # a QA and TERMS of another q first: this step's TERMS must not take that q.A_r
+            other = rng.choice([r for r in recs if r.q != rec.q])
+            decoys += 1
+            await load_vector(bench, q_src, other.q)
+            cmd_src.put(command(cfg, rng, op=AcOp.QA), command(cfg, rng, op=AcOp.TERMS, m=other.m))
+            await settle()
         await load_vector(bench, q_src, rec.q)
-        qa = rng.random() < 0.5
+        qa = not decoy and rng.random() < 0.5
         if qa:   # the q.A pass ahead of TERMS, as the tile sends it
             qa_passes += 1
             cmd_src.put(command(cfg, rng, op=AcOp.QA))
@@ -139,7 +152,7 @@ async def ac_matches_golden(dut):
     bench.finish(
         vectors=len(recs), steps=len(recs), beats=len(want_out), probes=probes, qa_passes=qa_passes,
         recip_corners=recip_corners, cmd_ready_while_out_pending=interlock["ready"],
-        cmd_offered_while_out_pending=interlock["offered"],
+        cmd_offered_while_out_pending=interlock["offered"], idle_while_out_pending=interlock["idle"], decoys=decoys,
         terms_cycles_after_qa=terms_cycles[True], terms_cycles_alone=terms_cycles[False],
         corrections=sum(sum(g.active for g in r.md) for r in recs), mode_change_updates=updates,
         absorptions=len(recs), nonzero_outputs=sum(1 for w in want_out if any(w)),
