@@ -1,7 +1,7 @@
 """The mutation tool's mutant generator (testbenches/mutation.py): which single-line changes it makes."""
 from pathlib import Path
 
-from testbenches.mutation import BLOCKS, compiler_cache, identities, mutants_of, statement_spans, swap_mux
+from testbenches.mutation import BLOCKS, compiler_cache, identities, lines_arg, mutants_of, statement_spans, swap_mux
 from golden.paths import PROJECT_ROOT
 
 
@@ -131,3 +131,13 @@ def test_the_compiler_cache_serves_a_second_compile_of_the_same_source(tmp_path)
     stats = dict(line.split("\t") for line in subprocess.run(
         [ccache, "--print-stats"], env=env, capture_output=True, text=True, check=True).stdout.splitlines())
     assert int(stats["direct_cache_hit"]) == 1 and int(stats["cache_miss"]) == 2
+
+
+def test_lines_name_a_file_by_the_end_of_its_path_and_a_line():
+    """--lines FILE:LINE,...: pairs in order; anything else is the one-line usage error (exit 2)."""
+    import argparse
+    import pytest
+    assert lines_arg("ac.py:542,hdl/lib/pipe.py:7") == [("ac.py", 542), ("hdl/lib/pipe.py", 7)]
+    for bad in ("ac.py", "ac.py:x", "ac.py:5,"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            lines_arg(bad)
