@@ -380,7 +380,8 @@ def main(argv=None) -> int:
     parser.add_argument("--survivors-only", action="store_true",
                         help="with --survivors-of: evaluate only its survivors (a bench gained checks, no preset)")
     parser.add_argument("--lines", type=lines_arg, default=None,
-                        help="only the mutants of these lines: FILE:LINE[,FILE:LINE...] (FILE: the end of a source's path)")
+                        help="only the mutants of these lines: FILE:LINE[,FILE:LINE...] (FILE: the end of a "
+                             "source's path)")
     parser.add_argument("--resume", type=Path, default=None,
                         help="a result JSON of an interrupted run: keep its outcomes (same fingerprint), evaluate the rest")
     args = parser.parse_args(argv)

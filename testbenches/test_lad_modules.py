@@ -111,7 +111,7 @@ def test_lad_ac_rtl_equals_golden(kind, steps, seed, ac_lanes):
     """The tile's command sequence of a drift / all-active sequence: first step (empty caches,
     Z = 0 into RECIP), corrections, mode-change cache updates, absorptions, extreme values (v =
     127, k = -100 in drift); probes read o of the cache terms alone; in drift, RECIP's corners (Z
-    moved to a power of two: mantissa 1.0, and below zero: the largest mantissa) with the cache
+    moved to a power of two: mantissa 1.0, below zero: the largest mantissa, and saturated) with the cache
     terms' N. ``ac_lanes = 2``: the scalar-times-vector arithmetic two lanes a cycle (4 cycles a
     beat), as the FPGA preset does, with out stalled 95 % of the cycles (a FINISH's beats still leave
     when the commands behind it would start the next). Cycles: a TERMS after a QA does not run the
@@ -124,7 +124,7 @@ def test_lad_ac_rtl_equals_golden(kind, steps, seed, ac_lanes):
     assert r["mismatches"] == 0 and r["steps"] == steps, r["mismatch_list"]
     assert r["corrections"] > 0 and r["mode_change_updates"] > 0 and r["probes"] > 0 and r["qa_passes"] > 0
     assert r["nonzero_outputs"] > r["beats"] // 2 and r["z_clamped"] > 0
-    assert (r["recip_corners"] > 0) == (kind == "drift")
+    assert (r["recip_corners"] > 0) == (kind == "drift") and (r["z_saturated"] > 0) == (kind == "drift")
     assert r["cmd_ready_while_out_pending"] == 0 and r["cmd_offered_while_out_pending"] > 0
     assert r["idle_while_out_pending"] == 0 and r["decoys"] > 0
     # a QA's pass serves its TERMS: one number of cycles (COMBINE, then Z), a pass (d / P rows x nb

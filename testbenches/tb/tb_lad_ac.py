@@ -12,9 +12,10 @@ golden.sfm.recip (random latency), every ``out`` beat = golden o; then the absor
 (update only), half the time followed at once by the next step's commands (the A engine still
 busy). RECIP's corners, with ``recip_corners`` (probability per step, once N of the cache terms is
 not zero): after TERMS, BEATS with v = 0 and w moving Z to a power of two (RECIP's mantissa 1.0, its
-top bit) and then to -1 (clamped to 0: the mantissa's largest value), a FINISH at each (o =
-``LadTileModel.finish`` of the cache terms' N), then Z moved back. Fields a command does not use
-carry random values. Random gaps on cmd/recip_resp, back-pressure on out/recip_req. A probe's
+top bit), to -1 (clamped to 0: the mantissa's largest value) and past its largest value (Z
+saturated), a FINISH at each (o = ``LadTileModel.finish`` of the cache terms' N), then Z moved
+back. Fields a command does not use carry random values. Random gaps on cmd/recip_resp,
+back-pressure on out/recip_req. A probe's
 FINISH is followed at once by the corrections half the time, a corner's always (``out_stall``: the out
 sink's back-pressure, high enough that a FINISH's beats are still leaving when the next FINISH could
 start): cmd must not be ready until a FINISH's last beat has left (a monitor counts the cycles it
@@ -61,7 +62,8 @@ async def ac_matches_golden(dut):
     terms_cycles = {True: [], False: []}   # TERMS's cycles after a QA, without one
     # cycles with a FINISH's beats still to leave: cmd ready, cmd offered, busy low
     interlock = {"ready": 0, "offered": 0, "idle": 0}
-    decoys = 0
+    decoys = z_saturated = 0
+    z_max, w_max = (1 << (cfg.z_width - 1)) - 1, (1 << (w_width(cfg) - 1)) - 1
 
     async def watch_out_interlock():   # a FINISH holds cmd until its last beat has left (o's FIFO holds one)
         seen_cmd = seen_out = finishes = 0
@@ -118,12 +120,16 @@ async def ac_matches_golden(dut):
             await finish(o, z_in, f"step {n} probe", wait=rng.random() < 0.5)
         corners = bench.params.get("recip_corners", 0)
         if corners and any(rec.terms_n) and 0 < rec.terms_z and rng.random() < corners:
-            recip_corners += 1   # Z at a power of two, then below zero; N the cache terms'
+            recip_corners += 1   # Z at a power of two, below zero, saturated; N the cache terms'
             z_now = rec.terms_z
-            for target in (1 << (rec.terms_z.bit_length() - 1), -1, rec.terms_z):
-                for kb in beats([0] * cfg.head_dim, cfg):   # w counts once per nb beats, v = 0 keeps N
-                    cmd_src.put(command(cfg, rng, w=target - z_now, accumulate=1, v=kb))
-                z_now = target
+            for target, aim in ((1 << (rec.terms_z.bit_length() - 1),) * 2, (-1, -1), (z_max, z_max + w_max),
+                                (rec.terms_z,) * 2):
+                while z_now != target:   # positions of w within its range, the last aiming past a saturated Z
+                    w = max(-w_max - 1, min(w_max, aim - z_now))
+                    for kb in beats([0] * cfg.head_dim, cfg):   # w counts once per nb beats, v = 0 keeps N
+                        cmd_src.put(command(cfg, rng, w=w, accumulate=1, v=kb))
+                    z_saturated += z_now + w > z_max
+                    z_now = min(z_now + w, z_max)
                 await settle()
                 bench.check(f"step {n} z moved to {target}", dut.z.value.to_signed(), target)
                 if target != rec.terms_z:
@@ -153,6 +159,7 @@ async def ac_matches_golden(dut):
         vectors=len(recs), steps=len(recs), beats=len(want_out), probes=probes, qa_passes=qa_passes,
         recip_corners=recip_corners, cmd_ready_while_out_pending=interlock["ready"],
         cmd_offered_while_out_pending=interlock["offered"], idle_while_out_pending=interlock["idle"], decoys=decoys,
+        z_saturated=z_saturated,
         terms_cycles_after_qa=terms_cycles[True], terms_cycles_alone=terms_cycles[False],
         corrections=sum(sum(g.active for g in r.md) for r in recs), mode_change_updates=updates,
         absorptions=len(recs), nonzero_outputs=sum(1 for w in want_out if any(w)),
