@@ -12,8 +12,8 @@ golden.sfm.recip (random latency), every ``out`` beat = golden o; then the absor
 (update only), half the time followed at once by the next step's commands (the A engine still
 busy). RECIP's corners, with ``recip_corners`` (probability per step, once N of the cache terms is
 not zero): after TERMS, BEATS with v = 0 and w moving Z to a power of two (RECIP's mantissa 1.0, its
-top bit), to -1 (clamped to 0: the mantissa's largest value) and past its largest value (Z
-saturated), a FINISH at each (o = ``LadTileModel.finish`` of the cache terms' N), then Z moved
+top bit), to -1 (clamped to 0: the mantissa's largest value), past its largest value (Z
+saturated) and one below it (in range, by one), a FINISH at each (o = ``LadTileModel.finish`` of the cache terms' N), then Z moved
 back. Fields a command does not use carry random values. Random gaps on cmd/recip_resp,
 back-pressure on out/recip_req. A probe's
 FINISH is followed at once by the corrections half the time, a corner's always (``out_stall``: the out
@@ -123,7 +123,7 @@ async def ac_matches_golden(dut):
             recip_corners += 1   # Z at a power of two, below zero, saturated; N the cache terms'
             z_now = rec.terms_z
             for target, aim in ((1 << (rec.terms_z.bit_length() - 1),) * 2, (-1, -1), (z_max, z_max + w_max),
-                                (rec.terms_z,) * 2):
+                                (z_max - 1,) * 2, (rec.terms_z,) * 2):
                 while z_now != target:   # positions of w within its range, the last aiming past a saturated Z
                     w = max(-w_max - 1, min(w_max, aim - z_now))
                     for kb in beats([0] * cfg.head_dim, cfg):   # w counts once per nb beats, v = 0 keeps N
