@@ -358,6 +358,20 @@ def block_fingerprint(block: str) -> str:
     return fingerprint([*files, *rtl, *bench_sources(block, *module.values())])
 
 
+def open_lock(path: Path):
+    """An exclusive lock on ``path`` held until the process ends (the open file, kept by the
+    caller), or None if another process holds it."""
+    import fcntl
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "w")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    return f
+
+
 def lines_arg(text: str) -> list[tuple[str, int]]:
     """``--lines``: ``FILE:LINE[,FILE:LINE...]`` as (file, line) pairs."""
     try:
@@ -397,6 +411,11 @@ def main(argv=None) -> int:
             sys.exit(f"ladmac: error: {args.resume} was run on other sources or benches (fingerprint "
                      f"{earlier.get('fingerprint')}, now {args.fingerprint}): run without --resume")
         done = {(m["file"], m["line"], m["before"], m["after"]): m for m in earlier["mutants"] if m["outcome"]}
+    # the copies are the block's folder's (build/mutation/BLOCK/repoK): one run of a block at a time
+    lock = open_lock(PROJECT_ROOT / "build" / "mutation" / args.block / "RUNNING")
+    if lock is None:
+        sys.exit(f"ladmac: error: a mutation run of {args.block} is already running in this checkout "
+                 f"(its copies are build/mutation/{args.block}/): run this one in another checkout")
     copies = []
     for k in range(max(1, args.jobs)):
         work = PROJECT_ROOT / "build" / "mutation" / args.block / f"repo{k}"
@@ -427,7 +446,7 @@ def main(argv=None) -> int:
     if args.limit and args.limit < total:
         mutants = sorted(random.Random(args.seed).sample(mutants, args.limit), key=lambda m: (m.file, m.line))
     if args.lines:
-        mutants = [m for m in mutants if any(m.file.endswith(f) and m.line == no for f, no in args.lines)]
+        mutants = [m for m in mutants if any(f"/{m.file}".endswith(f"/{f}") and m.line == no for f, no in args.lines)]
         if not mutants:
             sys.exit(f"ladmac: error: no mutants on the lines {args.lines} of {args.block}'s sources")
     if args.survivors_of:   # after a bench fix: what an earlier run did not kill (benches only gain checks)

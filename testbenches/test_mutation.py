@@ -1,7 +1,8 @@
 """The mutation tool's mutant generator (testbenches/mutation.py): which single-line changes it makes."""
 from pathlib import Path
 
-from testbenches.mutation import BLOCKS, compiler_cache, identities, lines_arg, mutants_of, statement_spans, swap_mux
+from testbenches.mutation import (BLOCKS, compiler_cache, identities, lines_arg, mutants_of, open_lock,
+                                  statement_spans, swap_mux)
 from golden.paths import PROJECT_ROOT
 
 
@@ -141,3 +142,12 @@ def test_lines_name_a_file_by_the_end_of_its_path_and_a_line():
     for bad in ("ac.py", "ac.py:x", "ac.py:5,"):
         with pytest.raises(argparse.ArgumentTypeError):
             lines_arg(bad)
+
+
+def test_one_run_of_a_block_at_a_time(tmp_path):
+    """A second run of a block would re-copy the first's repository copies under it: its lock is
+    refused while the first holds it, and free once the first has let go."""
+    first = open_lock(tmp_path / "RUNNING")
+    assert first is not None and open_lock(tmp_path / "RUNNING") is None
+    first.close()
+    assert open_lock(tmp_path / "RUNNING") is not None
