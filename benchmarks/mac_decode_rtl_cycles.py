@@ -1,5 +1,6 @@
 """Cycles per decode step of the MAC decode engine RTL (hdl/mac/decode.py), measured under
-Verilator, next to the schedule model golden.mac_decode.head_step_cycles on the same steps.
+Verilator, next to the engine's own schedule (golden.mac_decode.engine_step_cycles: its FSM's
+states, exact here) and the planned schedule golden.mac_decode.head_step_cycles on the same steps.
 
     .venv/bin/python -m benchmarks.mac_decode_rtl_cycles [--quick] [--out RUN.json]
 
@@ -37,20 +38,24 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="write the per-step cycles as JSON")
     args = ap.parse_args(argv)
     results = []
-    print(f"{'run':16} {'kind':9} {'steps':>5} {'keys':>6} {'RTL':>7} {'model':>7} {'RTL/model':>9}")
+    print(f"{'run':16} {'kind':9} {'steps':>5} {'keys':>6} {'RTL':>7} {'engine':>7} {'planned':>7} {'RTL/planned':>11}")
     for name, cfg, params in runs(args.quick):
         t0 = time.time()
         r = simulate("mac-decode", cfg, seed=1, name="cycles", params={**params, **NO_STALLS})
         assert r["mismatches"] == 0, r["mismatch_list"][:3]
-        rows = list(zip(r["kinds"], r["kv_keys"], r["rtl_cycles"], r["model_cycles"]))
+        off = sum(a != b for a, b in zip(r["rtl_cycles"], r["engine_cycles"]))
+        if off:
+            print(f"{name}: {off} steps off the engine schedule (golden.mac_decode.engine_step_cycles)")
+        rows = list(zip(r["kinds"], r["kv_keys"], r["rtl_cycles"], r["engine_cycles"], r["model_cycles"]))
         for kind in ("idle", "hit", "miss", "fallback", "all"):
             sel = [row for row in rows if kind == "all" or row[0] == kind]
             if not sel:
                 continue
-            keys, rtl, model = (statistics.mean(row[i] for row in sel) for i in (1, 2, 3))
-            print(f"{name:16} {kind:9} {len(sel):5d} {keys:6.1f} {rtl:7.1f} {model:7.1f} {rtl / model:9.2f}")
+            keys, rtl, engine, model = (statistics.mean(row[i] for row in sel) for i in (1, 2, 3, 4))
+            print(f"{name:16} {kind:9} {len(sel):5d} {keys:6.1f} {rtl:7.1f} {engine:7.1f} {model:7.1f} {rtl / model:11.2f}")
         results.append({"run": name, "config": cfg.to_dict(), "kinds": r["kinds"], "kv_keys": r["kv_keys"],
-                        "rtl_cycles": r["rtl_cycles"], "model_cycles": r["model_cycles"],
+                        "rtl_cycles": r["rtl_cycles"], "engine_cycles": r["engine_cycles"],
+                        "model_cycles": r["model_cycles"], "off_engine_schedule": off,
                         "sim_s": round(time.time() - t0, 1)})
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))

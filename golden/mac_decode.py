@@ -236,6 +236,11 @@ class HeadStep:
     m: int = 0
     s: int = 0
     o: list[int] = field(default_factory=list)
+    # the engine's program (its KV reads, engine_step_cycles): each range pass's positions
+    # (lo, hi) in the RTL's order (an empty range too), and how each ⊕ / ⊖ went: "merge",
+    # "cancelled" (flagged) or "pointer" (an empty operand: no transaction)
+    passes: tuple[tuple[int, int], ...] = ()
+    combines: tuple[str, ...] = ()
 
 
 def step_ranges(cfg: MacDecodeConfig, n: int):
@@ -259,6 +264,7 @@ class MacDecodeHead:
         self.entry_o = [[0] * cfg.head_dim for _ in range(cfg.window)]
 
     def _attend(self, s: torch.Tensor, v: torch.Tensor, lo: int, hi: int):
+        self._passes.append((lo, hi))
         mask = torch.zeros(s.shape[-1], dtype=torch.bool)
         mask[lo:hi] = True
         m, z, o = attend_bits(s.unsqueeze(0), v.unsqueeze(0), mask.unsqueeze(0), self.cfg)
@@ -267,16 +273,17 @@ class MacDecodeHead:
     def _combine(self, op, st1, st2):
         m1, s1, o1 = st1
         m2, s2, o2 = st2
-        if s2 == 0:
-            return st1, False
-        if s1 == 0 and op == MergeOp.MERGE:
-            return st2, False
+        if s2 == 0 or (s1 == 0 and op == MergeOp.MERGE):
+            self._combines.append("pointer")
+            return (st1 if s2 == 0 else st2), False
         r = merge_bits(op, m1, s1, torch.as_tensor(o1), m2, s2, torch.as_tensor(o2), self.cfg)
+        self._combines.append("cancelled" if r.flagged else "merge")
         return (r.m, r.s, torch.tensor(r.o, dtype=torch.int64)), r.flagged
 
     def step(self, q_pre: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n: int):
         """Raw ``q_pre, q (d,)``, keys/values ``k, v (n+1, d)`` -> raw output ``o (d,)`` and a :class:`HeadStep`."""
         cfg = self.cfg
+        self._passes, self._combines = [], []
         F, lo_tail, L = step_ranges(cfg, n)
         engaged = cfg.reuse and L >= cfg.min_context
         if engaged:
@@ -299,6 +306,7 @@ class MacDecodeHead:
             keys = L
             if lo_tail == F:
                 e = (0, 0, torch.zeros(cfg.head_dim, dtype=torch.int64))
+                self._passes.append((F, F))   # the engine's empty middle range
             else:
                 e, fallback = self._combine(MergeOp.DOWNDATE, self._attend(s, v, F, L), tail)
                 if fallback:
@@ -309,7 +317,7 @@ class MacDecodeHead:
         out, _ = self._combine(MergeOp.MERGE, self._attend(s, v, 0, F), out)
         info = HeadStep(engaged, hit, res.position if res is not None else -1,
                         res.distance if res is not None else -1, fallback, keys, out[0], out[1],
-                        [int(x) for x in out[2]])
+                        [int(x) for x in out[2]], tuple(self._passes), tuple(self._combines))
         return out[2], info
 
 
@@ -521,6 +529,33 @@ def head_step_cycles(cfg: MacDecodeConfig, L: int, keys, hit, engaged: bool, fil
     entry = B + (hit * B if not isinstance(hit, bool) else (B if hit else 0))
     merges = (2 + (1 if cfg.sinks else 0)) * MERGE_CYCLES
     return match + passes + entry + merges + 2 * (NORM_CYCLES + B)
+
+
+def engine_step_cycles(cfg: MacDecodeConfig, st: HeadStep, filled: int) -> int:
+    """Cycles of one head's step on the engine RTL as built (hdl/mac/decode.py, the statistics
+    beat's ``cycles``) when no stream stalls or gaps and the KV memory and entry store answer one
+    cycle after a request: its FSM's states one after another, each state's cycles read from a
+    waveform (session 64; docs/mac-unit.md, "Decode engine"). ``st``: the step's
+    :class:`HeadStep` (its program), ``filled``: the head's ring entries before the step."""
+    B = cfg.beats
+    if not st.engaged:
+        match = 1                        # the ring is scanned and written in the background
+    else:                                # the MatchUnit's scan; an empty ring answers at once
+        match = filled * B + 14 if filled else 2
+    head = B + match + 2                 # LOAD (the query's beats), MATCH, RANGES, RANGES2
+    keys = st.kv_keys * B + 12 + (cfg.sinks == 0)   # KEYS: DOT, three score stages (no sinks: a request cycle)
+    # a range: R_START, its V burst through EXP2 / p / AXPY (count·B + 20), R_RECIP, RECIP's 7,
+    # R_OUT (B beats through four stages); an empty one: R_START alone
+    ranges = sum((hi - lo) * B + B + 33 if hi > lo else 1 for lo, hi in st.passes)
+    # COMBINE, then a MergeUnit transaction: scalar phase and B beats; a flagged one skips RECIP
+    merge = {"merge": B + 32, "cancelled": B + 22, "pointer": 0}
+    combines = sum(1 + merge[c] for c in st.combines)
+    entry = (B + 1) * (1 + int(st.hit))  # ENTRY_READ (hit) and ENTRY_WRITE
+    emit = B + 1                         # EMIT: the o beats from the state SRAM (their read's cycle and B)
+    return head + keys + DISPATCH_TASKS + ranges + combines + entry + emit
+
+
+DISPATCH_TASKS = 10   # the engine's program: one DISPATCH cycle per task
 
 
 def dense_head_cycles(cfg: MacDecodeConfig, L: int) -> int:

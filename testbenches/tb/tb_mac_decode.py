@@ -1,6 +1,8 @@
 """cocotb: MAC decode engine (hdl/mac/decode.py) == golden.mac_decode.MacDecodeHead, one model
 per head stepping n = 0, 1, 2, ...: every output beat (m, s, o) and every statistics beat
-(engaged, hit, matched position and distance, fallback, keys read). The bench plays the KV memory
+(engaged, hit, matched position and distance, fallback, keys read), and every KV and entry-store
+request (head, K or V, first, count; read or write, head, slot, beat and a write's m, s, o) against
+the model's program (HeadStep.passes). The bench plays the KV memory
 (bursts: one request, ``count·d/L`` response beats) and the entry store (read beats answered,
 writes stored) as memories with random latency, request back-pressure and response gaps; random
 gaps on ``query``, back-pressure on ``out``.
@@ -14,7 +16,7 @@ from __future__ import annotations
 import cocotb
 import torch
 
-from golden.mac_decode import MacDecodeConfig, MacDecodeHead, head_step_cycles, step_ranges
+from golden.mac_decode import MacDecodeConfig, MacDecodeHead, engine_step_cycles, head_step_cycles, step_ranges
 from hdl.mac.decode import (entry_request_layout, entry_response_layout, kv_request_layout, kv_response_layout,
                             out_layout, query_layout)
 from testbenches.streams import Bench, split_beats
@@ -59,8 +61,9 @@ async def mac_decode_matches_golden(dut):
                       (1, 6), burst=True)
 
     heads = [MacDecodeHead(cfg) for _ in range(H)]
+    kv_want, es_want, kv_where, es_where = [], [], [], []   # the requests, in order, from the model's program
     count = dict(hits=0, misses=0, fallbacks=0, idle=0, steps=0)
-    model_cycles, keys_list, kinds, total_keys = [], [], [], 0
+    model_cycles, engine_cycles, keys_list, kinds, total_keys = [], [], [], [], 0
     for n in range(N):
         F, lo_tail, L = step_ranges(cfg, n)
         for h in range(H):
@@ -68,6 +71,19 @@ async def mac_decode_matches_golden(dut):
                       for a, b in zip(split_beats(q_pre[n, h], lanes), split_beats(q[n, h], lanes))))
             o, st = heads[h].step(q_pre[n, h], q[n, h], k[0, :n + 1], v[0, :n + 1], n)
             where = f"step {n} head {h}"
+            lo_mid = L + F - st.kv_keys                      # the K pass: the sinks, then [lo_mid, L)
+            reads = [(0, 0, F), (0, lo_mid, L)] + [(1, lo, hi) for lo, hi in st.passes]
+            for value, lo, hi in reads:
+                if hi > lo:
+                    kv_want.append({"head": h, "value": value, "first": lo, "count": hi - lo})
+                    kv_where.append(where)
+            slot = n % cfg.window
+            for b in range(nb if st.hit else 0):           # the matched entry, then the new one
+                es_want.append({"write": 0, "head": h, "slot": st.position % cfg.window, "beat": b})
+            for b in range(nb):
+                es_want.append({"write": 1, "head": h, "slot": slot, "beat": b, "m": heads[h].entry_m[slot],
+                                "s": heads[h].entry_s[slot], "o": heads[h].entry_o[slot][b * lanes:(b + 1) * lanes]})
+            es_where += [where] * (nb * (1 + st.hit))
             for b, ob in enumerate(split_beats(o, lanes)):
                 sink.expect({"stats": 0, "m": st.m, "s": st.s, "o": ob}, inputs=f"{where} beat {b}")
             sink.expect({"stats": 1, "engaged": int(st.engaged), "hit": int(st.hit), "fallback": int(st.fallback),
@@ -83,10 +99,16 @@ async def mac_decode_matches_golden(dut):
             kinds.append("idle" if not st.engaged else "hit" if st.hit else "fallback" if st.fallback else "miss")
             model_cycles.append(int(head_step_cycles(cfg, L, st.kv_keys, int(st.hit), st.engaged, min(n, cfg.window),
                                                      int(st.fallback) * (lo_tail - F))))
+            engine_cycles.append(engine_step_cycles(cfg, st, min(n, cfg.window)))
     timeout = sum(keys_list) * nb * 60 + count["steps"] * (cfg.window * nb * 4 + 2000) + 10000
     await bench.drain(timeout_cycles=timeout)
+    bench.compare("kv_req", [r for _, r in kv.requests.received], kv_want, kv_where)
+    es_got = [{k: r[k] for k in ("write", "head", "slot", "beat", *(("m", "s", "o") if r["write"] else ()))}
+              for _, r in es.requests.received]
+    bench.compare("es_req", es_got, es_want, es_where)
     stats = [item for item in sink.items if item["stats"]]
     bench.finish(vectors=count["steps"], beats=len(sink.expected), **count,
-                 rtl_cycles=[s["cycles"] for s in stats], model_cycles=model_cycles, kv_keys=keys_list, kinds=kinds,
+                 rtl_cycles=[s["cycles"] for s in stats], model_cycles=model_cycles, engine_cycles=engine_cycles,
+                 kv_keys=keys_list, kinds=kinds,
                  kv_requests=len(kv.requests.received), entry_requests=len(es.requests.received),
                  nonzero_outputs=sum(1 for w, _ in sink.expected if not w["stats"] and any(w["o"])))
