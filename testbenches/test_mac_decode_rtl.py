@@ -58,23 +58,26 @@ def test_mac_decode_rtl_equals_model_on_real_smollm2_steps():
     assert r["idle"] == TRACE_CFG.min_context - 1
 
 
-@pytest.mark.parametrize("variant", ["tiny", "early"])
-def test_mac_decode_rtl_cycles_equal_the_engine_schedule(variant):
-    """No gaps, no back-pressure, KV / entry latency 1: the RTL's cycles of every step (query beat to
-    statistics beat) == golden.mac_decode.engine_step_cycles, its FSM's states one after another
-    (idle steps, hits, misses, cancelled removals; tiny: no sinks, early: two, an empty ring at
-    n = 0). Printed next to head_step_cycles, the planned schedule: the RTL is slower (steps not
-    overlapped, per-range RECIP, the tail read again for the body)."""
+@pytest.mark.parametrize("variant, out_stall", [("tiny", 0.0), ("early", 0.5)])
+def test_mac_decode_rtl_cycles_equal_the_engine_schedule(variant, out_stall):
+    """No gaps, KV / entry latency 1, back-pressure on ``out`` alone (early: half its cycles, which
+    the statistic leaves out): the RTL's cycles of every step (query beat to statistics beat) ==
+    golden.mac_decode.engine_step_cycles, its FSM's states one after another (idle steps, hits,
+    misses, cancelled removals; tiny: no sinks, early: two, an empty ring at n = 0). Printed next
+    to head_step_cycles, the planned schedule: the RTL is slower (steps not overlapped, per-range
+    RECIP, the tail read again for the body)."""
     cfg = VARIANTS[variant]
     r = simulate("mac-decode", cfg, seed=2025, name=f"cycles-{variant}",
-                 params={"steps": 30, "heads_used": 2, "seq_seed": 2025, "gap": 0.0, "stall": 0.0, "latency": [1, 1]})
-    _summary(f"{variant}, no stalls", r)
+                 params={"steps": 30, "heads_used": 2, "seq_seed": 2025, "gap": 0.0, "stall": 0.0, "latency": [1, 1],
+                         "out_stall": out_stall})
+    _summary(f"{variant}, out stalled {out_stall}", r)
     assert r["mismatches"] == 0
     rtl, engine = r["rtl_cycles"], r["engine_cycles"]
     assert len(rtl) == len(engine) == 60 and min(rtl) > 0
     wrong = [(i // 2, i % 2, kind, a, b) for i, (a, b, kind) in enumerate(zip(rtl, engine, r["kinds"])) if a != b]
     assert not wrong, f"{len(wrong)} steps off the schedule (step, head, kind, RTL, model): {wrong[:5]}"
     assert {"hit", "miss"} <= set(r["kinds"]) and ("idle" in r["kinds"]) == (cfg.min_context > 1), r["kinds"]
+    assert (r["out_waits"] > 20) == (out_stall > 0), r["out_waits"]    # the stalls happened (and only then)
 
 
 def test_mac_decode_engine_rejects_configs_it_cannot_build():
