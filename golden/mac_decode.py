@@ -531,6 +531,9 @@ def head_step_cycles(cfg: MacDecodeConfig, L: int, keys, hit, engaged: bool, fil
     return match + passes + entry + merges + 2 * (NORM_CYCLES + B)
 
 
+DISPATCH_TASKS = 10   # the engine's program: one DISPATCH cycle per task
+
+
 def engine_step_cycles(cfg: MacDecodeConfig, st: HeadStep, filled: int) -> int:
     """Cycles of one head's step on the engine RTL as built (hdl/mac/decode.py, the statistics
     beat's ``cycles``) when no stream stalls or gaps and the KV memory and entry store answer one
@@ -553,9 +556,6 @@ def engine_step_cycles(cfg: MacDecodeConfig, st: HeadStep, filled: int) -> int:
     entry = (B + 1) * (1 + int(st.hit))  # ENTRY_READ (hit) and ENTRY_WRITE
     emit = B + 1                         # EMIT: the o beats from the state SRAM (their read's cycle and B)
     return head + keys + DISPATCH_TASKS + ranges + combines + entry + emit
-
-
-DISPATCH_TASKS = 10   # the engine's program: one DISPATCH cycle per task
 
 
 def dense_head_cycles(cfg: MacDecodeConfig, L: int) -> int:

@@ -62,7 +62,7 @@ async def mac_decode_matches_golden(dut):
                       (1, 6), burst=True)
 
     heads = [MacDecodeHead(cfg) for _ in range(H)]
-    kv_want, es_want, kv_where, es_where = [], [], [], []   # the requests, in order, from the model's program
+    kv_want, es_want = [], []   # (request, its step) in order, from the model's program
     count = dict(hits=0, misses=0, fallbacks=0, idle=0, steps=0)
     model_cycles, engine_cycles, keys_list, kinds, total_keys = [], [], [], [], 0
     for n in range(N):
@@ -76,15 +76,14 @@ async def mac_decode_matches_golden(dut):
             reads = [(0, 0, F), (0, lo_mid, L)] + [(1, lo, hi) for lo, hi in st.passes]
             for value, lo, hi in reads:
                 if hi > lo:
-                    kv_want.append({"head": h, "value": value, "first": lo, "count": hi - lo})
-                    kv_where.append(where)
+                    kv_want.append(({"head": h, "value": value, "first": lo, "count": hi - lo}, where))
             slot = n % cfg.window
             for b in range(nb if st.hit else 0):           # the matched entry, then the new one
-                es_want.append({"write": 0, "head": h, "slot": st.position % cfg.window, "beat": b})
+                es_want.append(({"write": 0, "head": h, "slot": st.position % cfg.window, "beat": b}, where))
             for b in range(nb):
-                es_want.append({"write": 1, "head": h, "slot": slot, "beat": b, "m": heads[h].entry_m[slot],
-                                "s": heads[h].entry_s[slot], "o": heads[h].entry_o[slot][b * lanes:(b + 1) * lanes]})
-            es_where += [where] * (nb * (1 + st.hit))
+                es_want.append(({"write": 1, "head": h, "slot": slot, "beat": b, "m": heads[h].entry_m[slot],
+                                 "s": heads[h].entry_s[slot], "o": heads[h].entry_o[slot][b * lanes:(b + 1) * lanes]},
+                                where))
             for b, ob in enumerate(split_beats(o, lanes)):
                 sink.expect({"stats": 0, "m": st.m, "s": st.s, "o": ob}, inputs=f"{where} beat {b}")
             sink.expect({"stats": 1, "engaged": int(st.engaged), "hit": int(st.hit), "fallback": int(st.fallback),
@@ -103,10 +102,10 @@ async def mac_decode_matches_golden(dut):
             engine_cycles.append(engine_step_cycles(cfg, st, min(n, cfg.window)))
     timeout = sum(keys_list) * nb * 60 + count["steps"] * (cfg.window * nb * 4 + 2000) + 10000
     await bench.drain(timeout_cycles=timeout)
-    bench.compare("kv_req", [r for _, r in kv.requests.received], kv_want, kv_where)
+    bench.compare("kv_req", [r for _, r in kv.requests.received], *map(list, zip(*kv_want)))
     es_got = [{k: r[k] for k in ("write", "head", "slot", "beat", *(("m", "s", "o") if r["write"] else ()))}
               for _, r in es.requests.received]
-    bench.compare("es_req", es_got, es_want, es_where)
+    bench.compare("es_req", es_got, *map(list, zip(*es_want)))
     stats = [item for item in sink.items if item["stats"]]
     # cycles between a step's first o beat and its statistics beat beyond the d/L of a free port
     beat_cycles = [cyc for cyc, _ in sink.received]
