@@ -2,10 +2,14 @@
 with a KV memory model (random latency, request back-pressure, response gaps) and random
 gaps/back-pressure on the step and output streams. Sequences are random (``kind``: drifting
 queries over keys along a few directions, the zero interval, every position active) or
-real SmolLM2 q/k/v (``trace``: a file of several heads, one sequence each)."""
+real SmolLM2 q/k/v (``trace``: a file of several heads, one sequence each). Every beat's ``cycles``
+statistic is checked against its definition (docs/lad-tile.md, "Cycles"), counted here from the
+ports: the cycles since the previous step's last ``o`` beat, less those in which the tile waited
+for ``step_in`` (ready without valid) or for ``out`` (valid without ready)."""
 from __future__ import annotations
 
 import cocotb
+from cocotb.triggers import ReadOnly, RisingEdge
 
 from golden.lad_tile import LadTileConfig, LadTileModel
 from hdl.lad.common import beat_layout
@@ -27,6 +31,20 @@ async def lad_tile_matches_golden(dut):
     memory = bench.memory("kv_req", tile_kv_request_layout(cfg), "kv_resp", beat_layout(cfg), kv_lookup(k, v, cfg.lanes),
                           latency=(1, 6))
     model = LadTileModel(cfg)
+    want_cycles = []   # each o beat's cycles statistic, counted from the ports
+
+    async def count_cycles():
+        count = taken = 0
+        while True:
+            await ReadOnly()
+            out_valid, out_ready = int(sink.valid.value), int(sink.ready.value)
+            waited = (out_valid and not out_ready) or (int(src.ready.value) and not int(src.valid.value))
+            if out_valid and out_ready:
+                want_cycles.append(count)
+                taken += 1
+            count = 0 if out_valid and out_ready and taken % nb == 0 else count + (not waited)
+            await RisingEdge(dut.clk)
+    cocotb.start_soon(count_cycles())
     stats = []
     for i in range(steps):
         src.put(*({"q": qb, "k": kb, "v": vb} for qb, kb, vb in zip(beats(q[i], cfg), beats(k[i], cfg), beats(v[i], cfg))))
@@ -35,6 +53,8 @@ async def lad_tile_matches_golden(dut):
         for b, ob in enumerate(beats(o, cfg)):
             sink.expect({"o": ob, **{key: st[key] for key in STAT_FIELDS}}, inputs=f"step {i} beat {b}")
     await bench.drain(timeout_cycles=sum(st["candidates"] * 8 + st["position"] * 12 + 3000 for st in stats) * 4)
+    bench.compare("cycles", [got["cycles"] for _, got in sink.received], want_cycles,
+                  [f"step {j // nb} beat {j % nb}" for j in range(len(want_cycles))])
     sum_of = lambda key: sum(st.get(key, 0) for st in stats)  # noqa: E731
     bench.finish(
         vectors=steps, steps=steps, beats=len(sink.expected), kv_requests=len(memory.requests.received),
