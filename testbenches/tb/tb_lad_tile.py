@@ -55,6 +55,7 @@ async def lad_tile_matches_golden(dut):
         for b, ob in enumerate(beats(o, cfg)):
             sink.expect({"o": ob, **{key: st[key] for key in STAT_FIELDS}}, inputs=f"step {i} beat {b}")
     await bench.drain(timeout_cycles=sum(st["candidates"] * 8 + st["position"] * 12 + 3000 for st in stats) * 4)
+    bench.check("o beats seen by the cycle count", len(want_cycles), len(sink.received))
     for j, ((_, got), counted) in enumerate(zip(sink.received, want_cycles)):
         st, where = stats[j // nb], f"step {j // nb} beat {j % nb}"
         if st["path"] == StepPath.LAD:
