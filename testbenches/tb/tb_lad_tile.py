@@ -41,10 +41,11 @@ async def lad_tile_matches_golden(dut):
             await ReadOnly()
             out_valid, out_ready = int(sink.valid.value), int(sink.ready.value)
             waited = (out_valid and not out_ready) or (int(src.ready.value) and not int(src.valid.value))
-            if out_valid and out_ready:
+            took = out_valid and out_ready
+            if took:
                 want_cycles.append(count)
                 taken += 1
-            count = 0 if out_valid and out_ready and taken % nb == 0 else count + (not waited)
+            count = 0 if took and taken % nb == 0 else count + (not waited)
             await RisingEdge(dut.clk)
     cocotb.start_soon(count_cycles())
     stats = []
