@@ -27,8 +27,9 @@ from hdl.registry import BLOCKS, get_block
 SIZE_CAPS = {"max_positions": 64, "max_centers": 16, "window": 32, "head_dim": 32, "heads": 4,
              "lanes": 8, "vpus": 8}
 # Parameters drawn over a range of their own instead (uniformly when it is short, else
-# log-uniformly): an SRAM bank up to several block-RAM banks deep, at every read latency.
-FIELD_RANGES = {"depth": (2, 16384), "read_latency": (1, 6)}
+# log-uniformly): an SRAM bank up to several block-RAM banks deep, at every read latency; a MAC
+# band from one key to far past max_positions (a band past 4 max_positions once wrapped, session 70).
+FIELD_RANGES = {"depth": (2, 16384), "read_latency": (1, 6), "band": (1, 1024)}
 
 
 def families() -> dict[str, list[str]]:

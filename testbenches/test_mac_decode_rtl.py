@@ -2,7 +2,8 @@
 golden.mac_decode.MacDecodeHead, per head, on every output beat (m, s, o) and statistics beat
 (engaged, hit, matched position and distance, fallback, keys read): random sequences at ``tiny``
 (two heads, 30 steps = 3.75 windows: steps before min_context, hits, misses, cancelled removals
-with their fallback, ring and entry-store wrap) with band-0 and (two sinks, band 3, min_context 1) variants, and real SmolLM2
+with their fallback, ring and entry-store wrap) with band-0 and (two sinks, band 3, min_context 1) variants, a band longer than the
+context, and real SmolLM2
 decode steps; random latency and back-pressure on every stream (tb_mac_decode). Also the
 RTL's cycles of every step == golden.mac_decode.engine_step_cycles (its FSM's schedule) with no
 stalls but back-pressure on ``out``."""
@@ -48,6 +49,20 @@ def test_mac_decode_rtl_equals_model_on_random_sequences(variant, seed):
         assert r["fallbacks"] >= 1, r
     assert r["nonzero_outputs"] > r["steps"] * cfg.beats // 2
 
+
+
+def test_mac_decode_rtl_equals_model_with_a_band_past_the_context():
+    """band 1000 > 4 max_positions: every key is the tail's (lo_tail = F, a hit's band empty).
+    Before the RTL clamped the band to max_positions, L - band wrapped in its signed W + 2 bits and
+    the engine asked for keys past the context (session 70)."""
+    cfg = replace(TINY, band=1000)
+    steps = 20
+    r = simulate("mac-decode", cfg, seed=2027, name="band-past-context",
+                 params={"steps": steps, "heads_used": 1, "seq_seed": 2027})
+    _summary("band 1000, seed 2027", r)
+    assert r["mismatches"] == 0 and r["steps"] == steps and r["beats"] == steps * (cfg.beats + 1)
+    assert r["hits"] >= 1 and r["misses"] >= 1 and r["fallbacks"] == 0, r   # no body to remove
+    assert r["nonzero_outputs"] > r["steps"] * cfg.beats // 2
 
 def test_mac_decode_rtl_equals_model_on_real_smollm2_steps():
     r = simulate("mac-decode", TRACE_CFG, seed=7, name="trace",

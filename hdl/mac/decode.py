@@ -154,9 +154,12 @@ class MacDecodeEngine(wiring.Component):
         rd0_req, rd0_resp = states.read_port(0)
         rd1_req, rd1_resp = states.read_port(1)
 
-        # -- positions: W bits hold 0..max_positions; differences in signed W + 2 bits
+        # -- positions: W bits hold 0..max_positions; differences in signed W + 2 bits. The band
+        # as a constant at most max_positions (>= L, >= r_pos + 1: a longer band clamps the same
+        # way, and L - band stays in dif_t whatever cfg.band is)
         W = cfg.max_positions.bit_length() + 1
         pos_t, dif_t = unsigned(W), signed(W + 2)
+        band = min(cfg.band, cfg.max_positions)
 
         query_buf = Array(Signal(lanes * cfg.kv_width, name=f"q_beat{b}") for b in range(nb))
         head = Signal(index_width(cfg.heads))
@@ -282,13 +285,13 @@ class MacDecodeEngine(wiring.Component):
                     m.next = "RANGES"
             with m.State("RANGES"):
                 tail_lo = Signal(dif_t)
-                m.d.comb += tail_lo.eq(L - cfg.band)
+                m.d.comb += tail_lo.eq(L - band)
                 lt = Mux(tail_lo > F, tail_lo, F)
                 m.d.sync += [lo_tail.eq(lt), hit.eq(engaged & r_hit), fallback.eq(0)]
                 m.next = "RANGES2"
             with m.State("RANGES2"):
                 band_lo = Signal(dif_t)
-                m.d.comb += band_lo.eq(r_pos[:W] + 1 - cfg.band)
+                m.d.comb += band_lo.eq(r_pos[:W] + 1 - band)
                 lb = Mux(band_lo < F, F, Mux(band_lo > lo_tail, lo_tail, band_lo))
                 mid = Mux(hit, lb, F)
                 m.d.sync += [lo_band.eq(lb), lo_mid.eq(mid), keys.eq(F + L - mid),
