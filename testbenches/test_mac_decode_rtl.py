@@ -2,9 +2,9 @@
 golden.mac_decode.MacDecodeHead, per head, on every output beat (m, s, o) and statistics beat
 (engaged, hit, matched position and distance, fallback, keys read): random sequences at ``tiny``
 (two heads, 30 steps = 3.75 windows: steps before min_context, hits, misses, cancelled removals
-with their fallback, ring and entry-store wrap) with band-0 and (two sinks, band 3, min_context 1) variants, a band longer than the
-context, and real SmolLM2
-decode steps; random latency and back-pressure on every stream (tb_mac_decode). Also the
+with their fallback, ring and entry-store wrap) with band-0 and (two sinks, band 3, min_context 1)
+variants, a band longer than the context (at one beat per vector and the guard and output formats
+where one LSB of the numerator shows in o), and real SmolLM2 decode steps; random latency and back-pressure on every stream (tb_mac_decode). Also the
 RTL's cycles of every step == golden.mac_decode.engine_step_cycles (its FSM's schedule) with no
 stalls but back-pressure on ``out``."""
 from dataclasses import replace
@@ -50,12 +50,20 @@ def test_mac_decode_rtl_equals_model_on_random_sequences(variant, seed):
     assert r["nonzero_outputs"] > r["steps"] * cfg.beats // 2
 
 
+# The band test's config is also the bench's narrow-guard, fine-output, single-beat one (mutation
+# run of session 71, docs/verification.md): d = lanes (one beat: the query's first beat is its last);
+# sum_frac 16 (attend_guard = sum_frac, so kr == guard, pre = 0, when one key dominates); out_frac =
+# kv_frac + 16 (out_shift = 16 = mantissa_frac: one unit of round_shift(N, pre) moves o by r / 2^16,
+# one or two LSBs, where the default formats hide it below o's rounding)
+FINE = replace(TINY, band=1000, lanes=8, sum_frac=16, kv_width=8, kv_frac=4, out_width=24, out_frac=20)
+
 
 def test_mac_decode_rtl_equals_model_with_a_band_past_the_context():
     """band 1000 > 4 max_positions: every key is the tail's (lo_tail = F, a hit's band empty).
     Before the RTL clamped the band to max_positions, L - band wrapped in its signed W + 2 bits and
-    the engine asked for keys past the context (session 70)."""
-    cfg = replace(TINY, band=1000)
+    the engine asked for keys past the context (session 70). At FINE's formats and single beat."""
+    cfg = FINE
+    assert cfg.beats == 1 and cfg.attend_guard == cfg.sum_frac and cfg.out_shift == cfg.mantissa_frac
     steps = 20
     r = simulate("mac-decode", cfg, seed=2027, name="band-past-context",
                  params={"steps": steps, "heads_used": 1, "seq_seed": 2027})
@@ -63,6 +71,7 @@ def test_mac_decode_rtl_equals_model_with_a_band_past_the_context():
     assert r["mismatches"] == 0 and r["steps"] == steps and r["beats"] == steps * (cfg.beats + 1)
     assert r["hits"] >= 1 and r["misses"] >= 1 and r["fallbacks"] == 0, r   # no body to remove
     assert r["nonzero_outputs"] > r["steps"] * cfg.beats // 2
+
 
 def test_mac_decode_rtl_equals_model_on_real_smollm2_steps():
     r = simulate("mac-decode", TRACE_CFG, seed=7, name="trace",
