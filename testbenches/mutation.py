@@ -3,6 +3,7 @@ changes to its RTL sources its tests catch.
 
     .venv/bin/python -m testbenches.mutation BLOCK [--jobs N] [--limit N --seed S] [--survivors-of JSON]
                                                    [--lines FILE:LINE,...] [--out JSON] [--timeout S]
+    .venv/bin/python -m testbenches.mutation --status
 
 Mutants (one line each): a comparison flipped (``==``/``!=``, ``<``/``>=``, ``>``/``<=``), an integer
 constant +-1, a ``Mux``'s arms swapped, ``&`` and ``|`` exchanged, a register stage dropped
@@ -24,7 +25,9 @@ takes the outcomes an interrupted run recorded (same sources and benches: the JS
 evaluates the rest; ``--lines`` evaluates only the mutants of the lines named (``ac.py:542``: a bench
 fix checked against the survivors it targets; a check, not the block's score). The tests
 run unmutated first (they must pass); their builds are kept and shared by every mutant, so a preset
-whose Verilog a mutant leaves unchanged is not built again.
+whose Verilog a mutant leaves unchanged is not built again. ``--status`` prints, per block, its
+newest committed record (``benchmarks/results/``), the score as run, and whether the record is
+current, its bench changed since, or its RTL sources did (a re-run owed).
 """
 from __future__ import annotations
 
@@ -358,6 +361,54 @@ def block_fingerprint(block: str) -> str:
     return fingerprint([*files, *rtl, *bench_sources(block, *module.values())])
 
 
+RESULTS = PROJECT_ROOT / "benchmarks" / "results"
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=PROJECT_ROOT, capture_output=True, text=True).stdout.strip()
+
+
+def record_status(block: str) -> dict:
+    """The newest committed record of ``block`` (``benchmarks/results/mutation-*.json``, by the
+    time of its last commit) and whether it is still the block's: ``current`` (same fingerprint),
+    ``bench changed`` (the mutated sources unchanged since the record's commit: its kills hold, its
+    survivors may be killed now: ``--survivors-of``), or ``RTL changed`` (the sources changed since:
+    a re-run is owed), with its counts as run."""
+    own, _ = BLOCKS[block]
+    sources = own + helpers_of(block)
+    records = []
+    for f in RESULTS.glob("mutation-*.json"):
+        r = json.loads(f.read_text())
+        if r.get("block") == block:
+            rel = os.path.relpath(f, PROJECT_ROOT)
+            records.append((int(git("log", "-1", "--format=%ct", "--", rel) or 0), rel, r))
+    if not records:
+        return {"block": block, "record": None, "status": "no record"}
+    _, rel, r = max(records)
+    counts = r["counts"]
+    killed = sum(v for k, v in counts.items() if is_kill(k))
+    survived = counts.get("survived", 0)
+    out = {"block": block, "record": rel, "evaluated": sum(counts.values()), "mutants": r["mutants_total"],
+           "killed": killed, "survived": survived, "equivalent": counts.get("equivalent", 0),
+           "score": killed / max(1, killed + survived)}
+    if r.get("fingerprint") == block_fingerprint(block):
+        return {**out, "status": "current"}
+    since = git("log", "-1", "--format=%H", "--", rel)
+    changed = git("diff", "--name-only", since, "HEAD", "--", *sources).split() if since else sources
+    return {**out, "status": f"RTL changed ({', '.join(changed)})" if changed else "bench changed"}
+
+
+def print_status() -> None:
+    """One line per block: its newest record, the score as run, and whether it is current."""
+    for block in BLOCKS:
+        s = record_status(block)
+        if s["record"] is None:
+            print(f"{block:10s} no record")
+            continue
+        print(f"{block:10s} {s['evaluated']:3d} of {s['mutants']:3d}: {s['killed']} killed, {s['survived']} survived, "
+              f"{s['equivalent']} equivalent, {100 * s['score']:.1f} % as run; {s['status']} ({s['record']})")
+
+
 def open_lock(path: Path):
     """An exclusive lock on ``path`` held until the process ends (the open file, kept by the
     caller), or None if another process holds it."""
@@ -382,7 +433,9 @@ def lines_arg(text: str) -> list[tuple[str, int]]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("block", choices=sorted(BLOCKS))
+    parser.add_argument("block", nargs="?", choices=sorted(BLOCKS))
+    parser.add_argument("--status", action="store_true",
+                        help="print each block's newest committed record and whether its sources changed since")
     parser.add_argument("--limit", type=int, default=0, help="sample this many mutants (0: all)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--timeout", type=int, default=900, help="seconds per mutant's tests")
@@ -399,6 +452,11 @@ def main(argv=None) -> int:
     parser.add_argument("--resume", type=Path, default=None,
                         help="a result JSON of an interrupted run: keep its outcomes (same fingerprint), evaluate the rest")
     args = parser.parse_args(argv)
+    if args.status:
+        print_status()
+        return 0
+    if args.block is None:
+        parser.error("a BLOCK is needed (or --status)")
     if args.survivors_only and not args.survivors_of:
         parser.error("--survivors-only needs --survivors-of JSON")
     own, tests = BLOCKS[args.block]

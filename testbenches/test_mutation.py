@@ -1,7 +1,7 @@
 """The mutation tool's mutant generator (testbenches/mutation.py): which single-line changes it makes."""
 from pathlib import Path
 
-from testbenches.mutation import (BLOCKS, compiler_cache, identities, lines_arg, mutants_of, open_lock,
+from testbenches.mutation import (BLOCKS, block_fingerprint, compiler_cache, identities, lines_arg, mutants_of, open_lock, record_status,
                                   statement_spans, swap_mux)
 from golden.paths import PROJECT_ROOT
 
@@ -151,3 +151,19 @@ def test_one_run_of_a_block_at_a_time(tmp_path):
     assert first is not None and open_lock(tmp_path / "RUNNING") is None
     first.close()
     assert open_lock(tmp_path / "RUNNING") is not None
+
+
+def test_status_tells_a_current_record_from_one_of_other_sources(tmp_path, monkeypatch):
+    """--status: a record with the block's fingerprint is current; one of other sources and benches,
+    with no commit to compare against, counts its sources as changed (a re-run owed)."""
+    import json
+    from testbenches import mutation
+    monkeypatch.setattr(mutation, "RESULTS", tmp_path)
+    assert record_status("sram")["status"] == "no record"
+    record = {"block": "sram", "mutants_total": 4, "fingerprint": block_fingerprint("sram"),
+              "counts": {"killed": 2, "killed at elaboration": 1, "survived": 1}, "mutants": []}
+    (tmp_path / "mutation-sram-now.json").write_text(json.dumps(record))
+    now = record_status("sram")
+    assert now["status"] == "current" and (now["killed"], now["survived"], now["score"]) == (3, 1, 0.75)
+    (tmp_path / "mutation-sram-now.json").write_text(json.dumps({**record, "fingerprint": "0" * 16}))
+    assert record_status("sram")["status"].startswith("RTL changed (hdl/lib/sram.py")
