@@ -389,7 +389,8 @@ def record_status(block: str) -> dict:
     killed = sum(v for k, v in counts.items() if is_kill(k))
     survived = counts.get("survived", 0)
     out = {"block": block, "record": rel, "evaluated": sum(counts.values()), "mutants": r["mutants_total"],
-           "killed": killed, "survived": survived, "equivalent": counts.get("equivalent", 0),
+           "killed": killed, "survived": survived,
+           "equivalent": sum(v for k, v in counts.items() if k.startswith("equivalent")),
            "score": killed / max(1, killed + survived)}
     if r.get("fingerprint") == block_fingerprint(block):
         return {**out, "status": "current"}

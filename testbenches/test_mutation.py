@@ -161,9 +161,10 @@ def test_status_tells_a_current_record_from_one_of_other_sources(tmp_path, monke
     monkeypatch.setattr(mutation, "RESULTS", tmp_path)
     assert record_status("sram")["status"] == "no record"
     record = {"block": "sram", "mutants_total": 4, "fingerprint": block_fingerprint("sram"),
-              "counts": {"killed": 2, "killed at elaboration": 1, "survived": 1}, "mutants": []}
+              "counts": {"killed": 2, "killed (elaboration)": 1, "survived": 1, "equivalent": 1,
+                         "equivalent (attributes only)": 1}, "mutants": []}
     (tmp_path / "mutation-sram-now.json").write_text(json.dumps(record))
     now = record_status("sram")
-    assert now["status"] == "current" and (now["killed"], now["survived"], now["score"]) == (3, 1, 0.75)
+    assert now["status"] == "current" and (now["killed"], now["survived"], now["equivalent"], now["score"]) == (3, 1, 2, 0.75)
     (tmp_path / "mutation-sram-now.json").write_text(json.dumps({**record, "fingerprint": "0" * 16}))
     assert record_status("sram")["status"].startswith("RTL changed (hdl/lib/sram.py")
