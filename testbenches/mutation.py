@@ -379,7 +379,7 @@ def record_status(block: str) -> dict:
     records = []
     for f in RESULTS.glob("mutation-*.json"):
         r = json.loads(f.read_text())
-        if r.get("block") == block:
+        if r.get("block") == block and not r.get("lines"):   # a --lines check is no run of the block
             rel = os.path.relpath(f, PROJECT_ROOT)
             records.append((int(git("log", "-1", "--format=%ct", "--", rel) or 0), rel, r))
     if not records:
@@ -504,6 +504,7 @@ def main(argv=None) -> int:
     total = len(mutants)
     if args.limit and args.limit < total:
         mutants = sorted(random.Random(args.seed).sample(mutants, args.limit), key=lambda m: (m.file, m.line))
+    every = mutants   # identities rank a mutant among all the identical ones, before --lines
     if args.lines:
         mutants = [m for m in mutants if any(f"/{m.file}".endswith(f"/{f}") and m.line == no for f, no in args.lines)]
         if not mutants:
@@ -511,7 +512,7 @@ def main(argv=None) -> int:
     if args.survivors_of:   # after a bench fix: what an earlier run did not kill (benches only gain checks)
         record = json.loads(args.survivors_of.read_text())
         earlier = dict(zip(identities(record["mutants"], record["limit"]), record["mutants"]))
-        keys = dict(zip(map(id, mutants), identities([asdict(m) for m in mutants], record["limit"])))
+        keys = dict(zip(map(id, every), identities([asdict(m) for m in every], record["limit"])))
         key = lambda m: keys[id(m)]
         if args.survivors_only:
             wanted = {k for k, m in earlier.items() if m["outcome"] == "survived"}
@@ -522,7 +523,7 @@ def main(argv=None) -> int:
                 then = earlier.get(key(m))
                 if then and is_kill(then["outcome"]):
                     m.outcome, m.seconds = then["outcome"], then["seconds"]
-        missing = wanted - {key(m) for m in mutants}
+        missing = wanted - {key(m) for m in every}
         if missing and args.survivors_only:
             sys.exit(f"ladmac: error: {len(missing)} of the survivors to re-run from {args.survivors_of} "
                      "are no longer mutants of the sources (their lines changed): run without --survivors-only")
