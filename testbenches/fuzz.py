@@ -174,8 +174,11 @@ def main(argv=None) -> int:
     for report in args.resume:   # results reused where config, Verilog and bench are the same (see _job)
         if not report.is_file():
             p.error(f"--resume {report}: no such report")
-        kept.update({(r["kind"], r["block"], r["seed"], r["vectors_asked"]): r
-                     for r in json.loads(report.read_text())["results"] if r.get("stamp")})
+        try:
+            results = json.loads(report.read_text())["results"]
+        except (ValueError, TypeError, KeyError):
+            p.error(f"--resume {report}: not a report of this script (a JSON object with \"results\")")
+        kept.update({(r["kind"], r["block"], r["seed"], r["vectors_asked"]): r for r in results if r.get("stamp")})
     fams = families()
     if args.blocks:
         unknown = [b for b in args.blocks.split(",") if b not in BLOCKS]

@@ -176,11 +176,13 @@ class StreamSource(_StreamPort):
 
 
 class StreamSink(_StreamPort):
-    """Takes items with random back-pressure (ready low with probability ``stall`` per cycle).
-    ``expect`` queues the golden items the bench's scoreboard compares with what arrives."""
+    """Takes items with random back-pressure (ready low with probability ``stall`` per cycle;
+    with ``hold``, each stall drawn lasts 1 to ``hold`` cycles: long stretches that fill what
+    the block keeps for its output). ``expect`` queues the golden items the bench's scoreboard
+    compares with what arrives."""
 
-    def __init__(self, dut, prefix, shape, cycles: Cycles, rng: random.Random, stall: float = 0.3):
-        self.stall = stall
+    def __init__(self, dut, prefix, shape, cycles: Cycles, rng: random.Random, stall: float = 0.3, hold: int = 1):
+        self.stall, self.hold, self._stalled_for = stall, hold, 0
         self._ready = False
         self.expected: list[tuple[object, object]] = []   # (golden item, its inputs)
         super().__init__(dut, prefix, shape, cycles, rng)
@@ -195,7 +197,12 @@ class StreamSink(_StreamPort):
         self.expected.append((item, inputs))
 
     def _drive(self):
-        self._ready = self.rng.random() >= self.stall
+        if self._stalled_for:
+            self._stalled_for -= 1
+        else:
+            self._ready = self.rng.random() >= self.stall
+            if not self._ready and self.hold > 1:
+                self._stalled_for = self.rng.randrange(self.hold)
         self.ready.value = int(self._ready)
 
     def _sample(self):
@@ -335,8 +342,9 @@ class Bench:
     def source(self, prefix, shape, gap: float | None = None) -> StreamSource:
         return StreamSource(self.dut, prefix, shape, self.cycles, self.rng, gap=self.gap if gap is None else gap)
 
-    def sink(self, prefix, shape, stall: float | None = None) -> StreamSink:
-        sink = StreamSink(self.dut, prefix, shape, self.cycles, self.rng, stall=self.stall if stall is None else stall)
+    def sink(self, prefix, shape, stall: float | None = None, hold: int = 1) -> StreamSink:
+        sink = StreamSink(self.dut, prefix, shape, self.cycles, self.rng, stall=self.stall if stall is None else stall,
+                          hold=hold)
         self.sinks.append(sink)
         return sink
 

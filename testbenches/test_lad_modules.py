@@ -87,15 +87,18 @@ def test_lad_apid_rtl_equals_golden(kind, steps, seed):
                                                          ("drift", 12, SEED + 7, 1)])
 def test_lad_md_rtl_equals_golden(kind, steps, seed, inflight):
     """The tile's candidates of a drift / all-active sequence plus random candidates with
-    saturated counters (halving), and corner steps at the extremes of m (x saturates); also with
+    saturated counters (halving), corner steps at the extremes of m (x saturates) and steps whose
+    m puts an active's weight one step below rounding up; also with
     one candidate in flight (``md_inflight = 1``, the smallest valid). ``busy`` is checked to stay
-    high from each candidate's acceptance to its verdict."""
+    high from each candidate's acceptance to its verdict and its last correction; in the
+    all-active run AC stalls for up to ``6 beats`` cycles at a time (the corrections' FIFO fills)."""
     cfg = replace(SMALL, md_inflight=inflight)
     r = simulate("lad-md", cfg, "testbenches.tb.tb_lad_md", seed=seed, name=f"{kind}-{inflight}",
-                 params={"steps": steps, "kind": kind, "extra_candidates": 2, "latency": [1, 10]})
+                 params={"steps": steps, "kind": kind, "extra_candidates": 2, "latency": [1, 10],
+                         "corr_hold": 6 * cfg.beats if kind == "all_active" else 1})
     assert r["mismatches"] == 0, r["mismatch_list"]
     assert r["trace_candidates"] > 0 and r["active"] > 0 and r["false_alarms"] > 0 and r["mode_changes"] > 0
-    assert r["halvings"] > 0 and r["x_saturated"] > 0 and r["nonzero_w"] > 0
+    assert r["halvings"] > 0 and r["x_saturated"] > 0 and r["nonzero_w"] > 0 and r["rounding_edges"] >= 4
     if inflight > 1:   # pipelined: key reads of the next candidates in flight
         assert r["overlapped"] > 0.3 * r["candidates"]
     else:              # one slot: the next key read waits for the verdict

@@ -8,9 +8,11 @@ mode, counters at or near saturation), serves ``kv_req`` from the step sequence'
 (random latency), and checks every ``verdict`` (mode, counters), every KV request (k_i beats
 of each candidate, v_i beats of actives), every ``corr`` AC command (w, alpha, beta, update =
 mode change, k_i and v_i beats) and the active / false-alarm / mode-change counters. Extra
-corner steps use m at the x format's extremes (x saturates both ways). Random gaps on
-cand/kv_resp, back-pressure on verdict/kv_req/corr. ``busy`` (which the tile's sequencer waits
-on) must be high in every cycle from a candidate's acceptance to its verdict.
+corner steps use m at the x format's extremes (x saturates both ways); rounding steps choose m so
+that an active's weight sum lands one below a rounding carry (``rounding_edge_step``). Random gaps on
+cand/kv_resp, back-pressure on verdict/kv_req/corr (``corr_hold``: each corr stall lasts up to that
+many cycles, so the corrections' FIFO fills). ``busy`` (which the tile's sequencer waits on) must be
+high in every cycle from a candidate's acceptance to its verdict and its last correction.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import torch
 from cocotb.triggers import ReadOnly, RisingEdge
 
 from golden.lad_tile import LadTileConfig
+from golden.sfm import exp_pwl
 from hdl.lad.common import AcOp, ac_command_layout, beat_layout, beat_load_layout, candidate_layout
 from hdl.lad.dense import kv_request_layout
 from testbenches.streams import kv_lookup
@@ -36,6 +39,32 @@ def random_candidates(cfg: LadTileConfig, rng, count: int, positions: int) -> li
     return out
 
 
+def rounding_edge_step(cfg: LadTileConfig, model, qv, k, rng, positions: int):
+    """A step of one active candidate whose weight sum ``alpha x + (beta << x_frac) + half`` ends
+    one below a multiple of ``2^exp_shift`` (``w`` one step from rounding up): ``m`` is chosen so
+    that the candidate's exact ``x`` lands there (random vectors reach such a sum about once in
+    ``2^exp_shift`` actives). None when no x of a random sample does (or nothing is rounded)."""
+    sfm, xf = cfg.sfm, cfg.sfm.x_format
+    if sfm.exp_shift <= 0:
+        return None
+    pos = rng.randrange(positions)
+    score = int(model.score(torch.tensor(qv), k[pos:pos + 1])[0])
+    gen = torch.Generator().manual_seed(rng.getrandbits(32))
+    lo = max(xf.min_raw, 2 * min(sfm.exp_boundaries_raw, default=0))   # half the x in and near the PWL's intervals
+    x = torch.cat([torch.randint(xf.min_raw, xf.max_raw + 1, (1 << 15,), generator=gen),
+                   torch.randint(lo, xf.max_raw + 1, (1 << 15,), generator=gen)])
+    _, r = exp_pwl(x, sfm)
+    m = score - x
+    for mode in rng.sample(range(cfg.n_intervals), cfg.n_intervals):   # an odd alpha or beta makes the edge reachable
+        total = ((model.slopes[r] - model.slopes[mode]) * x + ((model.intercepts[r] - model.intercepts[mode]) << sfm.x_frac)
+                 + (1 << (sfm.exp_shift - 1)))
+        hit = ((total % (1 << sfm.exp_shift)) == (1 << sfm.exp_shift) - 1) & (r != mode) & (m >= xf.min_raw) & (m <= xf.max_raw)
+        if hit.any():
+            counters = [rng.randint(0, cfg.counter_max) for _ in range(cfg.n_intervals)]
+            return qv, int(m[hit.nonzero()[0, 0]]), [(pos, mode, counters)]
+    return None
+
+
 @cocotb.test()
 async def md_matches_golden(dut):
     bench, (q, k, v), model, recs = await open_bench(dut)
@@ -46,7 +75,7 @@ async def md_matches_golden(dut):
     cand_src = bench.source("cand", candidate_layout(cfg))
     verdict_sink = bench.sink("verdict", candidate_layout(cfg))
     memory = bench.memory("kv_req", kv_request_layout(cfg), "kv_resp", beat_layout(cfg), kv_lookup(k, v, cfg.lanes))
-    corr_sink = bench.sink("corr", ac_command_layout(cfg))
+    corr_sink = bench.sink("corr", ac_command_layout(cfg), hold=p.get("corr_hold", 1))
     busy_at: dict[int, int] = {}
 
     async def watch_busy():
@@ -65,10 +94,15 @@ async def md_matches_golden(dut):
     for m in (xf.max_raw, xf.min_raw, 0, xf.min_raw + 1, xf.max_raw - 1)[:p.get("corner_steps", 5)]:
         # (candidate positions inside the metadata's range: a fuzzed max_positions may be below the steps)
         plan.append((q[rng.randrange(steps)].tolist(), m, random_candidates(cfg, rng, 6, min(steps, cfg.max_positions))))
+    for _ in range(p.get("rounding_steps", 4)):
+        step = rounding_edge_step(cfg, model, q[rng.randrange(steps)].tolist(), k, rng, min(steps, cfg.max_positions))
+        plan += [step] if step else []
 
     want_kv = []
+    corr_of = []     # the candidate (its index in cand_src's order) of each expected correction
     totals = {"active": 0, "false_alarms": 0, "mode_changes": 0}
-    halvings, x_saturated, intervals_seen = 0, 0, set()
+    halvings, x_saturated, rounding_edges, intervals_seen = 0, 0, 0, set()
+    sfm = cfg.sfm
     for step, (qv, m, cands) in enumerate(plan):
         await load_vector(bench, q_src, qv)
         dut.m.value = m & ((1 << xf.width) - 1)
@@ -81,6 +115,7 @@ async def md_matches_golden(dut):
         for (pj, mj, cj), g in zip(cands, decided):
             what = f"step {step} candidate {pj}"
             cand_src.put({"position": pj, "mode": mj, "counters": cj})
+            index = len(verdict_sink.expected)
             verdict_sink.expect({"position": pj, "mode": g.mode, "counters": g.counters}, inputs=what)
             want_kv += [{"value": 0, "position": pj, "beat": b} for b in range(nb)]
             halvings += int(cj[g.r] + 1 > cfg.counter_max)
@@ -89,7 +124,10 @@ async def md_matches_golden(dut):
                 for kb, vb in zip(beats(k[pj], cfg), beats(v[pj], cfg)):
                     corr_sink.expect({"op": AcOp.BEATS, "w": g.w, "alpha": g.alpha, "beta": g.beta, "accumulate": 1,
                                       "update": int(g.change), "k": kb, "v": vb}, inputs=what)
+                    corr_of.append(index)
         intervals_seen.update(g.r for g in decided)
+        rounding_edges += sum(1 for g in decided if g.active and sfm.exp_shift > 0 and
+                              (g.alpha * g.x + (g.beta << sfm.x_frac) + (1 << (sfm.exp_shift - 1)) + 1) % (1 << sfm.exp_shift) == 0)
         x_saturated += sum(1 for g in decided if g.x in (xf.min_raw, xf.max_raw))
         totals["active"] += sum(g.active for g in decided)
         totals["false_alarms"] += sum(not g.active for g in decided)
@@ -111,13 +149,19 @@ async def md_matches_golden(dut):
     verdict_at = [cyc for cyc, _ in verdict_sink.received]
     overlapped = sum(1 for i in range(1, min(len(key_starts), len(verdict_at))) if key_starts[i] < verdict_at[i - 1])
     # busy: high from the cycle after a candidate is taken through the cycle its verdict leaves
+    # and, for an active, through the cycle its last correction leaves (the tile's sequencer ends
+    # the step's corrections when busy drops)
     spans = [(a + 1, v) for (a, _), (v, _) in zip(cand_src.sent, verdict_sink.received)]
-    bench.check("busy low while a candidate awaits its verdict",
+    spans += [(cand_src.sent[i][0] + 1, c) for i, (c, _) in zip(corr_of, corr_sink.received)]
+    bench.check("busy low while a candidate awaits its verdict or corrections",
                 [t for lo, hi in spans for t in range(lo, hi + 1) if not busy_at.get(t, 1)][:5], [])
     bench.finish(
         vectors=len(verdict_sink.expected), steps=len(plan), candidates=len(verdict_sink.expected),
         trace_candidates=sum(len(r.cand) for r in recs), **totals, halvings=halvings,
         corr=len(corr_sink.expected), kv_requests=len(want_kv), overlapped=overlapped,
-        nonzero_w=sum(1 for c, _ in corr_sink.expected if c["w"] != 0),
+        nonzero_w=sum(1 for c, _ in corr_sink.expected if c["w"] != 0), rounding_edges=rounding_edges,
+        max_abs_alpha=max((abs(c["alpha"]) for c, _ in corr_sink.expected), default=0),
+        max_abs_beta=max((abs(c["beta"]) for c, _ in corr_sink.expected), default=0),
+        max_abs_w=max((abs(c["w"]) for c, _ in corr_sink.expected), default=0),
         busy_cycles_checked=sum(hi - lo + 1 for lo, hi in spans),
         intervals_seen=sorted(intervals_seen), x_saturated=x_saturated)
