@@ -91,6 +91,11 @@ def random_config(block: str, rng: random.Random, tries: int = 2000):
 # A step bench's sequence from reset is at most this many steps: a long run is several sequences
 # (a LAD step at position n costs O(n) cycles; past max_positions a step is an exact pass).
 SEQUENCE_STEPS = 256
+# A long run is recorded in pieces of this many vectors (jobs of their own, seeds LONG_SEED_STRIDE
+# apart): a run of a slow bench (mac-decode, the LAD tile: hours for 10,000) keeps what it has checked
+# and a later --resume continues it.
+LONG_CHUNK = 1000
+LONG_SEED_STRIDE = 100
 
 
 def check(block: str, cfg, seed: int, vectors: int, name: str) -> dict:
@@ -194,7 +199,8 @@ def main(argv=None) -> int:
     seeds = range(args.seed, args.seed + args.count)
     jobs = [("config", blocks[(s - args.seed) % len(blocks)], s, args.vectors) for blocks in chosen.values() for s in seeds]
     if args.long:
-        jobs += [("long", b, args.seed, args.long) for blocks in chosen.values() for b in blocks]
+        jobs += [("long", b, args.seed + LONG_SEED_STRIDE * i, min(LONG_CHUNK, args.long - LONG_CHUNK * i))
+                 for blocks in chosen.values() for b in blocks for i in range(math.ceil(args.long / LONG_CHUNK))]
     t0, results = time.time(), []
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from tqdm import tqdm
@@ -202,7 +208,7 @@ def main(argv=None) -> int:
         done = as_completed([pool.submit(_job, job, kept.get(job)) for job in jobs])
         bar = tqdm((f.result() for f in done), total=len(jobs), desc="fuzz", file=sys.stderr)
         for (kind, block, seed, vectors), r, err, seconds in bar:
-            what = f"{block:<10} {'seed ' + str(seed) if kind == 'config' else 'default':<10}"
+            what = f"{block:<10} {('seed ' if kind == 'config' else 'default ') + str(seed):<12}"
             if r is not None and r.get("reused"):
                 rec = {k: v for k, v in r.items() if k != "reused"}
                 bar.write(f"{what} {'PASS' if rec['passed'] else 'FAIL'} {rec['vectors']:>6} vectors (recorded: "
@@ -222,15 +228,16 @@ def main(argv=None) -> int:
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 args.out.write_text(json.dumps({"argv": sys.argv[1:], "results": results}, indent=1))
     passed = sum(r["passed"] for r in results)
-    for fam, blocks in chosen.items():
+    for fam, blocks in chosen.items() if args.count else ():
         rs = [r for r in results if r["block"] in blocks and r["kind"] == "config"]
         print(f"{fam:<16} {sum(r['passed'] for r in rs)} of {len(rs)} random configs pass "
               f"(seeds {args.seed}..{args.seed + args.count - 1}; "
               + ", ".join(f"{b} {sum(r['block'] == b for r in rs)}" for b in blocks) + ")")
-    for r in results:
-        if r["kind"] == "long":
-            print(f"{r['block']:<16} default preset: {r['vectors']} vectors, "
-                  f"{'PASS' if r['passed'] else 'FAIL'}")
+    for block in dict.fromkeys(r["block"] for r in results if r["kind"] == "long"):
+        rs = sorted((r for r in results if r["kind"] == "long" and r["block"] == block), key=lambda r: r["seed"])
+        print(f"{block:<16} default preset: {sum(r['vectors'] for r in rs)} vectors in {len(rs)} pieces, "
+              f"{sum(r['passed'] for r in rs)} pass (sequence seeds "
+              + " ".join(str(s) for r in rs for s in r["run_seeds"] or []) + ")")
     print(f"fuzz: {passed} passed, {len(results) - passed} failed, {time.time() - t0:.0f} s")
     return 1 if passed < len(results) else 0
 
