@@ -39,9 +39,15 @@ def random_candidates(cfg: LadTileConfig, rng, count: int, positions: int) -> li
     return out
 
 
+def at_rounding_edge(alpha, x, beta, sfm):
+    """Whether MD's weight sum ``alpha x + (beta << x_frac) + half`` ends one below a multiple of
+    ``2^exp_shift``: ``w`` one step from rounding up (ints or tensors)."""
+    unit = 1 << sfm.exp_shift
+    return (alpha * x + (beta << sfm.x_frac) + unit // 2) % unit == unit - 1
+
+
 def rounding_edge_step(cfg: LadTileConfig, model, qv, k, rng, positions: int):
-    """A step of one active candidate whose weight sum ``alpha x + (beta << x_frac) + half`` ends
-    one below a multiple of ``2^exp_shift`` (``w`` one step from rounding up): ``m`` is chosen so
+    """A step of one active candidate at the rounding edge (:func:`at_rounding_edge`): ``m`` is chosen so
     that the candidate's exact ``x`` lands there (random vectors reach such a sum about once in
     ``2^exp_shift`` actives). None when no x of a random sample does (or nothing is rounded)."""
     sfm, xf = cfg.sfm, cfg.sfm.x_format
@@ -56,9 +62,8 @@ def rounding_edge_step(cfg: LadTileConfig, model, qv, k, rng, positions: int):
     _, r = exp_pwl(x, sfm)
     m = score - x
     for mode in rng.sample(range(cfg.n_intervals), cfg.n_intervals):   # an odd alpha or beta makes the edge reachable
-        total = ((model.slopes[r] - model.slopes[mode]) * x + ((model.intercepts[r] - model.intercepts[mode]) << sfm.x_frac)
-                 + (1 << (sfm.exp_shift - 1)))
-        hit = ((total % (1 << sfm.exp_shift)) == (1 << sfm.exp_shift) - 1) & (r != mode) & (m >= xf.min_raw) & (m <= xf.max_raw)
+        edge = at_rounding_edge(model.slopes[r] - model.slopes[mode], x, model.intercepts[r] - model.intercepts[mode], sfm)
+        hit = edge & (r != mode) & (m >= xf.min_raw) & (m <= xf.max_raw)
         if hit.any():
             counters = [rng.randint(0, cfg.counter_max) for _ in range(cfg.n_intervals)]
             return qv, int(m[hit.nonzero()[0, 0]]), [(pos, mode, counters)]
@@ -126,8 +131,7 @@ async def md_matches_golden(dut):
                                       "update": int(g.change), "k": kb, "v": vb}, inputs=what)
                     corr_of.append(index)
         intervals_seen.update(g.r for g in decided)
-        rounding_edges += sum(1 for g in decided if g.active and sfm.exp_shift > 0 and
-                              (g.alpha * g.x + (g.beta << sfm.x_frac) + (1 << (sfm.exp_shift - 1)) + 1) % (1 << sfm.exp_shift) == 0)
+        rounding_edges += sum(1 for g in decided if g.active and sfm.exp_shift > 0 and at_rounding_edge(g.alpha, g.x, g.beta, sfm))
         x_saturated += sum(1 for g in decided if g.x in (xf.min_raw, xf.max_raw))
         totals["active"] += sum(g.active for g in decided)
         totals["false_alarms"] += sum(not g.active for g in decided)
