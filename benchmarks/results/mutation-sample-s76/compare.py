@@ -1,16 +1,32 @@
-"""Compare each sampled mutant's outcome at today's bench with its block's committed record (session 76)."""
+"""Each sampled mutant's outcome at today's bench against its block's newest committed record
+(session 76): ``.venv/bin/python benchmarks/results/mutation-sample-s76/compare.py``.
+
+A mutant is matched by its file, line and text: the records' status is "bench changed" (the mutated
+sources are the same as at the record), so its lines have not moved."""
 import json
-recs = {"vpu": "vpu-s72", "sfm": "sfm-s74", "sram": "sram-s72", "mac-match": "mac-match-s74", "lad-apid": "lad-apid-s72", "lad-md": "lad-md-s75", "mac-decode": "mac-decode-s73", "mac-merge": "mac-merge-s54", "dense": "dense-s58", "lad-eas": "lad-eas-s60b", "lad-ac": "lad-ac-s66", "lad-tile": "lad-tile-s69"}
-key = lambda m: (m["file"], m["line"], m["operator"], m["before"], m["after"])
-for b, r in recs.items():
-    try:
-        new = json.load(open(f"benchmarks/results/mutation-sample-s76/{b}.json"))
-    except FileNotFoundError:
-        print(b, "not run"); continue
-    old = {key(m): m["outcome"] for m in json.load(open(f"benchmarks/results/mutation-{r}.json"))["mutants"]}
-    rows = [(m["outcome"], old.get(key(m), "NOT IN RECORD"), f'{m["file"]}:{m["line"]} {m["operator"]}') for m in new["mutants"] if m["outcome"]]
-    same = sum(n.split()[0] == o.split()[0] for n, o, _ in rows)
-    print(f"{b}: {len(rows)} sampled (seed {new['seed']}), {same} same outcome as {r}")
-    for n, o, w in rows:
-        if n.split()[0] != o.split()[0]:
-            print("   differs:", w, "now", n, "recorded", o)
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+from testbenches.mutation import PROJECT_ROOT, is_kill, record_status  # noqa: E402
+
+
+def verdict(outcome: str) -> str:
+    return "killed" if is_kill(outcome) else outcome
+
+
+def key(m: dict) -> tuple:
+    return m["file"], m["line"], m["before"], m["after"]
+
+
+for sample in sorted(Path(__file__).parent.glob("*.json")):
+    new = json.loads(sample.read_text())
+    status = record_status(new["block"])
+    old = {key(m): m["outcome"] for m in json.loads((PROJECT_ROOT / status["record"]).read_text())["mutants"]}
+    rows = [(verdict(m["outcome"]), verdict(old.get(key(m), "not in the record")), m) for m in new["mutants"]]
+    same = sum(n == o for n, o, _ in rows)
+    print(f"{new['block']}: {len(rows)} sampled (seed {new['seed']}), {same} with the outcome recorded in "
+          f"{status['record']} ({status['status']})")
+    for n, o, m in rows:
+        if n != o:
+            print(f"   differs: {m['file']}:{m['line']} {m['operator']}: now {n}, recorded {o}")
