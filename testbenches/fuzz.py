@@ -136,7 +136,8 @@ def stamp(block: str, cfg) -> dict:
     """What a result was run on: the config, its Verilog (sha1) and the bench's sources
     (:func:`bench_sources`, sha1). A resumed run reuses a result only when all three are the same."""
     import hashlib
-    from testbenches.runner import bench_sources, fingerprint, generate_verilog
+    from hdl.generate import generate_verilog
+    from testbenches.runner import bench_sources, fingerprint
     return {"config": cfg.to_dict(), "verilog": hashlib.sha1(generate_verilog(block, cfg).encode()).hexdigest()[:16],
             "bench": fingerprint(bench_sources(block))}
 

@@ -10,7 +10,7 @@ constant +-1, a ``Mux``'s arms swapped, ``&`` and ``|`` exchanged, a register st
 (``m.d.sync`` -> ``m.d.comb``), on every code line of the block's own sources and of the shared
 helpers it uses (``hdl/lib/arith.py``, ``pipe.py``, ``slice.py``, ``hdl/lad/common.py``) that runs
 while the block elaborates at one of its presets (function bodies, docstrings and comments left
-out; a line that never runs makes no hardware; mac-decode and lad-tile, built of the other blocks:
+out; a line that never runs makes no hardware; mac-unit, mac-decode and lad-tile, built of other blocks:
 their own lines only). Each runs in a copy of the repository (the
 working tree is never touched): the mutant's Verilog is generated at every preset of the block;
 if it equals the original's at all of them the mutant is **equivalent** by construction (nothing
@@ -47,28 +47,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from golden.paths import PROJECT_ROOT
+from hdl.registry import BLOCKS as REGISTRY
 
 # shared helpers whose lines a block's elaboration runs (mutated as part of that block)
 LIB_HELPERS = ["hdl/lib/arith.py", "hdl/lib/pipe.py", "hdl/lib/slice.py"]
 LAD_HELPERS = LIB_HELPERS + ["hdl/lad/common.py"]
-# block -> (its RTL sources, the pytest arguments that are its tests)
-BLOCKS = {
-    "vpu": (["hdl/lib/vpu.py"], ["testbenches/test_vpu.py"]),
-    "sfm": (["hdl/lib/sfm.py"], ["testbenches/test_sfm.py"]),
-    "sram": (["hdl/lib/sram.py"], ["testbenches/test_sram.py"]),
-    "mac-match": (["hdl/mac/match.py"], ["testbenches/test_mac_unit.py", "-k", "match"]),
-    "mac-merge": (["hdl/mac/merge.py"], ["testbenches/test_mac_unit.py", "-k", "merge"]),
-    "dense": (["hdl/lad/dense.py"], ["testbenches/test_dense.py", "-k", "rtl"]),
-    "lad-eas": (["hdl/lad/eas.py"], ["testbenches/test_lad_modules.py", "-k", "lad_eas"]),
-    "lad-apid": (["hdl/lad/apid.py"], ["testbenches/test_lad_modules.py", "-k", "lad_apid"]),
-    "lad-md": (["hdl/lad/md.py"], ["testbenches/test_lad_modules.py", "-k", "lad_md"]),
-    "lad-ac": (["hdl/lad/ac.py"], ["testbenches/test_lad_modules.py", "-k", "lad_ac or lane_file"]),
-    # blocks built of the blocks above: their own lines only (the parts' sources and the helpers
-    # are mutated with the blocks that own them, whose benches reach them at many more configs)
-    "mac-decode": (["hdl/mac/decode.py"], ["testbenches/test_mac_decode_rtl.py"]),
-    "lad-tile": (["hdl/lad/tile.py", "hdl/lib/parts.py"], ["testbenches/test_lad_tile.py", "-k", "rtl_equals"]),
-}
-COMPOSITES = {"mac-decode", "lad-tile"}
+# Blocks built of other blocks (parts or submodules): their own lines only (the parts' sources and
+# the helpers are mutated with the blocks that own them, whose benches reach them at many more
+# configs); the LAD tile's own lines include the part mechanism it alone uses.
+COMPOSITES = {"mac-unit": [], "mac-decode": [], "lad-tile": ["hdl/lib/parts.py"]}
+# block -> (its RTL sources, the pytest arguments that are its tests), from the registry
+BLOCKS = {name: ([b.source, *COMPOSITES.get(name, [])], list(b.tests)) for name, b in REGISTRY.items()}
 
 
 def helpers_of(block: str) -> list[str]:
@@ -183,7 +172,7 @@ def lines_run(work: Path, block: str, sources: list[str]) -> dict[str, set[int]]
     """The lines of ``sources`` that run while ``block`` elaborates at each of its presets (a
     line trace of the Verilog generation in the copy ``work``), widened to whole statements."""
     files = [str((work / rel).resolve()) for rel in sources]
-    script = ("import json, sys\nfrom hdl.registry import get_block, generate_verilog\n"
+    script = ("import json, sys\nfrom hdl.generate import generate_verilog\nfrom hdl.registry import get_block\n"
               f"files = set({files!r})\nhits = {{f: set() for f in files}}\n"
               "def trace(frame, event, arg):\n"
               "    f = frame.f_code.co_filename\n"
@@ -206,7 +195,7 @@ def lines_run(work: Path, block: str, sources: list[str]) -> dict[str, set[int]]
 
 def verilog_of(work: Path, block: str) -> tuple[bool, list[str]]:
     """(elaborated, the Verilog of each preset) in the copy ``work``."""
-    script = ("import json, sys\nfrom hdl.registry import get_block, generate_verilog\n"
+    script = ("import json, sys\nfrom hdl.generate import generate_verilog\nfrom hdl.registry import get_block\n"
               f"b = get_block({block!r})\n"
               "sys.stdout.write(json.dumps([generate_verilog(b.name, c, cache=False) for c in b.presets.values()]))\n")
     done = subprocess.run([sys.executable, "-c", script], cwd=work, capture_output=True, text=True)
@@ -226,7 +215,7 @@ def compare_verilog(work: Path, block: str, timeout: float) -> str:
     ``(* ... *)`` attributes, which simulation ignores: synthesis directives such as
     ``COLLISION_X``), ``same`` (at every preset) or ``error`` (does not elaborate, or not within
     ``timeout`` seconds: a generator loop that no longer ends, e.g. ``while len(values) > 0``)."""
-    script = ("import sys\nfrom pathlib import Path\nfrom hdl.registry import get_block, generate_verilog\n"
+    script = ("import sys\nfrom pathlib import Path\nfrom hdl.generate import generate_verilog\nfrom hdl.registry import get_block\n"
               "from testbenches.mutation import without_attributes as strip\n"
               f"b = get_block({block!r})\n"
               "attributes = False\n"
@@ -462,6 +451,9 @@ def main(argv=None) -> int:
         parser.error("--survivors-only needs --survivors-of JSON")
     own, tests = BLOCKS[args.block]
     sources = own + helpers_of(args.block)
+    if not any(mutants_of(PROJECT_ROOT / rel, rel) for rel in sources):
+        print(f"{args.block}: no mutants (its own lines only connect its parts)")
+        return
     args.fingerprint = block_fingerprint(args.block)   # of the sources copied below
     done: dict = {}
     if args.resume:

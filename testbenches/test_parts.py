@@ -7,7 +7,7 @@ from amaranth.lib.wiring import In, Out
 
 from hdl.lib.parts import add_part, collecting, convert_parts, port_stub
 from hdl.lib.slice import RegisterSlice
-from hdl.registry import lint_verilog, to_verilog
+from hdl.lib.verilog import lint_verilog, to_verilog
 
 
 class TwoSlices(wiring.Component):

@@ -2,7 +2,7 @@
 
 A parent adds each large submodule with :func:`add_part`. Outside :func:`collecting` (simulation,
 formal, synthesis through RTLIL) that is ``m.submodules[name] = component``. While
-:func:`hdl.registry.generate_verilog` converts the parent inside :func:`collecting`, the part
+:func:`hdl.generate.generate_verilog` converts the parent inside :func:`collecting`, the part
 becomes an ``Instance`` of a module called ``name`` whose ports are the component's signature
 members (named as Amaranth names a top's ports), and :func:`convert_parts` converts each part to
 that module in a process of its own (forked: the component object is not pickled), linting each on
@@ -20,22 +20,13 @@ import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
-from amaranth.hdl import ClockSignal, Const, Instance, ResetSignal, Value
+from amaranth.hdl import ClockSignal, Instance, ResetSignal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In
 
+from .verilog import lint_verilog, part_ports, to_verilog
+
 _collector: contextvars.ContextVar[dict | None] = contextvars.ContextVar("ladmac_parts", default=None)
-
-
-def part_ports(component: wiring.Component) -> dict:
-    """``{port name: (value, flow)}`` of ``component`` as the top of its own conversion: every
-    signature member that is not a constant (Amaranth's naming, ``q_load__payload``)."""
-    ports = {}
-    for path, member, value in component.signature.flatten(component):
-        value = Value.cast(value)
-        if not isinstance(value, Const):
-            ports["__".join(map(str, path))] = (value, member.flow)
-    return ports
 
 
 def add_part(m, name: str, component: wiring.Component) -> None:
@@ -90,7 +81,6 @@ def _convert_one(name, component, lint, out: Path) -> None:
     """In a forked child: the part's Verilog (and, with ``lint``, its lint) into ``out``."""
     _collector.set(None)   # a part's own add_part calls elaborate in place
     try:
-        from hdl.registry import lint_verilog, to_verilog
         text = to_verilog(component, name)
         out.write_text(text)
         if lint:

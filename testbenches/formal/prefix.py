@@ -22,7 +22,7 @@ from amaranth import Value
 from amaranth.lib.wiring import In
 from amaranth.sim import Simulator
 
-from hdl.lib.parts import part_ports
+from hdl.lib.verilog import part_ports
 
 
 @dataclass

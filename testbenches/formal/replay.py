@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from amaranth.lib.wiring import In
 from amaranth.sim import Simulator
 
-from hdl.lib.parts import part_ports
+from hdl.lib.verilog import part_ports
 
 from .vcd import read_vcd
 

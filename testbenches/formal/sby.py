@@ -21,7 +21,8 @@ from pathlib import Path
 from amaranth.back import rtlil
 
 from golden.paths import BUILD_ROOT
-from hdl.registry import get_block, top_ports
+from hdl.lib.verilog import top_ports
+from hdl.registry import get_block
 
 from .harness import FormalWrapper, Mutation
 from .specs import SPECS, Prefix
