@@ -7,7 +7,7 @@ states, exact here) and the planned schedule golden.mac_decode.head_step_cycles 
 No query gaps, no back-pressure, KV memory and entry store answering after 1 cycle (one beat per
 cycle). A step's RTL cycles run from its first query beat to its statistics beat (the engine's
 ``cycles`` field). Runs: ``tiny`` (M 8, d 8, L 4, S 4; two heads of the random sequence of
-testbenches/test_mac_decode.py, 30 steps) and, without ``--quick``, 80 real SmolLM2 steps (layer 12,
+testbenches/tb/mac_decode_steps.py, 30 steps) and, without ``--quick``, 80 real SmolLM2 steps (layer 12,
 head 0; M 32, S 8, d 64, L 8). Per kind of step: before min_context (idle), hit, miss, fallback.
 """
 from __future__ import annotations

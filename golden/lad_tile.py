@@ -278,7 +278,7 @@ PRESETS = {
 # the q.A pass is still waiting for the absorption's update at TERMS (short contexts) or when mode
 # changes queue (per change, on average). The two constants are fitted on the RTL's measured steps
 # by benchmarks/lad_vs_dense.py, which prints the model's error against them.
-SCHEDULE_FIXED = 254.3          # cycles per step outside the passes (fitted 230.3, + 20.5 measured for AC's pipelines, #13 session 33, + 1.5 for session 34's AC stages, + 2.0 for session 46's cache-terms register; 214.7 before EAS was pipelined for #13, 192 before the VPU's latency 5 -> 7)
+SCHEDULE_FIXED = 254.3          # cycles per step outside the passes: fitted 230.3, + 20.5 measured for AC's pipelines, + 1.5 for AC's stages, + 2.0 for the cache-terms register
 SCHEDULE_PER_MODE_CHANGE = 28.4 # cycles a mode change adds on average (fitted)
 
 

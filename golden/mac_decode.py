@@ -538,7 +538,7 @@ def engine_step_cycles(cfg: MacDecodeConfig, st: HeadStep, filled: int) -> int:
     """Cycles of one head's step on the engine RTL as built (hdl/mac/decode.py, the statistics
     beat's ``cycles``) when no stream stalls or gaps and the KV memory and entry store answer one
     cycle after a request: its FSM's states one after another, each state's cycles read from a
-    waveform (session 64; docs/mac-unit.md, "Decode engine"). ``st``: the step's
+    waveform (docs/mac-unit.md, "Decode engine"). ``st``: the step's
     :class:`HeadStep` (its program), ``filled``: the head's ring entries before the step."""
     B = cfg.beats
     if not st.engaged:

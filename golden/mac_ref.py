@@ -99,7 +99,7 @@ def match(ring_q: torch.Tensor, ring_pos: torch.Tensor, valid: torch.Tensor, q: 
     same pre-RoPE query in layer 0, but a prefill's GEMM and a decode step's GEMV round it
     differently (float32: ~1e-7), and the choice between the two entries then followed the
     machine's kernels and thread count (perplexity moved 3.4 % on 24 tokens between 1 and 2
-    threads, session 58). The bit-accurate match sees those queries equal after quantization."""
+    threads). The bit-accurate match sees those queries equal after quantization."""
     usable = valid & (ring_pos >= 0).unsqueeze(0)
     dist = (ring_q - q.unsqueeze(1)).norm(dim=-1)
     dist = torch.where(usable, dist, torch.full_like(dist, math.inf))

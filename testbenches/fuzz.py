@@ -28,7 +28,7 @@ SIZE_CAPS = {"max_positions": 64, "max_centers": 16, "window": 32, "head_dim": 3
              "lanes": 8, "vpus": 8}
 # Parameters drawn over a range of their own instead (uniformly when it is short, else
 # log-uniformly): an SRAM bank up to several block-RAM banks deep, at every read latency; a MAC
-# band from one key to far past max_positions (a band past 4 max_positions once wrapped, session 70).
+# band from one key to far past max_positions (a band past 4 max_positions once wrapped the engine's key addresses).
 FIELD_RANGES = {"depth": (2, 16384), "read_latency": (1, 6), "band": (1, 1024)}
 
 

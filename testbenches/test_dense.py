@@ -13,7 +13,7 @@ from testbenches.runner import simulate
 SEED = 4096
 TRACE = Path(__file__).parent / "data" / "smollm2_head_trace.pt"
 # beats not a power of two (6): the beat counters wrap by their compare, not by overflowing (4 lanes:
-# its build is a third of an 8-lane one's; the 21 s of session 57's 48 x 8 config are 7 s)
+# its build is a third of an 8-lane one's; a 48 x 8 config's 21 s are 7 s)
 SIX_BEATS = DenseConfig(head_dim=24, lanes=4, max_positions=256)
 CONFIGS = {**PRESETS, "six-beats": SIX_BEATS}
 

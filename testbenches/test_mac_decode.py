@@ -7,9 +7,7 @@ attention: analytic; one decode step: stated, on the real trace); inside SmolLM2
 reference. No Verilator."""
 import math
 import os
-import random
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,36 +15,10 @@ import torch
 from golden.mac_decode import (PRESETS, MacDecodeConfig, MacDecodeHead, MacDecodeLayer, attend_bits,
                                attend_error_bound, scores_bits)
 from golden.mac_ref import MacLayerState, attend
+from testbenches.tb.mac_decode_steps import random_sequence, real_trace
 
-DATA = Path(__file__).parent / "data"
 TINY = PRESETS["tiny"]            # window 8, d 8, band 4, min_context 10
 SEEDS = (2025, 2026)
-
-
-def random_sequence(cfg: MacDecodeConfig, H: int, Hkv: int, N: int, seed: int):
-    """Raw ``(q_pre (N,H,d), q (N,H,d), k (Hkv,N,d), v (Hkv,N,d))``: pre-RoPE queries from a few
-    clusters (hits), some exact repeats (distance ties); now and then a query aligned with the newest
-    key at a large scale, so that the tail holds nearly all the mass (cancelled removals)."""
-    g = torch.Generator().manual_seed(seed)
-    rnd = random.Random(seed)
-    d = cfg.head_dim
-    centers = torch.randn(5, d, generator=g) * 2
-    q_pre = torch.empty(N, H, d)
-    for n in range(N):
-        for h in range(H):
-            if n >= 2 and rnd.random() < 0.15:
-                q_pre[n, h] = q_pre[rnd.randrange(max(0, n - cfg.window), n), h]    # exact repeat
-            else:
-                q_pre[n, h] = centers[rnd.randrange(5)] + torch.randn(d, generator=g) * rnd.choice((0.05, 0.3, 1.5))
-    q = torch.randn(N, H, d, generator=g) * 1.5
-    k = torch.randn(Hkv, N, d, generator=g) * 1.5
-    v = torch.randn(Hkv, N, d, generator=g) * 2
-    for n in range(N):
-        if rnd.random() < 0.3:                                # the newest key dominates: cancellation
-            for h in range(H):
-                q[n, h] = k[h // (H // Hkv), n] * 3
-    f = cfg.kv_format
-    return cfg.q_format.quantize(q_pre), f.quantize(q), f.quantize(k), f.quantize(v)
 
 
 def run_both(cfg: MacDecodeConfig, H: int, Hkv: int, seq, steps: int | None = None) -> dict:
@@ -86,16 +58,6 @@ def test_layer_model_equals_head_models_on_random_sequences(seed, variant):
     assert c["hits"] > 15 and c["misses"] > 5, c
     if variant != "band0":                                    # band 0: the tail is empty, nothing to remove
         assert c["fallbacks"] > 0, c
-
-
-def real_trace(cfg: MacDecodeConfig, steps: int):
-    """Layer 12, query head 0 of SmolLM2 on WikiText-2 (testbenches/data): pre-RoPE query, post-RoPE
-    query, key and value per position, raw in the engine's formats (one head, one KV head)."""
-    head = torch.load(DATA / "smollm2_head_trace.pt")
-    q_pre = torch.load(DATA / "smollm2_mac_trace.pt")["q_pre"][:steps, 0]
-    f = cfg.kv_format
-    return (cfg.q_format.quantize(q_pre.double()).unsqueeze(1), f.quantize(head["q"][:steps].double()).unsqueeze(1),
-            f.quantize(head["k"][:steps].double()).unsqueeze(0), f.quantize(head["v"][:steps].double()).unsqueeze(0))
 
 
 def test_layer_model_equals_head_model_on_real_trace():

@@ -50,8 +50,8 @@ def test_mac_decode_rtl_equals_model_on_random_sequences(variant, seed):
     assert r["nonzero_outputs"] > r["steps"] * cfg.beats // 2
 
 
-# The band test's config is also the bench's narrow-guard, fine-output, single-beat one (mutation
-# run of session 71, docs/verification.md): d = lanes (one beat: the query's first beat is its last);
+# The band test's config is also the bench's narrow-guard, fine-output, single-beat one (it kills
+# mutants no other config reaches, docs/verification.md): d = lanes (one beat: the query's first beat is its last);
 # sum_frac 16 (attend_guard = sum_frac, so kr == guard, pre = 0, when one key dominates); out_frac =
 # kv_frac + 16 (out_shift = 16 = mantissa_frac: one unit of round_shift(N, pre) moves o by r / 2^16,
 # one or two LSBs, where the default formats hide it below o's rounding)
@@ -61,7 +61,7 @@ FINE = replace(TINY, band=1000, lanes=8, sum_frac=16, kv_width=8, kv_frac=4, out
 def test_mac_decode_rtl_equals_model_with_a_band_past_the_context():
     """band 1000 > 4 max_positions: every key is the tail's (lo_tail = F, a hit's band empty).
     Before the RTL clamped the band to max_positions, L - band wrapped in its signed W + 2 bits and
-    the engine asked for keys past the context (session 70). At FINE's formats and single beat."""
+    the engine asked for keys past the context. At FINE's formats and single beat."""
     cfg = FINE
     assert cfg.beats == 1 and cfg.attend_guard == cfg.sum_frac and cfg.out_shift == cfg.mantissa_frac
     steps = 20

@@ -8,24 +8,23 @@ writes stored) as memories with random latency, request back-pressure and respon
 gaps on ``query``, back-pressure on ``out``.
 
 Params: ``steps`` (positions per head), ``heads_used``, ``seq_seed`` (the random sequence of
-testbenches/test_mac_decode.py: clustered and repeated pre-RoPE queries, queries aligned with the
+testbenches/tb/mac_decode_steps.py: clustered and repeated pre-RoPE queries, queries aligned with the
 newest key so removals cancel), ``trace`` (real SmolLM2 layer-12 head-0 steps instead; one head),
 ``gap`` / ``stall`` / ``latency`` (0 / 0 / [1, 1] for the cycle measurement), ``out_stall``
 (back-pressure on ``out`` alone, whose stalled cycles the statistic leaves out)."""
 from __future__ import annotations
 
 import cocotb
-import torch
 
 from golden.mac_decode import MacDecodeConfig, MacDecodeHead, engine_step_cycles, head_step_cycles, step_ranges
 from hdl.mac.decode import (entry_request_layout, entry_response_layout, kv_request_layout, kv_response_layout,
                             out_layout, query_layout)
 from testbenches.streams import Bench, split_beats
+from testbenches.tb.mac_decode_steps import random_sequence, real_trace
 
 
 def sequence(bench: Bench):
     """Raw ``(q_pre (N, H, d), q (N, H, d), k (1, N, d), v (1, N, d))`` of the run."""
-    from testbenches.test_mac_decode import random_sequence, real_trace
     cfg, p = bench.cfg, bench.params
     if p.get("trace"):
         return real_trace(cfg, min(bench.steps(64), cfg.max_positions))
