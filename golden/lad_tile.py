@@ -6,7 +6,7 @@ Every rounding is ``round_shift``, every clamp ``saturate`` (golden/fixedpoint.p
 RTL (hdl/lad/) does exactly this. Raw formats (``real = raw * 2**-frac``):
 
 - q, k, v, o: ``kv_format`` (s16.8); scores ``s``, ``s^``, ``m``, ``x``: the SFM's x format
-  (s16.10); PWL values ``p`` and correction weights ``w``: frac 15 (the SFM's EXP output);
+  (``score_width``.``score_frac``, s18.9 at the defaults); PWL values ``p`` and correction weights ``w``: frac 15 (the SFM's EXP output);
   coefficients ``a, b`` and ``alpha, beta``: frac 16; rho: ``rho_format`` (s20.12).
 - Caches (exact integers, saturating): ``A[l][j] = sum g_l k_j`` with
   ``g_l = round_shift(alpha v_l, 8)`` (frac 24), ``B = sum alpha v``, ``C = sum beta v``,
