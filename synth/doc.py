@@ -1,10 +1,10 @@
 """Writes docs/synthesis.md from the reports of `ladmac synth --all`: the flow, per-block
-resources and Fmax, the path that limits Fmax and what would fix it, what dominates area,
-and the comparison with LAD's Table III."""
+resources and Fmax, the fit of the blocks built at a device preset, the path that limits Fmax
+and what would fix it, the design choices that reach the clock, what dominates area, and the
+comparison with LAD's Table III. The page states the reports it is given and nothing dated: a
+figure changes only when `make synth` (or a run over some blocks) regenerates it."""
 from __future__ import annotations
 
-import datetime
-import json
 from pathlib import Path
 
 from . import reports
@@ -53,6 +53,62 @@ def dominant(e: dict) -> str:
 
 def _path_cell(cell: str, n: int = 60) -> str:
     return cell if len(cell) <= n else "..." + cell[-(n - 3):]
+
+
+# The design choices that bring the blocks to their Fmax goals (issue #13), each where it lives in
+# the RTL; static text, true of the RTL the reports are made from.
+TIMING_CHOICES = [
+    "Every core path is register to register, and each pipeline stage holds at most one multiplier or one "
+    "long carry chain, with nothing after a carry chain but its register (`hdl/lib/sfm.py`'s seven stages are "
+    "the pattern).",
+    "Wide products are split into partial products that each fit one MULT18X18D (`hdl/lib/pipe.py` "
+    "`partial_products`), registered twice (once in the DSP, where `synth/absorb.py` moves the register, once "
+    "in the fabric) and summed with the rounding constant in the next stage; sums of three or more terms go "
+    "through a carry-save tree (`csa_reduce`) and a split add (`split_add`) so that one carry chain remains.",
+    "Saturating accumulators (`acc <= sat(acc + x)`) cannot be retimed: `hdl/lib/arith.py` `saturating_add` "
+    "clamps the addend first, so the range check after the carry chain reads three bits, not a wide addend's "
+    "(the VPU's 62-bit accumulate inside AC is the longest carry chain left in lad-ac and in the tile).",
+    "Block RAM read ports take the DP16KD's output register (read latency 2 or more, `hdl/lib/sram.py`); "
+    "mac-match's ring is banked by its address's high bits, each bank's data registered next to it and the bank "
+    "select in two registered steps (`hdl/mac/match.py`).",
+    "Between the LAD tile's modules, AC's commands and the SFM's requests go through register slices (AC's a "
+    "FIFO slice whose decoded fields leave flip-flops), the SFM never stalls, and MD's scores and corrections "
+    "wait in FIFOs with credits, so no ready signal crosses from one module through the sequencer into another "
+    "(`hdl/lad/tile.py`, `hdl/lad/md.py`).",
+    "Each LAD module keeps its own beat-addressed copy of q or k in LUT RAM (`hdl/lad/common.py` `beat_copy`) "
+    "instead of reading the 1,024-bit vectors whole: reading them whole congested the local routing around "
+    "them, and router2 did not converge on the tile.",
+    "EAS picks its VPUs' operands a cycle ahead through the centers' read delay line, registers SCAN's end and "
+    "takes the running maximum in three steps, none depending on an earlier verdict; its join compare is cut "
+    "into registered chunks (`hdl/lad/eas.py`). MD's counter-bump increments come from the counters alone, and "
+    "its exact score goes through four stages after the VPU (`hdl/lad/md.py`).",
+    "mac-merge takes its cancellation flag from the sign of one carry-save sum of a's and b's terms, beside "
+    "s's own add, not from a compare of the registered s (`hdl/mac/merge.py`); dense's output is a seven-stage free-running pipeline into a FIFO, each "
+    "lane with its own registered copy of the shift amount (`hdl/lad/dense.py`).",
+    "Reset reaches the flip-flops over a global network (a DCCA), and every block routes with nextpnr's "
+    "router1 (above).",
+]
+
+
+def fit_line(r: dict) -> str:
+    """One block built at a device preset: its share of each resource, and the bitstream if written."""
+    e = r["ecp5"]
+    util = e.get("utilisation") or {}
+
+    def used(res: str, key: str) -> str:
+        u = util.get(key) or {}
+        have = u.get("available") or {"LUT4": 83640, "FF": 83640, "DP16KD": 208, "MULT18X18D": 156}[res]
+        n = e["design"][res]
+        return f"{n:,} / {have:,} {res} ({100 * n / have:.0f} %)"
+
+    cfg = r.get("config") or {}
+    sizes = ", ".join(f"{k} {cfg[k]}" for k in ("head_dim", "lanes", "max_positions", "kv_positions", "max_centers")
+                      if k in cfg)
+    bits = (e.get("bitstream") or {}).get("bytes") or e.get("bitstream_recorded")
+    return (f"**{_name(r)}** ({sizes}): {e['fmax_mhz']:.1f} MHz; "
+            + ", ".join(used(res, key) for res, key in (("LUT4", "TRELLIS_COMB"), ("FF", "TRELLIS_FF"),
+                                                          ("DP16KD", "DP16KD"), ("MULT18X18D", "MULT18X18D")))
+            + (f"; bitstream written ({bits:,} bytes)" if bits else "") + ".")
 
 
 def _presets_note() -> str:
@@ -161,6 +217,16 @@ def render(results: list[dict], command: str | None = None) -> str:
             w(f"| {_name(r)} | {g['num_cells']} | {g['logic_cells']} | {g['ff']} | {g['memory_bits']} | "
               f"{g['ge']['total']} | {100 * g['ge']['memory_share']:.0f}% |")
     w("")
+    fits = [r for r in results if r.get("preset") and r.get("ecp5")]
+    if fits:
+        w("## The blocks built for the device")
+        w("")
+        w("Each preset below is the block's config made to fit the LFE5U-85F (`golden/lad_tile.py` `PRESETS`); "
+          "shares are of the whole placed design (harness included), as nextpnr reports them.")
+        w("")
+        for r in fits:
+            w(f"- {fit_line(r)}")
+        w("")
     w("## The path that limits Fmax")
     w("")
     for r in results:
@@ -183,6 +249,11 @@ def render(results: list[dict], command: str | None = None) -> str:
         if cp.get("diagnosis"):
             w(f"- Why, and the fix: {cp['diagnosis']}")
         w("")
+    w("## How the blocks reach the clock")
+    w("")
+    for line in TIMING_CHOICES:
+        w(f"- {line}")
+    w("")
     w("## What dominates area, against LAD's Table III")
     w("")
     w("LAD's Table III (one tile, ASIC): SRAM is 1.596 / 2.231 / 3.187 mm^2 of the 2.160 / 2.795 / 3.751 mm^2 "
@@ -213,9 +284,9 @@ def render(results: list[dict], command: str | None = None) -> str:
     w("ladmac synth vpu --target generic            # technology-independent count only")
     w("```")
     w("")
-    w(f"Results are cached in `build/synth/` per block, config, toolchain version and Verilog hash; "
-      f"reports saved with `--out` as `benchmarks/results/synth-*.json` stand in for that cache in a fresh "
-      f"clone, so `make synth` routes again only the blocks changed since their record. "
-      f"Generated {datetime.date.today().isoformat()}.")
+    w("Results are cached in `build/synth/` per block, config, toolchain version and Verilog hash; "
+      "reports saved with `--out` as `benchmarks/results/synth-*.json` stand in for that cache in a fresh "
+      "clone, so `make synth` routes again only the blocks changed since their record "
+      "([benchmarks/results/](../benchmarks/results/README.md) lists the records).")
     w("")
     return "\n".join(out)

@@ -56,15 +56,15 @@ NEXTPNR_OPTS = ["--report", "report.json", "--timing-allow-fail", "--seed", "1"]
 # report names the router; LADMAC_ROUTER=router1|router2 (environment) overrides the choice, to
 # try the other router on a block (the cache key includes the router). mac-unit moved back to
 # router1 once the reset went onto a global network (synth/harness.py): router1 then routes it
-# (94.2 MHz against 75.0 under router2, the same netlist, seed 1). dense moved back in session 32:
-# router1 now converges on it (about 4 min a seed) at 125.7 MHz (126.6 / 123.3 / 127.2) against
-# 95.9 (92.0 / 93.2 / 102.4) under router2, the same netlist, seeds 1-3. lad-tile moved back in
-# session 41: router2 levelled off at 6.8k-32k overused wires on every variant (sessions 38-40),
+# (94.2 MHz against 75.0 under router2, the same netlist, seed 1). dense moved back once its SFM
+# had its seventh stage: router1 converges on it (about 4 min a seed) at 125.7 MHz (126.6 / 123.3 /
+# 127.2) against 95.9 (92.0 / 93.2 / 102.4) under router2, the same netlist, seeds 1-3. lad-tile
+# moved back when router2 levelled off at 6.8k-32k overused wires on every variant tried, where
 # router1 routed the `ecp5-85f` tile without its exact pass in 75 min (159k arcs; 72.1 MHz, seed 1).
 ROUTER2_BLOCKS: frozenset[str] = frozenset()
 # No placement-density option: nextpnr-ecp5's `Arch::place()` sets HeAP's maximum density to 0.75
-# over whatever `--placer-heap-beta` said (session 39: the tile at `--set lanes=4` placed at 0.5 and
-# at 0.7 gave the same placement, iteration for iteration; session 38's 0.7 changed nothing).
+# over whatever `--placer-heap-beta` said (the tile at `--set lanes=4` placed at 0.5 and at 0.7
+# gave the same placement, iteration for iteration).
 
 
 def router(block: str) -> str:

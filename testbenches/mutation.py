@@ -388,9 +388,20 @@ def record_status(block: str) -> dict:
     return {**out, "status": f"RTL changed ({', '.join(changed)})" if changed else "bench changed"}
 
 
+NO_MUTANTS = "no mutants (its own lines only connect its parts)"
+
+
+def has_mutants(block: str) -> bool:
+    own, _ = BLOCKS[block]
+    return any(mutants_of(PROJECT_ROOT / rel, rel) for rel in own + helpers_of(block))
+
+
 def print_status() -> None:
     """One line per block: its newest record, the score as run, and whether it is current."""
     for block in BLOCKS:
+        if not has_mutants(block):
+            print(f"{block:10s} {NO_MUTANTS}")
+            continue
         s = record_status(block)
         if s["record"] is None:
             print(f"{block:10s} no record")
@@ -451,8 +462,8 @@ def main(argv=None) -> int:
         parser.error("--survivors-only needs --survivors-of JSON")
     own, tests = BLOCKS[args.block]
     sources = own + helpers_of(args.block)
-    if not any(mutants_of(PROJECT_ROOT / rel, rel) for rel in sources):
-        print(f"{args.block}: no mutants (its own lines only connect its parts)")
+    if not has_mutants(args.block):
+        print(f"{args.block}: {NO_MUTANTS}")
         return
     args.fingerprint = block_fingerprint(args.block)   # of the sources copied below
     done: dict = {}
