@@ -1,4 +1,5 @@
-"""AttnCache golden model (golden/attncache.py) on all-MiniLM-L6-v2 and STS-B dev, small sizes."""
+"""AttnCache golden model (golden/attncache/) on all-MiniLM-L6-v2 and STS-B dev, SmolLM2 and MMLU, small
+sizes; attaching and detaching leaves the library exactly as it was."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,14 +14,16 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from golden.attncache import (AttnCache, AttnCacheConfig, MapStore, build_index, build_store, map_distance,
-                              pair_label, pair_labels, parse_layers, record_inputs)
+from golden.attncache import (ATTN_NAME, AttnCache, AttnCacheConfig, MapStore, build_index, build_prefix_store,
+                              build_store, map_distance, pair_label, pair_labels, parse_layers, record_inputs)
 from golden.errors import ConfigError, DataError, LadmacError
+from golden.llm import attncache_data
 from golden.llm import attncache_eval as ev
+from golden.llm import attncache_sentences as sentences
 from golden.llm.minilm import load_minilm, mean_pool
 from golden.paths import data_file
 
-STSB = data_file(ev.STSB)
+STSB = data_file(attncache_data.STSB)
 N_TRAIN, N_TEST = 300, 150
 
 
@@ -36,7 +39,7 @@ def setup(tmp_path_factory):
         with torch.inference_mode():
             return mean_pool(model(**batch).last_hidden_state, batch["attention_mask"])[0]
 
-    train, test = ev.split_pairs(ev.load_stsb(STSB), N_TRAIN, N_TEST, seed=0)
+    train, test = attncache_data.split_pairs(attncache_data.load_stsb(STSB), N_TRAIN, N_TEST, seed=0)
     db = list(dict.fromkeys(s for _, a, b in train for s in (a, b)))
     fresh = [s for s in dict.fromkeys(s for _, a, b in test for s in (a, b)) if s not in set(db)]
     reference = {s: embed(s) for s in fresh[:20]}  # plain sdpa model, before AttnCache is attached
@@ -295,7 +298,7 @@ def test_stsb_spearman_with_hits(setup):
     """(c) at the store's theta a sizeable share of NEW inputs (exact text not stored) hit, and
     STS-B Spearman stays within 2.5 points of the full model (layer-selective reuse)."""
     theta = setup["store"].cfg.theta
-    res = ev.evaluate(_Enc(setup), setup["cache"], setup["store"], setup["test"], theta,
+    res = sentences.evaluate(_Enc(setup), setup["cache"], setup["store"], setup["test"], theta,
                       [1.0, theta, 0.0], progress=False)
     rows = {r["theta"]: r for r in res["sweep"]}
     assert res["full_spearman"] > 70  # all-MiniLM-L6-v2 on STS-B dev is ~80-85
@@ -324,16 +327,16 @@ def test_malformed_stsb_rows(tmp_path):
         path = tmp_path / f"{name}.csv"
         path.write_text(text * 1)
         with pytest.raises(DataError, match=rf"{name}\.csv:2"):
-            ev.load_stsb(path)
+            attncache_data.load_stsb(path)
     with pytest.raises(DataError, match="not found"):
-        ev.load_stsb(tmp_path / "missing.csv")
-    sst2 = ev.load_sst2(data_file(ev.SST2))  # 872 sentences, 444 positive
+        attncache_data.load_stsb(tmp_path / "missing.csv")
+    sst2 = attncache_data.load_sst2(data_file(attncache_data.SST2))  # 872 sentences, 444 positive
     assert len(sst2) == 872 and sum(y for _, y in sst2) == 444
     for name, text in {"header": "text\tlabel\na\t1\n", "label": "sentence\tlabel\ngood\t1\nbad\t2\n"}.items():
         (tmp_path / f"{name}.tsv").write_text(text)
         with pytest.raises(DataError, match=rf"{name}\.tsv:\d"):
-            ev.load_sst2(tmp_path / f"{name}.tsv")
-    rows = ev.load_stsb(STSB)  # the real file parses: 1500 pairs, 22 rows with extra fields
+            attncache_data.load_sst2(tmp_path / f"{name}.tsv")
+    rows = attncache_data.load_stsb(STSB)  # the real file parses: 1500 pairs, 22 rows with extra fields
     assert len(rows) == 1500 and all(0 <= s <= 5 for s, _, _ in rows)
     with pytest.raises(DataError):
         ev.main(["--data", str(tmp_path / "short.csv"), "--no-progress"])
@@ -355,7 +358,7 @@ def test_eval_config_defaults_are_the_configs_own(monkeypatch):
 
     def no_model(*a, **k):
         raise AssertionError("bad input must be rejected before the model is loaded")
-    monkeypatch.setattr(ev, "Encoder", no_model)
+    monkeypatch.setattr(sentences, "Encoder", no_model)
     for argv, fragment in ((["--set", "pool_rows=100"], "pool_rows"), (["--set", "bogus=1"], "unknown parameter"),
                            (["--set", "layers=0-9"], "layers"), (["--set", "label=x"], "label"),
                            (["--diagnose", "0-x"], "diagnose"), (["--task", "foo"], "unknown task"),
@@ -395,20 +398,19 @@ def test_label_and_config_rules():
     # the calibrated theta: the smallest passing theta with every larger theta passing too
     sweep = {"metric": "spearman", "sweep": [{"theta": t, "delta": d} for t, d in
                                              ((1, 0), (0.95, -0.2), (0.9, -0.9), (0.85, -3), (0.8, 0.1), (0, -5))]}
-    assert ev._calibrated_theta(sweep, [1, 0.95, 0.9, 0.85, 0.8, 0], 1, 10, "pairs") == 0.9
-    assert ev._calibrated_theta(sweep, [1, 0.95, 0.9, 0.85, 0.8, 0], 0.1, 10, "pairs") == 1
+    assert sentences.calibrated_theta(sweep, [1, 0.95, 0.9, 0.85, 0.8, 0], 1, 10, "pairs") == 0.9
+    assert sentences.calibrated_theta(sweep, [1, 0.95, 0.9, 0.85, 0.8, 0], 0.1, 10, "pairs") == 1
 
 
 @pytest.fixture(scope="module")
 def smol_prefix(tmp_path_factory):
     """SmolLM2 and a prefix store of one MMLU subject's 2-shot prefix (short: ~150 tokens)."""
-    from golden.attncache import build_prefix_store
     from golden.llm.smollm2 import load_smollm2
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     model, tok = load_smollm2(dtype=torch.float32)
     base = model.model
-    data = ev.mmlu_questions(tok, 2, ["management"], 3, seed=0)
+    data = attncache_data.mmlu_questions(tok, 2, ["management"], 3, seed=0)
     _, _, pids, items = data[0]
 
     def run_ids(ids):
@@ -474,6 +476,51 @@ def test_mmlu_prefix_rows_reused_exactly(smol_prefix, monkeypatch):
         assert float((bad - s["plain"][0]).abs().max()) > 1e-2
     finally:
         cache.mode = "off"
+
+
+def test_detach_restores_the_library(tmp_path):
+    """AttnCache attaches through public extension points only (AttentionInterface, forward hooks)
+    and detaching leaves the library exactly as it was: the modeling module's functions are the
+    same objects, no module has a forward of its own, the hooks and the attention implementation
+    are the ones before attaching, and the model's output equals its output before attaching."""
+    import sys
+    from golden.llm.smollm2 import load_smollm2
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    model, tok = load_smollm2(dtype=torch.float32)
+    base = model.model
+    ids = tok("The quick brown fox jumps over the lazy dog, and the dog sleeps on.", return_tensors="pt").input_ids[0]
+
+    def run(x):
+        with torch.inference_mode():
+            return base(input_ids=x.view(1, -1)).last_hidden_state
+    before = run(ids)
+    modeling = sys.modules[type(base.layers[0].self_attn).__module__]
+    functions = dict(vars(modeling))
+    impl = base.config._attn_implementation
+
+    def hooks():
+        return [(name, list(m._forward_pre_hooks.values()), list(m._forward_hooks.values()))
+                for name, m in base.named_modules()]
+    hooked = hooks()
+    cache = AttnCache(base, AttnCacheConfig(layers="all"))
+    try:
+        assert base.config._attn_implementation == ATTN_NAME and hooks() != hooked
+        assert all(vars(modeling)[name] is obj for name, obj in functions.items())  # nothing replaced
+        cache.use_store(build_prefix_store(cache, run, [ids[:8]], tmp_path / "store", progress=False))
+        cache.mode = "lookup"
+        run(ids)  # a prefix hit: q projected for rows 8.. only, rows 0..7 reuse the stored map
+        assert cache.last["hit"] and cache.last["rows_reused"] == 8
+    finally:
+        cache.mode = "off"
+        cache.detach()
+    assert dict(vars(modeling)) == functions and all(vars(modeling)[name] is obj for name, obj in functions.items())
+    assert not any("forward" in vars(m) for m in base.modules())
+    assert hooks() == hooked and base.config._attn_implementation == impl
+    torch.testing.assert_close(run(ids), before, rtol=0, atol=0)
+    cache.detach()  # a second detach changes nothing
+    assert hooks() == hooked and base.config._attn_implementation == impl
+    torch.set_num_threads(threads)
 
 
 def test_mmlu_loader_and_errors(tmp_path, monkeypatch):

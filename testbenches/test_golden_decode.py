@@ -12,7 +12,7 @@ import torch
 
 from golden.errors import ConfigError
 from golden.lad_ref import FULL_ATTENTION, LadConfig, LadHead, full_attention
-from golden.mac_ref import (MacConfig, MacLayerState, attend, downdate_states, empty_state, match,
+from golden.mac_ref import (MacConfig, attend, downdate_states, empty_state, match,
                             merge_states)
 
 SEED = 20250711
@@ -229,7 +229,7 @@ def smollm2():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     from golden.llm.data import wikitext_ids
-    from golden.llm.hooks import Controller
+    from golden.llm.hooks import Controller, controller_of
     from golden.llm.runs import load_model
     model, tokenizer = load_model()
     before = model.config._attn_implementation
@@ -238,7 +238,7 @@ def smollm2():
     ids = wikitext_ids(tokenizer, 2048 + 64 + 1)
     yield ctl, ids
     ctl.detach()
-    assert model.config._attn_implementation == before and not hasattr(model, "_ladmac_controller")
+    assert model.config._attn_implementation == before and controller_of(model) is None
     torch.set_num_threads(threads)
 
 

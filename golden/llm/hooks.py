@@ -14,6 +14,7 @@ the LAD tile's bit-accurate model), :class:`golden.mac_ref.MacLayerState` (``mac
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import replace
 
 import torch
@@ -27,6 +28,12 @@ from ..mac_decode import MacDecodeConfig, MacDecodeLayer
 from ..mac_ref import MacConfig, MacLayerState
 
 METHODS = ("full", "lad", "lad-tile", "mac", "mac-decode")
+_CONTROLLERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # model -> its attached Controller
+
+
+def controller_of(model) -> "Controller | None":
+    """The :class:`Controller` attached to ``model``, if any (one at a time: attaching detaches the last)."""
+    return _CONTROLLERS.get(model)
 
 
 class TileLayerState:
@@ -87,7 +94,7 @@ class Controller:
     def __init__(self, model, lad_head: type[LadHead] = LadHead):
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-        previous = getattr(model, "_ladmac_controller", None)
+        previous = controller_of(model)
         if previous is not None:
             previous.detach()
         self.model = model
@@ -103,16 +110,16 @@ class Controller:
             def keep_q_pre(mod, inp, out, i=i):
                 self.q_pre[i] = out[0].detach()
             self._hooks.append(layer.self_attn.q_proj.register_forward_hook(keep_q_pre))
-        model._ladmac_controller = self
+        _CONTROLLERS[model] = self
 
     def detach(self) -> None:
         """Remove the hooks and give the model back its previous attention implementation."""
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
-        if getattr(self.model, "_ladmac_controller", None) is self:
+        if controller_of(self.model) is self:
             self.model.set_attn_implementation(self._previous_impl)
-            del self.model._ladmac_controller
+            del _CONTROLLERS[self.model]
 
     # -- a run ---------------------------------------------------------------------------------
     def start(self, method: str, lad: LadConfig | None = None, mac: MacConfig | MacDecodeConfig | None = None,
