@@ -103,7 +103,7 @@ def cmd_formal(rest: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from golden.cli import Parser, add_overrides
+    from golden.cli import AtLeast, Parser, add_overrides
     from hdl.registry import BLOCKS
     parser = Parser(prog="ladmac", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-lint", dest="lint", action="store_false", help="skip verilator --lint-only")
     p = sub.add_parser("sim", help="check a block under Verilator against the golden model")
     block_args(p)
-    p.add_argument("--vectors", type=int, default=1000)
+    p.add_argument("--vectors", action=AtLeast, default=1000, help="random vectors (steps) to check (1000)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--waves", action="store_true", help="record an FST waveform (Verilator --trace-fst)")
     sub.add_parser("demo", help="the main job on built-in defaults: Verilog for every block + one cocotb check")

@@ -3,8 +3,9 @@
 Every point of the grid (the product of the ``--set`` value lists) is one independent
 ``ladmac eval lad`` run inside SmolLM2 (teacher-forced WikiText-2, no generation), executed as
 a Ray task: local by default (one CPU per point, ``--workers`` at a time), on a Ray cluster with
-``--address``. Each point's JSON is kept under ``OUT/points/`` keyed by its arguments, so an
-interrupted sweep resumes where it stopped (``--fresh`` recomputes). The sweep writes
+``--address`` (one started with ``ray start --head`` is reached as it is, token authentication
+included: :func:`connect`). Each point's JSON is kept under ``OUT/points/`` keyed by its
+arguments, so an interrupted sweep resumes where it stopped (``--fresh`` recomputes). The sweep writes
 ``OUT/sweep.json``, a Markdown table ``OUT/sweep.md`` and a Pareto plot ``OUT/pareto.png``:
 perplexity change vs keys + values read (% of dense) and, with ``--hardware``, vs the tile's cycles
 (% of the dense baseline's over the last 512 steps, ``golden.lad_tile.schedule_cycles``), coloured by
@@ -14,15 +15,19 @@ the tile's SRAM (with
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
+import os
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-from golden.cli import Parser
+from golden.cli import AtLeast, Parser
 from golden.errors import ConfigError
 
 POINT_FORMAT = 2   # bump when a point's JSON changes meaning (2: the tile's cycles, eas_beats default 1)
@@ -77,6 +82,85 @@ def run_point(cmd: list[str], out: str, cwd: str) -> dict:
         return {"error": f"exit {done.returncode}: {tail}", "seconds": time.time() - t0}
     Path(tmp).replace(out)
     return json.loads(Path(out).read_text())
+
+
+TOKEN_HINT = ("set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH, a file) to the cluster's token, which "
+              "`ray get-auth-token` prints on its head node")
+
+
+@contextlib.contextmanager
+def _fd2_into(held):
+    """Send file descriptor 2 into the open file ``held`` for the block: Ray's C++ core writes its
+    connection warnings (one per retry) there, below Python's ``sys.stderr``."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(held.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _answers(address: str) -> None:
+    """ConfigError unless something accepts a TCP connection at a ``[ray://]HOST:PORT`` address
+    (other forms, e.g. ``auto``, are left to Ray): ``ray.init`` retries a dead address for minutes."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as err:
+        raise ConfigError(f"--address {address}: nothing answers there ({err.strerror or err}); start a Ray head "
+                          f"with `ray start --head --port {port}`") from None
+
+
+def connect(address: str | None, workers: int) -> None:
+    """``ray.init`` for the sweep: a new local Ray instance running ``workers`` points at once (not a
+    cluster that ``ray start`` left running, which a plain ``ray.init()`` would join and then refuse
+    ``num_cpus``), or the cluster at ``address``.
+
+    Token authentication (Ray's, as in the installed 2.60): ``ray start --head`` turns it on when a
+    token exists on the machine (``~/.ray/auth_token``, which every local ``ray.init()`` writes, or
+    ``RAY_AUTH_TOKEN`` / ``RAY_AUTH_TOKEN_PATH``), but ``ray.init(address=...)`` does so only for
+    ``auto``; with an explicit address it retries for 20 s on InvalidAuthToken and fails. So the
+    client makes ``ray start``'s choice with Ray's own function (``RAY_AUTH_MODE`` unset and a token
+    found: token mode; an explicit ``RAY_AUTH_MODE`` wins; a cluster without authentication ignores
+    the token). Ray's warnings while connecting are held back; a failed connection is one
+    ConfigError line saying what to set."""
+    import ray
+    if address is None:   # "local": a new instance even when `ray start` or RAY_ADDRESS names a cluster
+        ray.init(address="local", num_cpus=workers, include_dashboard=False, log_to_driver=False,
+                 logging_level="ERROR")
+        return
+    _answers(address)
+    with tempfile.TemporaryFile() as held:
+        try:
+            with _fd2_into(held):
+                try:
+                    from ray._private.authentication.authentication_token_setup import (
+                        maybe_enable_token_auth_if_token_available)
+                except ImportError:   # a Ray without token authentication: nothing to choose
+                    pass
+                else:
+                    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+                ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+        except Exception as err:   # whatever ray.init raised, the address given did not work
+            held.seek(0)
+            said = held.read().decode(errors="replace")
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            if "no authentication token was found" in first:
+                raise ConfigError(f"--address {address}: RAY_AUTH_MODE is token but no Ray authentication token "
+                                  f"was found; {TOKEN_HINT}") from None
+            if "InvalidAuthToken" in said or "Unauthenticated" in said:
+                mode = os.environ.get("RAY_AUTH_MODE", "")
+                why = ("refused this client's authentication token (not the cluster's)" if mode.lower() == "token"
+                       else f"wants an authentication token, which RAY_AUTH_MODE={mode} does not send (unset it)"
+                       if mode else "wants an authentication token and none was found here")
+                raise ConfigError(f"--address {address}: the Ray cluster there {why}; {TOKEN_HINT}") from None
+            raise ConfigError(f"--address {address}: no Ray cluster reached ({first}); start one with "
+                              f"`ray start --head --port PORT`") from None
 
 
 def summarize(point: dict[str, str], result: dict, hardware: bool) -> dict:
@@ -183,19 +267,20 @@ def _parser() -> Parser:
                    help="a config parameter and its values (the grid is the product of all --set)")
     p.add_argument("--hardware", action="store_true",
                    help="sweep the LAD tile's bit-accurate model (LadTileConfig); default: the float LadConfig")
-    p.add_argument("--tokens", type=int, default=512, help="teacher-forced WikiText-2 tokens per point (512)")
-    p.add_argument("--context", type=int, default=0, help="tokens prefilled with full attention first (0)")
+    p.add_argument("--tokens", action=AtLeast, default=512, help="teacher-forced WikiText-2 tokens per point (512)")
+    p.add_argument("--context", action=AtLeast, minimum=0, default=0,
+                   help="tokens prefilled with full attention first (0)")
     p.add_argument("--out", type=Path, default=Path("build/sweep/lad"), help="folder of points, table and plot")
-    p.add_argument("--workers", type=int, default=1, help="points run at once on the local machine (1)")
-    p.add_argument("--address", default=None, help="a Ray cluster's address (default: a local Ray instance)")
+    p.add_argument("--workers", action=AtLeast, default=1, help="points run at once on the local machine (1)")
+    p.add_argument("--address", default=None,
+                   help="a Ray cluster's address, e.g. 127.0.0.1:6390 after `ray start --head --port 6390` "
+                        "(default: a new local Ray instance)")
     p.add_argument("--fresh", action="store_true", help="recompute points that are already cached")
     return p
 
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    if args.tokens < 1 or args.context < 0 or args.workers < 1:
-        raise ConfigError("--tokens and --workers must be >= 1 and --context >= 0")
     points = grid(args.set)
     for point in points:   # every point's config is valid before anything runs
         point_config(point, args.hardware)
@@ -209,12 +294,12 @@ def main(argv: list[str]) -> int:
             results[i] = json.loads(out.read_text())
         else:
             jobs[i] = (point_command(point, args), str(out))
+    if jobs:   # connect first: a refused --address is then the only line on stderr
+        connect(args.address, args.workers)
     print(f"sweep: {len(points)} points, {len(results)} cached, {len(jobs)} to run", file=sys.stderr)
     if jobs:
         import ray
         from tqdm import tqdm
-        ray.init(address=args.address, num_cpus=None if args.address else args.workers,
-                 include_dashboard=False, log_to_driver=False, logging_level="ERROR")
         try:
             task = ray.remote(num_cpus=1)(run_point)
             pending = {task.remote(cmd, out, root): i for i, (cmd, out) in jobs.items()}

@@ -1,6 +1,7 @@
 """The one command-line layer every ``ladmac`` command shares: an argparse parser whose errors
-are one line (``ConfigError`` → exit 2 at the top level) and the one ``--set NAME=VALUE``
-override parser that edits any :class:`golden.config.BlockConfig`."""
+are one line (``ConfigError`` → exit 2 at the top level), the bounded integer option
+(:class:`AtLeast`: counts, tokens, workers) and the one ``--set NAME=VALUE`` override parser that
+edits any :class:`golden.config.BlockConfig`."""
 from __future__ import annotations
 
 import argparse
@@ -14,6 +15,22 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message):
         raise ConfigError(message)
+
+
+class AtLeast(argparse.Action):
+    """An integer option with a lower bound (``minimum``, default 1), checked as it is parsed:
+    ``--vectors -5`` is the one line ``--vectors must be positive, got -5`` instead of a run that
+    quietly does something else. Use: ``add_argument("--tokens", action=AtLeast, minimum=0, ...)``."""
+
+    def __init__(self, option_strings, dest, minimum: int = 1, type=int, **kwargs):
+        super().__init__(option_strings, dest, type=type, **kwargs)
+        self.minimum = minimum
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        if value < self.minimum:
+            rule = "positive" if self.minimum == 1 else f">= {self.minimum}"
+            parser.error(f"{option_string} must be {rule}, got {value}")
+        setattr(namespace, self.dest, value)
 
 
 def add_overrides(parser: argparse.ArgumentParser, what: str = "a config parameter") -> None:

@@ -1,4 +1,5 @@
 """The ladmac CLI: listing, Verilog emission (lint clean under Verilator) and bad input."""
+import json
 import re
 import subprocess
 import sys
@@ -45,6 +46,12 @@ def test_verilog_with_overrides_changes_the_design(tmp_path):
     (["verilog", "sfm", "--set", "cutoff=-100"], "cutoff"),
     (["verilog", "sram", "--preset", "huge"], "unknown preset 'huge'"),
     (["frobnicate"], "invalid choice"),
+    (["sim", "vpu", "--vectors", "-5"], "--vectors must be positive, got -5"),
+    (["sim", "vpu", "--vectors", "0"], "--vectors must be positive, got 0"),
+    (["sim", "vpu", "--vectors", "many"], "invalid int value: 'many'"),
+    (["eval", "lad", "--prompts", "-1"], "--prompts must be >= 0, got -1"),
+    (["eval", "mac", "--new-tokens", "0"], "--new-tokens must be positive, got 0"),
+    (["eval", "lad", "--context", "-3"], "--context must be >= 0, got -3"),
 ])
 def test_bad_input_exits_2_with_one_line(argv, fragment, capsys):
     try:
@@ -91,3 +98,21 @@ def test_sim_waves_writes_an_fst_waveform(capsys):
     out = capsys.readouterr().out
     path = Path(re.search(r"waveform: (\S+)", out).group(1))
     assert path.suffix == ".fst" and path.stat().st_size > 100
+
+
+def test_eval_names_the_text_file_it_read(tmp_path, capsys):
+    """`--data OTHER.txt`: the table and the JSON name that file; only the repository's WikiText-2
+    file (the default, or named by path) is called WikiText-2."""
+    from golden.llm.data import WIKITEXT, describe_text
+    from golden.paths import DATA_ROOT
+    assert describe_text(None) == f"WikiText-2 test ({(DATA_ROOT / WIKITEXT).resolve()})"
+    assert describe_text(DATA_ROOT / WIKITEXT) == describe_text(None)
+    other = tmp_path / "other.txt"
+    other.write_text(" ".join(f"The river number {i} runs past the old mill and into the sea ." for i in range(40)))
+    out = tmp_path / "r.json"
+    assert main(["eval", "lad", "--data", str(other), "--tokens", "4", "--prompts", "0", "--variants", "lad",
+                 "--no-progress", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert f"tokens after 0 context) on {other.resolve()}" in text
+    assert "WikiText-2" not in text
+    assert json.loads(out.read_text())["data"] == str(other.resolve())

@@ -25,7 +25,9 @@ def test_pareto_keeps_only_undominated_points():
     (["sweep", "lad", "--set", "bogus=1,2"], "unknown parameter 'bogus'"),
     (["sweep", "lad", "--set", "center_cos=0.9,2.0"], "center_cos"),
     (["sweep", "lad", "--hardware", "--set", "max_centers=0"], "max_centers"),
-    (["sweep", "lad", "--tokens", "0"], "--tokens"),
+    (["sweep", "lad", "--tokens", "0"], "--tokens must be positive, got 0"),
+    (["sweep", "lad", "--workers", "0"], "--workers must be positive, got 0"),
+    (["sweep", "lad", "--context", "-1"], "--context must be >= 0, got -1"),
 ])
 def test_bad_sweeps_exit_2_before_running(argv, fragment, capsys):
     assert main(argv) == 2

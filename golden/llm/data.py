@@ -1,5 +1,6 @@
 """Evaluation text for the decoding runs: WikiText-2 test (``data/wikitext2/test.txt``, checked
-against ``data/SHA256SUMS`` by :func:`golden.paths.data_file`; ``--data`` may name another copy)."""
+against ``data/SHA256SUMS`` by :func:`golden.paths.data_file`); ``--data`` may name another text
+file, which the run's table and JSON then name by its path (:func:`describe_text`)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,6 +16,15 @@ WIKITEXT = "wikitext2/test.txt"
 def wikitext_path(path: Path | None = None) -> Path:
     """``path``, or the repository's verified copy of WikiText-2 test."""
     return Path(path) if path is not None else data_file(WIKITEXT)
+
+
+def describe_text(path: Path | None = None) -> str:
+    """How a run names the text it reads: ``WikiText-2 test (PATH)`` for the repository's copy (the
+    default, or ``--data`` naming that same file), otherwise only the path of the file given."""
+    default = (DATA_ROOT / WIKITEXT).resolve()
+    if path is None or Path(path).resolve() == default:
+        return f"WikiText-2 test ({default})"
+    return str(Path(path).resolve())
 
 
 def read_wikitext(path: Path | None = None) -> str:

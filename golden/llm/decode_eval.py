@@ -1,8 +1,9 @@
 """``ladmac eval lad|mac``: LAD and MAC inside SmolLM2-135M during decoding (docs/algorithms.md §1, §2).
 
-Evaluations: teacher-forced token-by-token perplexity on WikiText-2 vs full attention on the
-same tokens, greedy-generation agreement with full attention (ROUGE-L F1 on token ids, exact
-token agreement), and per-run stats of each method.
+Evaluations: teacher-forced token-by-token perplexity on WikiText-2 test (or the text file
+``--data`` names; the table and the JSON name the file read) vs full attention on the same
+tokens, greedy-generation agreement with full attention (ROUGE-L F1 on token ids, exact token
+agreement), and per-run stats of each method.
 
 ``--set NAME=VALUE`` edits the method's config: ``LadConfig`` for ``eval lad``, ``MacConfig`` for
 ``eval mac``; with ``--hardware`` it edits the LAD tile's ``LadTileConfig`` instead, whose float twin
@@ -25,13 +26,13 @@ from pathlib import Path
 
 import torch
 
-from ..cli import Parser, add_overrides, configure, parse_overrides
+from ..cli import AtLeast, Parser, add_overrides, configure, parse_overrides
 from ..errors import ConfigError
 from ..lad_ref import LadConfig
 from ..lad_tile import LadTileConfig
 from ..mac_decode import MacDecodeConfig
 from ..mac_ref import MacConfig
-from .data import read_wikitext, wikitext_ids
+from .data import describe_text, read_wikitext, wikitext_ids
 from .hooks import Controller
 from .metrics import generation_scores, perplexity
 from .plots import decode_plots
@@ -49,12 +50,12 @@ def build_parser(method: str) -> Parser:
     d = DEFAULTS[method]
     p = Parser(prog=f"ladmac eval {method}", description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--model", default="smollm2", help="model (only smollm2)")
-    p.add_argument("--tokens", type=int, default=d["tokens"], help="teacher-forced tokens scored")
-    p.add_argument("--context", type=int, default=d["context"],
+    p.add_argument("--tokens", action=AtLeast, default=d["tokens"], help="teacher-forced tokens scored")
+    p.add_argument("--context", action=AtLeast, minimum=0, default=d["context"],
                    help="tokens prefilled with full attention before the scored ones")
-    p.add_argument("--prompts", type=int, default=d["prompts"], help="greedy-generation prompts")
-    p.add_argument("--new-tokens", type=int, default=d["new_tokens"], help="tokens generated per prompt")
-    p.add_argument("--prompt-len", type=int, default=d["prompt_len"], help="prompt length in tokens")
+    p.add_argument("--prompts", action=AtLeast, minimum=0, default=d["prompts"], help="greedy-generation prompts")
+    p.add_argument("--new-tokens", action=AtLeast, default=d["new_tokens"], help="tokens generated per prompt")
+    p.add_argument("--prompt-len", action=AtLeast, default=d["prompt_len"], help="prompt length in tokens")
     if method == "lad":
         add_overrides(p, "a LadConfig parameter (with --hardware: a LadTileConfig parameter)")
         p.add_argument("--hardware", action="store_true",
@@ -71,25 +72,19 @@ def build_parser(method: str) -> Parser:
     p.add_argument("--variants", default=None, metavar="A,B",
                    help="run only these of the run's variants (default all: the method, its --ablate variant, "
                         "and with --hardware lad-tile-float and lad-tile); full attention always runs")
-    p.add_argument("--data", type=Path, default=None, help="WikiText-2 test.txt (default: data/wikitext2/test.txt)")
+    p.add_argument("--data", type=Path, default=None,
+                   help="text file to score (default: WikiText-2 test, data/wikitext2/test.txt)")
     p.add_argument("--out", type=Path, default=None, help="write results JSON here")
     p.add_argument("--plot", type=Path, default=None, help="write PNG plots into this folder")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", action=AtLeast, minimum=0, default=1,
                    help="torch CPU threads (1 is fastest for the many small ops of LAD/MAC; 0 = torch default)")
     p.add_argument("--no-progress", action="store_true")
     return p
 
 
 def check_lengths(args) -> None:
-    """Counts in range, and every position the run feeds within the model's ``max_position_embeddings``
-    (read from the model package's metadata, no weights loaded)."""
-    for name in ("tokens", "prompts", "new_tokens", "prompt_len"):
-        if getattr(args, name) < (0 if name == "prompts" else 1):
-            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.context < 0:
-        raise ConfigError(f"--context must be >= 0, got {args.context}")
-    if args.threads < 0:
-        raise ConfigError(f"--threads must be >= 0 (0 = torch default), got {args.threads}")
+    """Every position the run feeds within the model's ``max_position_embeddings`` (read from the
+    model package's metadata, no weights loaded); the parser has already bounded each count."""
     limit = max_positions(args.model)
     runs = [("--context", args.context, "--tokens", args.tokens, args.context + args.tokens + 1)]  # + the scored last
     if args.prompts:  # the last generated token is never fed back
@@ -178,7 +173,7 @@ def main(method: str, argv: list[str]) -> int:
     ids = wikitext_ids(tokenizer, need, args.data, text=text)
 
     results = {"method": method, "model": args.model, "command": "ladmac eval " + " ".join([method, *argv]),
-               "config": cfg.to_dict(),
+               "data": describe_text(args.data), "config": cfg.to_dict(),
                **({("engine_config" if method == "mac" else "tile_config"): tile_cfg.to_dict()} if tile_cfg else {}),
                "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
     seq = ids[:args.context + args.tokens + 1]
@@ -232,8 +227,8 @@ def main(method: str, argv: list[str]) -> int:
 
 
 def print_table(method: str, r: dict) -> None:
-    print(f"\n{method.upper()} on SmolLM2-135M, WikiText-2 teacher-forced ({r['args']['tokens']} tokens after "
-          f"{r['args']['context']} context)")
+    print(f"\n{method.upper()} on SmolLM2-135M, teacher-forced ({r['args']['tokens']} tokens after "
+          f"{r['args']['context']} context) on {r['data']}")
     print(f"  {'variant':<22}{'perplexity':>12}{'vs full':>10}")
     for k, v in r["perplexity"].items():
         print(f"  {k:<22}{v:>12.4f}{r['perplexity_delta_pct'][k]:>+9.3f}%")

@@ -22,6 +22,12 @@ def save(fig, path: Path, dpi: int = 110) -> Path:
     pyplot().close(fig)
     return path
 
+def text_name(r: dict) -> str:
+    """A run's text for a plot title: WikiText-2, or the file name of another text (``r["data"]``)."""
+    data = r.get("data", "WikiText-2")
+    return "WikiText-2" if data.startswith("WikiText-2") else Path(data).name
+
+
 def decode_plots(method: str, r: dict, folder: Path) -> list[Path]:
     """PNG plots: perplexity per variant; for MAC also hit rate / skip ratio vs context."""
     plt = pyplot()
@@ -36,7 +42,7 @@ def decode_plots(method: str, r: dict, folder: Path) -> list[Path]:
     lo = min(vals)
     ax.set_ylim(lo * 0.97, max(vals) * 1.02)
     ax.set_ylabel("perplexity")
-    ax.set_title(f"{method.upper()} vs full attention, SmolLM2-135M, WikiText-2\n"
+    ax.set_title(f"{method.upper()} vs full attention, SmolLM2-135M, {text_name(r)}\n"
                  f"{r['args']['tokens']} tokens after {r['args']['context']} context", fontsize=9)
     fig.tight_layout()
     p = folder / f"decode_{method}_perplexity.png"
@@ -66,7 +72,7 @@ def decode_plots(method: str, r: dict, folder: Path) -> list[Path]:
         ax.set_xlabel("context (keys seen by the step)")
         ax.set_ylim(0, 1.02)
         ax.legend(fontsize=7, loc="lower right")
-        ax.set_title("MAC on SmolLM2-135M, teacher-forced WikiText-2 (thin: per step)", fontsize=9)
+        ax.set_title(f"MAC on SmolLM2-135M, teacher-forced {text_name(r)} (thin: per step)", fontsize=9)
         fig.tight_layout()
         p = folder / "decode_mac_hit_skip.png"
         fig.savefig(p, dpi=120)
