@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from golden.cli import Parser, add_overrides, parse_overrides
+from golden.cli import AtLeast, Parser, add_overrides, parse_overrides
 from golden.errors import ConfigError, LadmacError
 
 
@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ecp5: harness + yosys + nextpnr on the ULX3S 85F (and the generic count); "
                         "generic: technology-independent cell count only")
     p.add_argument("--freq", type=float, default=100.0, metavar="MHZ", help="PLL clock / timing target (100)")
-    p.add_argument("--seeds", type=int, default=None, metavar="N",
+    p.add_argument("--seeds", action=AtLeast, default=None, metavar="N",
                    help="nextpnr placement seeds 1..N, Fmax is their mean (default 1 for one BLOCK, 3 for --all)")
     p.add_argument("--out", help="write the report(s) as JSON here")
     p.add_argument("--doc", help="with --all or several BLOCKs: write the Markdown summary here (e.g. docs/synthesis.md)")

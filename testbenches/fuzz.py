@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from golden.cli import AtLeast
 from golden.errors import ConfigError
 from hdl.registry import BLOCKS, get_block
 
@@ -165,12 +166,12 @@ def main(argv=None) -> int:
                    help="comma-separated config classes, e.g. VpuConfig,LadTileConfig (default all); "
                         "a family's configs rotate over its blocks")
     p.add_argument("--blocks", default="", help="comma-separated blocks instead of families (each gets --count)")
-    p.add_argument("--count", type=int, default=5, help="random configs per family (or per block with --blocks)")
+    p.add_argument("--count", action=AtLeast, minimum=0, default=5, help="random configs per family (or per block with --blocks)")
     p.add_argument("--seed", type=int, default=1, help="first seed (seeds seed .. seed+count-1)")
-    p.add_argument("--vectors", type=int, default=100, help="vectors (steps) per random config")
-    p.add_argument("--long", type=int, default=0, metavar="N",
+    p.add_argument("--vectors", action=AtLeast, default=100, help="vectors (steps) per random config")
+    p.add_argument("--long", action=AtLeast, minimum=0, default=0, metavar="N",
                    help="also run every block of the chosen families at its default preset on N vectors")
-    p.add_argument("--jobs", type=int, default=1, help="configs checked at once (processes)")
+    p.add_argument("--jobs", action=AtLeast, default=1, help="configs checked at once (processes)")
     p.add_argument("--out", type=Path, default=None, help="JSON report, written as it goes")
     p.add_argument("--resume", type=Path, action="append", default=[],
                    help="a JSON report of an earlier run (may be repeated): reuse each result run on the same "

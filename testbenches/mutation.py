@@ -46,6 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from golden.cli import AtLeast
 from golden.paths import PROJECT_ROOT
 from hdl.registry import BLOCKS as REGISTRY
 
@@ -439,8 +440,8 @@ def main(argv=None) -> int:
                         help="print each block's newest committed record and whether its sources changed since")
     parser.add_argument("--limit", type=int, default=0, help="sample this many mutants (0: all)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--timeout", type=int, default=900, help="seconds per mutant's tests")
-    parser.add_argument("--jobs", type=int, default=1, help="mutants evaluated at once (one repository copy each)")
+    parser.add_argument("--timeout", action=AtLeast, default=900, help="seconds per mutant's tests")
+    parser.add_argument("--jobs", action=AtLeast, default=1, help="mutants evaluated at once (one repository copy each)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--survivors-of", type=Path, default=None,
                         help="a result JSON of an earlier run: keep its kills, evaluate every other mutant (its "

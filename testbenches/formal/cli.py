@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from golden.cli import Parser, add_overrides, parse_overrides
+from golden.cli import AtLeast, Parser, add_overrides, parse_overrides
 from golden.errors import ConfigError
 
 MODES = ("prove", "bmc", "deep", "prefix", "live", "cover")
@@ -25,8 +25,8 @@ def build_parser() -> Parser:
     p.add_argument("blocks", nargs="*", metavar="BLOCK", help=f"blocks to check (default: all: {', '.join(SPECS)})")
     p.add_argument("--big", action="store_true", help="the larger config of each spec (default: the small one)")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
-    p.add_argument("--depth", type=int, help="override the depth (k for prove) of every task")
-    p.add_argument("--timeout", type=int, default=600, help="seconds per task (default 600)")
+    p.add_argument("--depth", action=AtLeast, help="override the depth (k for prove) of every task")
+    p.add_argument("--timeout", action=AtLeast, default=600, help="seconds per task (default 600)")
     add_overrides(p, "a config parameter of the (single) block's formal config")
     return p
 
