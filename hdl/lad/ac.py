@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 
+
 from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -48,7 +49,7 @@ from ..lib.arith import incr, round_shift, saturate
 from ..lib.pipe import csa_sum, delayed, placed, registered_product, split_add, split_sum
 from ..lib.sram import SramBank
 from ..lib.vpu import Vpu
-from .common import AcOp, ac_command_layout, beat_copy, beat_layout, beat_load_signature, recip_resp_layout, sram_banks
+from .common import AcOp, Wires, ac_command_layout, beat_copy, beat_layout, beat_load_signature, recip_resp_layout, sram_banks
 
 
 def registered_write(m: Module, port, en, addr, data):
@@ -121,10 +122,10 @@ class ScalarFile:
     row's words are chosen (``a > 1``), so that the first flip-flop after a block RAM's pins (at
     ecp5-85f Yosys puts the memories in block RAMs) has no other load and sits next to the RAM.
     With the choice in front of the one row register, the path from the RAM's 5.6 ns pins to the
-    far side of the die was the tile's worst (97.05 MHz, seed 1, session 50). Yosys makes the read
+    far side of the die was the tile's worst (97.05 MHz, seed 1). Yosys makes the read
     synchronous by taking the address registers into the RAM, with a bypass LUT on its pins for a
     write landing in the same cycle, so synth/absorb.py finds no register to move into the RAM's
-    output register; a synchronous read port here would let it (docs/lad-tile.md, session 51)."""
+    output register; a synchronous read port here would let it (docs/lad-tile.md)."""
 
     def __init__(self, m: Module, d: int, group_lanes: int, row_lanes: int, width: int):
         u = math.gcd(group_lanes, row_lanes)
@@ -175,7 +176,7 @@ def cache_terms(m, x, scale: int, mult, y, z, shifts, shape, name: str) -> Signa
     registers and one in the fabric, synth/absorb.py; the operands should be registers), each
     term's rounding sum in two stages (:func:`split_sum`), the three terms' sum in two, the
     saturation, and one more register that carries the result to its users (the saturation next
-    to the sum, the users across the die: #13's critical path at 99.1 MHz, session 46). The result
+    to the sum, the users across the die: the critical path at 99.1 MHz without it). The result
     of the operands of cycle c is in the returned register at c + ``TERMS_STAGES``."""
     def rounded(pieces, s, width, nm):
         half = (1 << (s - 1)) if s > 0 else 0
@@ -236,12 +237,12 @@ class Ac(wiring.Component):
         # qa_fresh is cleared by registered events alone, a cycle after the command's transfer (by
         # b0's update group, by COMBINE): TERMS, which reads it, waits for BEATS' groups to drain and
         # no QA pass overlaps either. Cleared by the transfer's decode (AC's take, whose nets span
-        # the device), it was the tile's critical path (92.87 MHz, seed 1, session 52)
+        # the device), it would be the tile's critical path (92.87 MHz, seed 1)
         combine_next = Signal()             # the q.A_r pass was started by TERMS: COMBINE follows
         # qa's shift (QA) and rotation (COMBINE) are chosen by two flags that are set and cleared with
         # those states, not by the state's decode: qa's ~2,000 flip-flops take that choice as their
         # enable and select, and the decode, through VPU 0's valid, reached them across the device
-        # (tile 94.62 MHz, seed 2, session 48)
+        # (tile 94.62 MHz, seed 2)
         qa_shifting, qa_rotating = Signal(), Signal()   # the main FSM is in QA, in COMBINE
         # g and k of an update, two copies each in memories: BEATS writes copy g_wsel (the waiting
         # update's), the A engine reads the other (the one in progress); taking an update flips
@@ -259,10 +260,11 @@ class Ac(wiring.Component):
         m.d.comb += self.z.eq(Z)
         # RECIP's operand, Z clamped to the SFM's input range, registered when FINISH is taken (the
         # clamp's compares had run from Z through the tile's mux into the SFM's slice: the tile's
-        # critical path in session 44, docs/lad-tile.md Synthesis)
+        # critical path without this register, docs/lad-tile.md Synthesis)
         recip_z = Signal(cfg.sfm.recip_in_width)
         m_ref = Signal(signed(cfg.sfm.x_width))
-        issue, resp_cnt, out_cnt = Signal(range(words + 1)), Signal(range(words + 1)), Signal(range(words + 1))
+        # three unnamed counters (a generator gives the name tracer no variable names to take)
+        issue, resp_cnt, out_cnt = (Signal(range(words + 1)) for _ in range(3))
         e_resp, e_out = (Signal(range(words + 1), name=f"engine_{x}") for x in ("resp", "out"))
         # the A banks' next read: the q.A_r pass's or the engine's (they never overlap), one counter
         # and the banks' address whatever the states (a mux of two counters by both FSMs' states
@@ -273,6 +275,33 @@ class Ac(wiring.Component):
         S = cfg.scale_raw
         main_busy = Signal()
 
+        s = Wires(cfg=cfg, L=L, nb=nb, P=P, aw=aw, ow=ow, kw=kw, gw=gw, zw=zw, mf=mf, rows=rows,
+                   words=words, vpus=vpus, banks=banks, ports=ports, AL=AL, G=G, N=N, B=B, C=C, D=D, qa=qa,
+                   qa_fresh=qa_fresh, combine_next=combine_next, qa_shifting=qa_shifting,
+                   qa_rotating=qa_rotating, g_file=g_file, k_write=k_write, k_read=k_read, g_wsel=g_wsel,
+                   k_take=k_take, waiting=waiting, engine_busy=engine_busy, E=E, F=F, Z=Z, recip_z=recip_z,
+                   m_ref=m_ref, issue=issue, resp_cnt=resp_cnt, out_cnt=out_cnt, e_resp=e_resp, e_out=e_out,
+                   a_issue=a_issue, rm=rm, S=S, main_busy=main_busy)
+
+        self._dot_operands(m, s)
+        self._beats_pipeline(m, s)
+        self._terms_path(m, s)
+        self._finish_path(m, s)
+        self._vpu_operands(m, s)
+        with m.FSM():
+            self._idle_state(m, s)
+            self._pass_states(m, s)
+            self._recip_states(m, s)
+        self._recip_response(m, s)
+        self._a_engine(m, s)
+        return m
+
+    def _dot_operands(self, m, s):
+        """The q.A_r and q.D_r passes' VPU operands (q's copy, A's or D's words rounded and
+        saturated), with the counters' helpers."""
+        nb, G, cfg, L, kw, aw, P, ow, D = s.nb, s.G, s.cfg, s.L, s.kw, s.aw, s.P, s.ow, s.D
+        qa_shifting, resp_cnt, vpus, out_cnt = s.qa_shifting, s.resp_cnt, s.vpus, s.out_cnt
+        combine_next = s.combine_next
         def split(cnt, n):   # (cnt // n, cnt % n), bit slices when n is a power of two: a word address ->
             if n & (n - 1):  # (local row, beat) with n = nb
                 return cnt // n, cnt % n
@@ -311,7 +340,7 @@ class Ac(wiring.Component):
         m.d.sync += d_valid.eq(0)
 
         # q's beat for the pass in progress, chosen by qa_shifting rather than by the state's decode
-        # (which reached q's LUT-RAM read address across the device: tile 93.66 MHz, seed 1, session 48)
+        # (which reached q's LUT-RAM read address across the device: tile 93.66 MHz, seed 1)
         q_beat = Signal(range(nb))
         m.d.comb += [q_beat.eq(Mux(qa_shifting, split(resp_cnt, nb)[1], d_beat)), q_read.addr.eq(q_beat)]
 
@@ -330,7 +359,16 @@ class Ac(wiring.Component):
         def start_qa_pass(then_combine):
             m.d.sync += [resp_cnt.eq(0), out_cnt.eq(0), combine_next.eq(then_combine)]
             m.next = "QA_WAIT"
+        s.add(split=split, group_counter=group_counter, in_b=in_b, in_sub=in_sub, in_step=in_step, pipe=pipe,
+              d_word=d_word, d_valid=d_valid, d_beat=d_beat, dot_load=dot_load, dot_feed=dot_feed,
+              start_qa_pass=start_qa_pass)
 
+    def _beats_pipeline(self, m, s):
+        """BEATS' pipeline, a lane group a cycle: the products, g into g_file, the read-modify-write
+        of N, B, C, D."""
+        k_write, k_take, g_wsel, nb, in_b, G, kw = s.k_write, s.k_take, s.g_wsel, s.nb, s.in_b, s.G, s.kw
+        AL, in_sub, qa_fresh, Z, zw, E, cfg, F = s.AL, s.in_sub, s.qa_fresh, s.Z, s.zw, s.E, s.cfg, s.F
+        N, B, C, D, gw, g_file, aw = s.N, s.B, s.C, s.D, s.gw, s.g_file, s.aw
         # -- BEATS: a lane group a cycle. b0: the group's operands (and N's, B's, C's, D's read address);
         # b1, b2: the products' pieces (registered twice: DSP and fabric) and the group's words (read in
         # b1, registered); b3: their low halves added; then the high halves and the saturation, into
@@ -396,7 +434,16 @@ class Ac(wiring.Component):
             new = {f: [delayed(m, x, f"b4_{f.name}{j}") for j, x in enumerate(xs)] for f, xs in new.items()}
         g_pending = b0_valid | b1_valid | b2_valid   # groups whose g is not yet written (in b2)
         beats_busy = g_pending | b3_valid | w_valid | delayed(m, w_valid, "bw_landed")   # the writes land a cycle later
+        s.add(c=c, b0_take=b0_take, new=new, w_valid=w_valid, w_acc=w_acc, w_upd=w_upd, w_beat=w_beat,
+              w_sub=w_sub, g_pending=g_pending, beats_busy=beats_busy)
 
+    def _terms_path(self, m, s):
+        """TERMS' arithmetic: COMBINE's N from the caches, a group a cycle, N's, B's, C's, D's
+        writes, and Z's terms."""
+        group_counter, AL, aw, nb, G, qa, B, C = s.group_counter, s.AL, s.aw, s.nb, s.G, s.qa, s.B, s.C
+        S, m_ref, cfg, pipe, w_valid, w_acc, N = s.S, s.m_ref, s.cfg, s.pipe, s.w_valid, s.w_acc, s.N
+        w_beat, w_sub, new, w_upd, D, vpus, E, F = s.w_beat, s.w_sub, s.new, s.w_upd, s.D, s.vpus, s.E, s.F
+        zw = s.zw
         # -- COMBINE: N = round(S q.A_r) - round(m B) + round(C), a group a cycle: issue (qa's group,
         # B's and C's read address), c1 (the words registered), cache_terms, the write
         c_beat, c_sub, c_last, c_step = group_counter("combine")
@@ -427,7 +474,14 @@ class Ac(wiring.Component):
         z_start = Signal()
         z_terms = cache_terms(m, vpus[0].o.payload.dot, S, m_ref, E, F, cfg.z_cache_shifts, signed(zw), "z_terms")
         z_done = pipe(z_start, TERMS_STAGES, "z_done")
+        s.add(c_last=c_last, c_issue=c_issue, cw_valid=cw_valid, cw_last=cw_last, z_start=z_start,
+              z_terms=z_terms, z_done=z_done)
 
+    def _finish_path(self, m, s):
+        """FINISH's output pipeline: o = sat(round_shift(N rm, mf + e)), a group a cycle, into the
+        FIFO to ``out``."""
+        group_counter, aw, mf, cfg, N, rm, AL, kw = s.group_counter, s.aw, s.mf, s.cfg, s.N, s.rm, s.AL, s.kw
+        pipe, G, L, nb = s.pipe, s.G, s.L, s.nb
         # -- OUT: o = sat(round_shift(N rm, mf + re)), a group a cycle: issue (N's read address), o1
         # (N's group registered), o2 + o3 (the products' pieces, twice), o4 + o5 (the sum with the rounding
         # half, split_sum), o6 (shift by the high bits of the shift, or 0), o7 (by its low bits), o8 (the
@@ -436,7 +490,7 @@ class Ac(wiring.Component):
         o_beat, o_sub, o_last, o_step = group_counter("out")
         # OUT's issue and RECIP_WAIT's response are chosen by flags set and cleared with those states
         # (as qa_shifting): the wait's decode, ANDed with the SFM's valid, enabled the registers it
-        # loads and reached them across the device (tile seed 3, 99.42 MHz, session 50)
+        # loads and reached them across the device (tile seed 3, 99.42 MHz)
         o_issue, recip_waiting = Signal(), Signal()   # OUT's groups not all issued; the FSM is in RECIP_WAIT
         pw = aw + mf + 2                    # N rm: signed aw x unsigned mf + 1 bits
         fine_bits = 3
@@ -466,12 +520,21 @@ class Ac(wiring.Component):
         out_done = self.out.valid & self.out.ready & (o_sent == nb - 1)
         with m.If(self.out.valid & self.out.ready):
             m.d.sync += o_sent.eq(incr(o_sent, nb))
+        s.add(o_last=o_last, o_step=o_step, o_issue=o_issue, recip_waiting=recip_waiting, pw=pw,
+              o_shift=o_shift, o_zero=o_zero, o_half=o_half, out_done=out_done)
 
+    def _vpu_operands(self, m, s):
+        """busy, RECIP's operand, the VPUs' dot operands and qa's shift (QA) and rotation (COMBINE),
+        outside the FSM."""
+        main_busy, engine_busy, waiting, beats_busy = s.main_busy, s.engine_busy, s.waiting, s.beats_busy
+        recip_z, qa_shifting, ports, dot_load = s.recip_z, s.qa_shifting, s.ports, s.dot_load
+        d_valid, d_word, qa_rotating, qa, AL, aw = s.d_valid, s.d_word, s.qa_rotating, s.qa, s.AL, s.aw
+        vpus, P = s.vpus, s.P
         m.d.comb += self.busy.eq(main_busy | engine_busy | waiting | beats_busy)
 
         # RECIP's operand, valid in RECIP alone: the payload does not decode the state, whose
         # decode, gated into each of its bits by the SFM's input mux, sat beside that mux across
-        # the device (tile 92.05 MHz, seed 1, session 47)
+        # the device (tile 92.05 MHz, seed 1)
         m.d.comb += self.recip_req.payload.eq(recip_z)
 
         # the VPUs' operands (outside the FSM, by the same flags: QA's A rows, TERMS_Z's D beats; d_valid
@@ -485,102 +548,122 @@ class Ac(wiring.Component):
         with m.Elif(qa_shifting & vpus[0].o.valid):   # P rows of q.A_r
             m.d.sync += qa.eq(Cat(qa[P * aw:], *[vpus[p].o.payload.dot for p in range(P)]))
 
-        with m.FSM():
-            with m.State("IDLE"):
-                beat_done = Const(1) if G == 1 else (in_sub == G - 1)   # a BEATS command's last group
-                with m.If(c.op == AcOp.BEATS):
-                    m.d.comb += [self.cmd.ready.eq(~waiting & beat_done), b0_take.eq(self.cmd.valid & ~waiting)]
-                with m.Else():   # the other commands once BEATS' writes (and Z's, E's, F's) are in
-                    m.d.comb += self.cmd.ready.eq(~waiting & ~beats_busy)
-                with m.If(self.cmd.valid & self.cmd.ready):
-                    with m.Switch(c.op):
-                        with m.Case(AcOp.QA):
-                            start_qa_pass(0)
-                        with m.Case(AcOp.TERMS):   # a QA serves one TERMS (COMBINE clears qa_fresh)
-                            m.d.sync += m_ref.eq(c.m)
-                            with m.If(qa_fresh):
-                                m.d.sync += qa_rotating.eq(1)
-                                m.next = "COMBINE"
-                            with m.Else():
-                                start_qa_pass(1)
-                        with m.Case(AcOp.FINISH):   # Z is final here (no BEATS write in flight)
-                            m.d.sync += recip_z.eq(saturate(Z, recip_z.shape()))
-                            m.next = "RECIP"
-                with m.If(self.cmd.valid & self.cmd.ready & (c.op == AcOp.BEATS)):   # the beat's transfer (its last group)
-                    with m.If(c.update):
-                        m.d.comb += k_take.eq(1)
-                    with m.If((in_b == nb - 1) & c.update):
-                        m.d.sync += waiting.eq(1)      # the engine takes it when it is free
-                with m.If(b0_take):   # the next group (and after a beat's last, the next beat)
-                    m.d.sync += in_step
-
-            with m.State("QA_WAIT"):   # A must hold every update handed over so far
-                m.d.comb += main_busy.eq(1)
-                with m.If(~engine_busy & ~waiting):
-                    m.d.sync += [a_issue.eq(0), qa_shifting.eq(1)]   # (the engine is idle and takes nothing this cycle)
-                    m.next = "QA"
-            with m.State("QA"):   # q.A_r[l]: P rows at a time, one beat per cycle, shifted into qa
-                m.d.comb += main_busy.eq(1)
-                for p in range(P):
-                    req, resp = ports[p]
-                    m.d.comb += [req.valid.eq(a_issue < words), resp.ready.eq(1)]
-                    dot_feed(p)
-                with m.If(ports[0][0].valid & ports[0][0].ready):
-                    m.d.sync += a_issue.eq(a_issue + 1)
-                with m.If(ports[0][1].valid):
-                    m.d.sync += resp_cnt.eq(resp_cnt + 1)
-                with m.If(vpus[0].o.valid):
-                    m.d.sync += out_cnt.eq(out_cnt + 1)
-                    with m.If(out_cnt == rows - 1):
-                        m.d.sync += [qa_fresh.eq(~combine_next), qa_shifting.eq(0), qa_rotating.eq(combine_next)]
-                        with m.If(combine_next):
+    def _idle_state(self, m, s):
+        """IDLE: takes the commands (BEATS' groups into the pipeline, QA, TERMS, FINISH)."""
+        G, in_sub, c, waiting, b0_take, beats_busy = s.G, s.in_sub, s.c, s.waiting, s.b0_take, s.beats_busy
+        start_qa_pass, m_ref, qa_fresh, qa_rotating = s.start_qa_pass, s.m_ref, s.qa_fresh, s.qa_rotating
+        recip_z, Z, k_take, in_b, nb, in_step = s.recip_z, s.Z, s.k_take, s.in_b, s.nb, s.in_step
+        with m.State("IDLE"):
+            beat_done = Const(1) if G == 1 else (in_sub == G - 1)   # a BEATS command's last group
+            with m.If(c.op == AcOp.BEATS):
+                m.d.comb += [self.cmd.ready.eq(~waiting & beat_done), b0_take.eq(self.cmd.valid & ~waiting)]
+            with m.Else():   # the other commands once BEATS' writes (and Z's, E's, F's) are in
+                m.d.comb += self.cmd.ready.eq(~waiting & ~beats_busy)
+            with m.If(self.cmd.valid & self.cmd.ready):
+                with m.Switch(c.op):
+                    with m.Case(AcOp.QA):
+                        start_qa_pass(0)
+                    with m.Case(AcOp.TERMS):   # a QA serves one TERMS (COMBINE clears qa_fresh)
+                        m.d.sync += m_ref.eq(c.m)
+                        with m.If(qa_fresh):
+                            m.d.sync += qa_rotating.eq(1)
                             m.next = "COMBINE"
                         with m.Else():
-                            m.next = "IDLE"
-            with m.State("COMBINE"):   # issue the groups (qa rotates a group a cycle), wait for the last write
-                m.d.comb += [main_busy.eq(1), c_issue.eq(1)]
-                m.d.sync += qa_fresh.eq(0)   # qa served its TERMS
-                with m.If(c_last):
-                    m.d.sync += qa_rotating.eq(0)
-                    m.next = "COMBINE_WAIT"
-            with m.State("COMBINE_WAIT"):
-                m.d.comb += main_busy.eq(1)
-                # issue and D's read address are TERMS_Z's alone: set while waiting, so the last
-                # write's arrival drives the state only (shared with them, its decode sat by D's
-                # read address across the device: 94.8 MHz, seed 1)
-                m.d.sync += issue.eq(0)
-                D.read_next(m, 0)
-                with m.If(cw_valid & cw_last):
-                    m.next = "TERMS_Z"
-            with m.State("TERMS_Z"):   # q.D_r on VPU 0 (the engine is idle: no update since the pass):
-                m.d.comb += main_busy.eq(1)  # D's beats read (d_word), rounded (dot_load), into the VPU
-                dot_feed(0)
-                with m.If(issue < nb):
-                    m.d.sync += [issue.eq(issue + 1), d_valid.eq(1), d_beat.eq(issue)]
-                    D.read_next(m, issue + 1)
-                with m.If(vpus[0].o.valid):
-                    m.d.comb += z_start.eq(1)
-                    m.next = "TERMS_Z_WAIT"
-            with m.State("TERMS_Z_WAIT"):
-                m.d.comb += main_busy.eq(1)
-                with m.If(z_done):
-                    m.d.sync += Z.eq(z_terms)
-                    m.next = "IDLE"
+                            start_qa_pass(1)
+                    with m.Case(AcOp.FINISH):   # Z is final here (no BEATS write in flight)
+                        m.d.sync += recip_z.eq(saturate(Z, recip_z.shape()))
+                        m.next = "RECIP"
+            with m.If(self.cmd.valid & self.cmd.ready & (c.op == AcOp.BEATS)):   # the beat's transfer (its last group)
+                with m.If(c.update):
+                    m.d.comb += k_take.eq(1)
+                with m.If((in_b == nb - 1) & c.update):
+                    m.d.sync += waiting.eq(1)      # the engine takes it when it is free
+            with m.If(b0_take):   # the next group (and after a beat's last, the next beat)
+                m.d.sync += in_step
 
-            with m.State("RECIP"):
-                m.d.comb += main_busy.eq(1)
-                m.d.comb += self.recip_req.valid.eq(1)
-                with m.If(self.recip_req.ready):
-                    m.d.sync += recip_waiting.eq(1)
-                    m.next = "RECIP_WAIT"
-            with m.State("RECIP_WAIT"):   # the response is taken below, by recip_waiting
-                m.d.comb += main_busy.eq(1)
-                with m.If(self.recip_resp.valid):
-                    m.next = "OUT"
-            with m.State("OUT"):   # the groups are issued below (o_issue); wait for the last beat to leave
-                m.d.comb += main_busy.eq(1)
-                with m.If(out_done):
-                    m.next = "IDLE"
+    def _pass_states(self, m, s):
+        """The q.A_r pass (QA), COMBINE and Z's q.D_r pass (TERMS_Z)."""
+        main_busy, engine_busy, waiting, a_issue = s.main_busy, s.engine_busy, s.waiting, s.a_issue
+        qa_shifting, P, ports, words, dot_feed = s.qa_shifting, s.P, s.ports, s.words, s.dot_feed
+        resp_cnt, vpus, out_cnt, rows, qa_fresh = s.resp_cnt, s.vpus, s.out_cnt, s.rows, s.qa_fresh
+        combine_next, qa_rotating, c_issue, c_last = s.combine_next, s.qa_rotating, s.c_issue, s.c_last
+        issue, D, cw_valid, cw_last, nb, d_valid = s.issue, s.D, s.cw_valid, s.cw_last, s.nb, s.d_valid
+        d_beat, z_start, z_done, Z, z_terms = s.d_beat, s.z_start, s.z_done, s.Z, s.z_terms
+        with m.State("QA_WAIT"):   # A must hold every update handed over so far
+            m.d.comb += main_busy.eq(1)
+            with m.If(~engine_busy & ~waiting):
+                m.d.sync += [a_issue.eq(0), qa_shifting.eq(1)]   # (the engine is idle and takes nothing this cycle)
+                m.next = "QA"
+        with m.State("QA"):   # q.A_r[l]: P rows at a time, one beat per cycle, shifted into qa
+            m.d.comb += main_busy.eq(1)
+            for p in range(P):
+                req, resp = ports[p]
+                m.d.comb += [req.valid.eq(a_issue < words), resp.ready.eq(1)]
+                dot_feed(p)
+            with m.If(ports[0][0].valid & ports[0][0].ready):
+                m.d.sync += a_issue.eq(a_issue + 1)
+            with m.If(ports[0][1].valid):
+                m.d.sync += resp_cnt.eq(resp_cnt + 1)
+            with m.If(vpus[0].o.valid):
+                m.d.sync += out_cnt.eq(out_cnt + 1)
+                with m.If(out_cnt == rows - 1):
+                    m.d.sync += [qa_fresh.eq(~combine_next), qa_shifting.eq(0), qa_rotating.eq(combine_next)]
+                    with m.If(combine_next):
+                        m.next = "COMBINE"
+                    with m.Else():
+                        m.next = "IDLE"
+        with m.State("COMBINE"):   # issue the groups (qa rotates a group a cycle), wait for the last write
+            m.d.comb += [main_busy.eq(1), c_issue.eq(1)]
+            m.d.sync += qa_fresh.eq(0)   # qa served its TERMS
+            with m.If(c_last):
+                m.d.sync += qa_rotating.eq(0)
+                m.next = "COMBINE_WAIT"
+        with m.State("COMBINE_WAIT"):
+            m.d.comb += main_busy.eq(1)
+            # issue and D's read address are TERMS_Z's alone: set while waiting, so the last
+            # write's arrival drives the state only (shared with them, its decode sat by D's
+            # read address across the device: 94.8 MHz, seed 1)
+            m.d.sync += issue.eq(0)
+            D.read_next(m, 0)
+            with m.If(cw_valid & cw_last):
+                m.next = "TERMS_Z"
+        with m.State("TERMS_Z"):   # q.D_r on VPU 0 (the engine is idle: no update since the pass):
+            m.d.comb += main_busy.eq(1)  # D's beats read (d_word), rounded (dot_load), into the VPU
+            dot_feed(0)
+            with m.If(issue < nb):
+                m.d.sync += [issue.eq(issue + 1), d_valid.eq(1), d_beat.eq(issue)]
+                D.read_next(m, issue + 1)
+            with m.If(vpus[0].o.valid):
+                m.d.comb += z_start.eq(1)
+                m.next = "TERMS_Z_WAIT"
+        with m.State("TERMS_Z_WAIT"):
+            m.d.comb += main_busy.eq(1)
+            with m.If(z_done):
+                m.d.sync += Z.eq(z_terms)
+                m.next = "IDLE"
+
+    def _recip_states(self, m, s):
+        """FINISH's RECIP of Z and OUT."""
+        main_busy, recip_waiting, out_done = s.main_busy, s.recip_waiting, s.out_done
+        with m.State("RECIP"):
+            m.d.comb += main_busy.eq(1)
+            m.d.comb += self.recip_req.valid.eq(1)
+            with m.If(self.recip_req.ready):
+                m.d.sync += recip_waiting.eq(1)
+                m.next = "RECIP_WAIT"
+        with m.State("RECIP_WAIT"):   # the response is taken below, by recip_waiting
+            m.d.comb += main_busy.eq(1)
+            with m.If(self.recip_resp.valid):
+                m.next = "OUT"
+        with m.State("OUT"):   # the groups are issued below (o_issue); wait for the last beat to leave
+            m.d.comb += main_busy.eq(1)
+            with m.If(out_done):
+                m.next = "IDLE"
+
+    def _recip_response(self, m, s):
+        """RECIP's response into the output pipeline's scale and shift, and OUT's issue of the groups."""
+        recip_waiting, mf, rm, o_shift, o_zero, pw = s.recip_waiting, s.mf, s.rm, s.o_shift, s.o_zero, s.pw
+        o_half, o_issue, o_step, o_last = s.o_half, s.o_issue, s.o_step, s.o_last
         m.d.comb += self.recip_resp.ready.eq(recip_waiting)
         with m.If(recip_waiting & self.recip_resp.valid):
             shift = mf + self.recip_resp.payload.exponent
@@ -591,6 +674,12 @@ class Ac(wiring.Component):
             with m.If(o_last):
                 m.d.sync += o_issue.eq(0)
 
+    def _a_engine(self, m, s):
+        """The A engine: A[l] += g_l k, a read-modify-write of every word of the banks on the P VPUs."""
+        nb, g_file, waiting, g_pending, g_wsel = s.nb, s.g_file, s.waiting, s.g_pending, s.g_wsel
+        a_issue, e_resp, e_out, engine_busy, split = s.a_issue, s.e_resp, s.e_out, s.engine_busy, s.split
+        L, kw, k_read, P, ports, words, vpus, gw = s.L, s.kw, s.k_read, s.P, s.ports, s.words, s.vpus, s.gw
+        aw, banks = s.aw, s.banks
         # The A engine: A[l] += g_l k, read-modify-write of every word, P rows at a time. It runs
         # while the FSM above takes commands; the q.A pass waits for it (QA_WAIT), so the two
         # never share the VPUs or the bank ports. It takes a waiting update once BEATS' pipeline
@@ -638,4 +727,3 @@ class Ac(wiring.Component):
                     m.d.sync += e_out.eq(e_out + 1)
                     with m.If(e_out == words - 1):
                         m.next = "FREE"
-        return m

@@ -118,7 +118,7 @@ class Apid(wiring.Component):
 
         # the maximum and the candidate count, read only while valid (MAX, DONE): their payloads
         # do not decode the state (that decode, gated into each bit, led the tile's compare with m
-        # into m's enable: tile 88.0 MHz, seed 2, session 47)
+        # into m's enable: tile 88.0 MHz, seed 2)
         m.d.comb += [self.smax.payload.eq(best), self.done.payload.eq(candidates)]
         with m.FSM():
             with m.State("IDLE"):

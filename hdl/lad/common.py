@@ -6,6 +6,8 @@ scaled score of a dot product (``LadTileModel.score``).
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from amaranth import Array, Cat, Const, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import data, enum, memory, stream
 
@@ -13,6 +15,14 @@ from golden.lad_tile import LadTileConfig, mode_bounds
 from golden.sram import SramConfig
 
 from ..lib.arith import round_shift, saturate
+
+
+class Wires(SimpleNamespace):
+    """The signals (and parts) one piece of a block's hardware hands to the pieces built after it
+    (an ``elaborate`` split into sub-builders: each takes what it reads from here, ``add``s what it makes)."""
+
+    def add(self, **signals):
+        self.__dict__.update(signals)
 
 
 def coef_width(cfg: LadTileConfig) -> int:
@@ -213,7 +223,7 @@ def bump_terms(counters, r, cfg: LadTileConfig) -> Value:
     between this and ``bumped_counters``, so neither the counters' look-up by ``r`` nor the adds
     meet the halving mux and what reads the result in one cycle. Each counter's increment is made
     from the counters alone and ``r`` only chooses it (``r``, read from MD's score FIFO, ran
-    through the increments' carry chains: lad-md's critical path, 120.5 MHz, seed 1, session 49)."""
+    through the increments' carry chains: lad-md's critical path, 120.5 MHz, seed 1)."""
     plus = [Mux(r == i, counters[i] + 1, counters[i]) for i in range(cfg.n_intervals)]
     over = Array(counters[i] for i in range(cfg.n_intervals))[r] == cfg.counter_max
     return Cat(*(p[:cfg.counter_bits + 1] for p in plus), over)

@@ -21,6 +21,7 @@ registered copy of the shift amount (lane_copies).
 """
 from __future__ import annotations
 
+
 from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -35,6 +36,7 @@ from ..lib.pipe import csa_sum, lane_copies, masked_copies, partial_products, pl
 from ..lib.sfm import Sfm
 from ..lib.sram import SramBank
 from ..lib.vpu import Vpu
+from .common import Wires
 
 
 def dense_query_layout(cfg: DenseConfig) -> data.StructLayout:
@@ -157,7 +159,34 @@ class DenseAttention(wiring.Component):
         # of the pipeline's every flip-flop (a stall-all enable: the critical path, 91.9 MHz)
         m.submodules.o_fifo = o_fifo = fifo.SyncFIFOBuffered(width=cfg.lanes * cfg.kv_width + 1, depth=nb)
         o_fifo_last = o_fifo.r_data[-1]   # the beat at out is the step's last
+        s = Wires(cfg=cfg, nb=nb, sfm_cfg=sfm_cfg, xw=xw, vpu=vpu, sfm=sfm, scores=scores, p_fifo=p_fifo,
+                   score_req=score_req, score_resp=score_resp, query_buf=query_buf, aw=aw,
+                   numer_write=numer_write, numer_acc=numer_acc, numer_out=numer_out, length=length,
+                   running_max=running_max, max_copy=max_copy, z_sum=z_sum, z_copy=z_copy, recip_m=recip_m,
+                   kv_beats=kv_beats, cycles=cycles, load_beat=load_beat, req_pos=req_pos, req_beat=req_beat,
+                   resp_beat=resp_beat, resp_beat_l=resp_beat_l, out_beat_l=out_beat_l,
+                   first_pos_l=first_pos_l, done_pos=done_pos, done_beat=done_beat, done_beat_l=done_beat_l,
+                   done_last=done_last, score_pos=score_pos, out_beat=out_beat, inflight=inflight, k_in=k_in,
+                   k3_valid=k3_valid, k3_score=k3_score, x_valid=x_valid, x_reg=x_reg, sw=sw, o_half=o_half,
+                   fine_bits=fine_bits, shift_bits=shift_bits, o_ctl_load=o_ctl_load, o_ctl_word=o_ctl_word,
+                   o_ctl=o_ctl, o_issue=o_issue, out_issued=out_issued, o_fifo=o_fifo,
+                   o_fifo_last=o_fifo_last)
+        self._operands(m, s)
+        with m.FSM():
+            self._key_states(m, s)
+            self._value_states(m, s)
+            self._output_states(m, s)
 
+        self._output_pipeline(m, s)
+        return m
+
+    def _operands(self, m, s):
+        """The VPU's operands and the payloads and addresses outside the FSM, the query buffer's writes."""
+        vpu, kv_beats, cfg, nb, query_buf, req_pos = s.vpu, s.kv_beats, s.cfg, s.nb, s.query_buf, s.req_pos
+        req_beat, scores, done_pos, k3_score = s.req_beat, s.scores, s.done_pos, s.k3_score
+        score_req, score_pos, sfm, x_reg, z_copy = s.score_req, s.score_pos, s.sfm, s.x_reg, s.z_copy
+        p_fifo, numer_write, done_beat_l, resp_beat_l = s.p_fifo, s.numer_write, s.done_beat_l, s.resp_beat_l
+        numer_acc, first_pos_l = s.numer_acc, s.first_pos_l
         # the VPU's results are always taken (each phase drains it before the next): its stall-all
         # enable is then constant, not a function of the FSM state fanned out to its every flip-flop
         m.d.comb += vpu.o.ready.eq(1)
@@ -198,118 +227,147 @@ class DenseAttention(wiring.Component):
                          vpu.i.payload.b[l].eq(qb[l * cfg.kv_width:(l + 1) * cfg.kv_width].as_signed()),
                          numer_acc[l].addr.eq(resp_beat_l[l]), numer_write[l].data.eq(vpu.o.payload.vec[l]),
                          vpu.i.payload.acc[l].eq(Mux(first_pos_l[l], 0, numer_acc[l].data.as_signed()))]
+        s.add(q_we_next=q_we_next)
 
-        with m.FSM():
-            with m.State("LOAD"):
-                m.d.comb += self.query.ready.eq(1)
-                # the step's registers start over in LOAD (nothing reads them there: the last step's
-                # output has left), on the state alone, not on the query's handshake
-                m.d.sync += [running_max.eq(sfm_cfg.x_format.min_raw), z_sum.eq(0), kv_beats.eq(0),
-                             cycles.eq(0), req_pos.eq(0), req_beat.eq(0), resp_beat.eq(0),
-                             done_pos.eq(0), done_beat.eq(0), score_pos.eq(0),
-                             *(r.eq(0) for r in (*resp_beat_l, *done_beat_l))]
-                with m.If(self.query.valid):
-                    m.d.comb += q_we_next.eq(1 << load_beat)
-                    m.d.sync += load_beat.eq(incr(load_beat, nb))
-                    with m.If(load_beat == 0):
-                        m.d.sync += length.eq(self.query.payload.length)
-                    with m.If(load_beat == nb - 1):
-                        m.next = "KEYS"
+    def _key_states(self, m, s):
+        """LOAD (the query's beats) and pass 1, KEYS: every key's score into the score SRAM, the
+        running max."""
+        running_max, sfm_cfg, z_sum, kv_beats = s.running_max, s.sfm_cfg, s.z_sum, s.kv_beats
+        cycles, req_pos, req_beat, resp_beat = s.cycles, s.req_pos, s.req_beat, s.resp_beat
+        done_pos, done_beat, score_pos, resp_beat_l = s.done_pos, s.done_beat, s.score_pos, s.resp_beat_l
+        done_beat_l, q_we_next, load_beat, nb = s.done_beat_l, s.q_we_next, s.load_beat, s.nb
+        length, vpu, k_in, k3_valid, scores = s.length, s.vpu, s.k_in, s.k3_valid, s.scores
+        k3_score, done_last, first_pos_l = s.k3_score, s.done_last, s.first_pos_l
+        with m.State("LOAD"):
+            m.d.comb += self.query.ready.eq(1)
+            # the step's registers start over in LOAD (nothing reads them there: the last step's
+            # output has left), on the state alone, not on the query's handshake
+            m.d.sync += [running_max.eq(sfm_cfg.x_format.min_raw), z_sum.eq(0), kv_beats.eq(0),
+                         cycles.eq(0), req_pos.eq(0), req_beat.eq(0), resp_beat.eq(0),
+                         done_pos.eq(0), done_beat.eq(0), score_pos.eq(0),
+                         *(r.eq(0) for r in (*resp_beat_l, *done_beat_l))]
+            with m.If(self.query.valid):
+                m.d.comb += q_we_next.eq(1 << load_beat)
+                m.d.sync += load_beat.eq(incr(load_beat, nb))
+                with m.If(load_beat == 0):
+                    m.d.sync += length.eq(self.query.payload.length)
+                with m.If(load_beat == nb - 1):
+                    m.next = "KEYS"
 
-            with m.State("KEYS"):
-                m.d.sync += cycles.eq(cycles + 1)
-                m.d.comb += [self.kv_req.valid.eq(req_pos < length), self.kv_req.payload.value.eq(0)]
-                with m.If(self.kv_req.valid & self.kv_req.ready):
-                    m.d.sync += req_beat.eq(incr(req_beat, nb))
-                    with m.If(req_beat == nb - 1):
-                        m.d.sync += req_pos.eq(req_pos + 1)
-                # key beats -> VPU DOT with the buffered query beat (qb)
-                m.d.comb += [vpu.i.valid.eq(self.kv_resp.valid), self.kv_resp.ready.eq(vpu.i.ready),
-                             vpu.i.payload.op.eq(VpuOp.DOT), vpu.i.payload.last.eq(resp_beat == nb - 1)]
-                with m.If(vpu.i.valid & vpu.i.ready):
-                    m.d.sync += [r.eq(incr(r, nb)) for r in (resp_beat, *resp_beat_l)]
-                # scores (three stages after the VPU) -> score SRAM, running max
-                m.d.comb += k_in.eq(vpu.o.valid)
-                with m.If(k3_valid):
-                    m.d.comb += scores.write.valid.eq(1)
+        with m.State("KEYS"):
+            m.d.sync += cycles.eq(cycles + 1)
+            m.d.comb += [self.kv_req.valid.eq(req_pos < length), self.kv_req.payload.value.eq(0)]
+            with m.If(self.kv_req.valid & self.kv_req.ready):
+                m.d.sync += req_beat.eq(incr(req_beat, nb))
+                with m.If(req_beat == nb - 1):
+                    m.d.sync += req_pos.eq(req_pos + 1)
+            # key beats -> VPU DOT with the buffered query beat (qb)
+            m.d.comb += [vpu.i.valid.eq(self.kv_resp.valid), self.kv_resp.ready.eq(vpu.i.ready),
+                         vpu.i.payload.op.eq(VpuOp.DOT), vpu.i.payload.last.eq(resp_beat == nb - 1)]
+            with m.If(vpu.i.valid & vpu.i.ready):
+                m.d.sync += [r.eq(incr(r, nb)) for r in (resp_beat, *resp_beat_l)]
+            # scores (three stages after the VPU) -> score SRAM, running max
+            m.d.comb += k_in.eq(vpu.o.valid)
+            with m.If(k3_valid):
+                m.d.comb += scores.write.valid.eq(1)
+                m.d.sync += done_pos.eq(done_pos + 1)
+                with m.If(k3_score > running_max):
+                    m.d.sync += running_max.eq(k3_score)
+                with m.If(done_last):
+                    m.d.sync += [done_pos.eq(0), req_pos.eq(0), req_beat.eq(0), resp_beat.eq(0),
+                                 *(r.eq(0) for r in resp_beat_l), *(f.eq(1) for f in first_pos_l)]
+                    m.next = "VALUES"
+
+    def _value_states(self, m, s):
+        """Pass 2, VALUES: each score's p = EXP(s - m) into Z and the FIFO, N += p v on the VPU."""
+        cycles, score_req, score_pos, length = s.cycles, s.score_req, s.score_pos, s.length
+        score_resp, max_copy, x_valid, sfm, x_reg = s.score_resp, s.max_copy, s.x_valid, s.sfm, s.x_reg
+        xw, p_fifo, z_sum, req_pos, req_beat, nb = s.xw, s.p_fifo, s.z_sum, s.req_pos, s.req_beat, s.nb
+        inflight, vpu, resp_beat, resp_beat_l = s.inflight, s.vpu, s.resp_beat, s.resp_beat_l
+        first_pos_l, done_beat, done_beat_l, done_pos = s.first_pos_l, s.done_beat, s.done_beat_l, s.done_pos
+        done_last = s.done_last
+        with m.State("VALUES"):
+            m.d.sync += cycles.eq(cycles + 1)
+            # scores -> x = s - m -> SFM EXP -> p FIFO, Z += p
+            m.d.comb += score_req.valid.eq(score_pos < length)
+            with m.If(score_req.valid & score_req.ready):
+                m.d.sync += score_pos.eq(score_pos + 1)
+            # x = s - m in a register stage between the score SRAM and the SFM
+            x = score_resp.payload.as_signed() - max_copy
+            m.d.comb += score_resp.ready.eq(~x_valid | sfm.i.ready)
+            with m.If(score_resp.ready):
+                m.d.sync += [x_valid.eq(score_resp.valid), x_reg.eq(saturate(x, signed(xw)))]
+            m.d.comb += [sfm.i.valid.eq(x_valid),
+                         sfm.i.payload.op.eq(SfmOp.EXP), p_fifo.w_en.eq(sfm.o.valid),
+                         sfm.o.ready.eq(p_fifo.w_rdy)]
+            with m.If(sfm.o.valid & sfm.o.ready):
+                m.d.sync += z_sum.eq(z_sum + sfm.o.payload.value)
+            # value requests
+            m.d.comb += [self.kv_req.valid.eq(req_pos < length), self.kv_req.payload.value.eq(1)]
+            with m.If(self.kv_req.valid & self.kv_req.ready):
+                m.d.sync += req_beat.eq(incr(req_beat, nb))
+                with m.If(req_beat == nb - 1):
+                    m.d.sync += req_pos.eq(req_pos + 1)
+            # value beats + p -> VPU AXPY into N; a beat of N is read again only after its
+            # update is written back (at most nb - 1 beats in the VPU), whatever its latency
+            room = inflight < nb
+            both = self.kv_resp.valid & p_fifo.r_rdy & room
+            m.d.comb += [vpu.i.valid.eq(both), self.kv_resp.ready.eq(vpu.i.ready & p_fifo.r_rdy & room),
+                         p_fifo.r_en.eq(vpu.i.ready & self.kv_resp.valid & room & (resp_beat == nb - 1)),
+                         vpu.i.payload.op.eq(VpuOp.AXPY), vpu.i.payload.last.eq(1)]
+            with m.If(vpu.i.valid & vpu.i.ready):
+                m.d.sync += [r.eq(incr(r, nb)) for r in (resp_beat, *resp_beat_l)]
+                for r, f in zip(resp_beat_l, first_pos_l):
+                    with m.If(r == nb - 1):
+                        m.d.sync += f.eq(0)
+            m.d.sync += inflight.eq(inflight + (vpu.i.valid & vpu.i.ready) - vpu.o.valid)
+            # the AXPY results -> beat done_beat of N (the write enable: outside the FSM)
+            with m.If(vpu.o.valid):
+                m.d.sync += [r.eq(incr(r, nb)) for r in (done_beat, *done_beat_l)]
+                with m.If(done_beat == nb - 1):
                     m.d.sync += done_pos.eq(done_pos + 1)
-                    with m.If(k3_score > running_max):
-                        m.d.sync += running_max.eq(k3_score)
                     with m.If(done_last):
-                        m.d.sync += [done_pos.eq(0), req_pos.eq(0), req_beat.eq(0), resp_beat.eq(0),
-                                     *(r.eq(0) for r in resp_beat_l), *(f.eq(1) for f in first_pos_l)]
-                        m.next = "VALUES"
+                        m.next = "RECIP"
 
-            with m.State("VALUES"):
-                m.d.sync += cycles.eq(cycles + 1)
-                # scores -> x = s - m -> SFM EXP -> p FIFO, Z += p
-                m.d.comb += score_req.valid.eq(score_pos < length)
-                with m.If(score_req.valid & score_req.ready):
-                    m.d.sync += score_pos.eq(score_pos + 1)
-                # x = s - m in a register stage between the score SRAM and the SFM
-                x = score_resp.payload.as_signed() - max_copy
-                m.d.comb += score_resp.ready.eq(~x_valid | sfm.i.ready)
-                with m.If(score_resp.ready):
-                    m.d.sync += [x_valid.eq(score_resp.valid), x_reg.eq(saturate(x, signed(xw)))]
-                m.d.comb += [sfm.i.valid.eq(x_valid),
-                             sfm.i.payload.op.eq(SfmOp.EXP), p_fifo.w_en.eq(sfm.o.valid),
-                             sfm.o.ready.eq(p_fifo.w_rdy)]
-                with m.If(sfm.o.valid & sfm.o.ready):
-                    m.d.sync += z_sum.eq(z_sum + sfm.o.payload.value)
-                # value requests
-                m.d.comb += [self.kv_req.valid.eq(req_pos < length), self.kv_req.payload.value.eq(1)]
-                with m.If(self.kv_req.valid & self.kv_req.ready):
-                    m.d.sync += req_beat.eq(incr(req_beat, nb))
-                    with m.If(req_beat == nb - 1):
-                        m.d.sync += req_pos.eq(req_pos + 1)
-                # value beats + p -> VPU AXPY into N; a beat of N is read again only after its
-                # update is written back (at most nb - 1 beats in the VPU), whatever its latency
-                room = inflight < nb
-                both = self.kv_resp.valid & p_fifo.r_rdy & room
-                m.d.comb += [vpu.i.valid.eq(both), self.kv_resp.ready.eq(vpu.i.ready & p_fifo.r_rdy & room),
-                             p_fifo.r_en.eq(vpu.i.ready & self.kv_resp.valid & room & (resp_beat == nb - 1)),
-                             vpu.i.payload.op.eq(VpuOp.AXPY), vpu.i.payload.last.eq(1)]
-                with m.If(vpu.i.valid & vpu.i.ready):
-                    m.d.sync += [r.eq(incr(r, nb)) for r in (resp_beat, *resp_beat_l)]
-                    for r, f in zip(resp_beat_l, first_pos_l):
-                        with m.If(r == nb - 1):
-                            m.d.sync += f.eq(0)
-                m.d.sync += inflight.eq(inflight + (vpu.i.valid & vpu.i.ready) - vpu.o.valid)
-                # the AXPY results -> beat done_beat of N (the write enable: outside the FSM)
-                with m.If(vpu.o.valid):
-                    m.d.sync += [r.eq(incr(r, nb)) for r in (done_beat, *done_beat_l)]
-                    with m.If(done_beat == nb - 1):
-                        m.d.sync += done_pos.eq(done_pos + 1)
-                        with m.If(done_last):
-                            m.next = "RECIP"
+    def _output_states(self, m, s):
+        """RECIP of Z and OUTPUT: N's beats issued into the output pipeline."""
+        cycles, sfm, sfm_cfg, o_ctl_load, o_ctl_word = s.cycles, s.sfm, s.sfm_cfg, s.o_ctl_load, s.o_ctl_word
+        shift_bits, recip_m, o_half, out_beat = s.shift_bits, s.recip_m, s.o_half, s.out_beat
+        out_issued, out_beat_l, o_issue, nb = s.out_issued, s.out_beat_l, s.o_issue, s.nb
+        o_fifo_last = s.o_fifo_last
+        with m.State("RECIP"):
+            m.d.sync += cycles.eq(cycles + 1)
+            m.d.comb += [sfm.i.valid.eq(1), sfm.i.payload.op.eq(SfmOp.RECIP)]
+            with m.If(sfm.i.ready):
+                m.next = "RECIP_WAIT"
+        with m.State("RECIP_WAIT"):
+            m.d.sync += cycles.eq(cycles + 1)
+            m.d.comb += sfm.o.ready.eq(1)
+            with m.If(sfm.o.valid):
+                out_shift = sfm_cfg.mantissa_frac + sfm.o.payload.exponent
+                # the lanes' copies of the shift: in place 2 cycles before the first beat
+                # reaches the coarse shift (5 cycles after this one)
+                m.d.comb += [o_ctl_load.eq(1), o_ctl_word.eq(out_shift[:shift_bits])]
+                m.d.sync += [recip_m.eq(sfm.o.payload.value),
+                             o_half.eq((Const(1, 1) << out_shift) >> 1),
+                             out_beat.eq(0), out_issued.eq(0), *(r.eq(0) for r in out_beat_l)]
+                m.next = "OUTPUT"
 
-            with m.State("RECIP"):
-                m.d.sync += cycles.eq(cycles + 1)
-                m.d.comb += [sfm.i.valid.eq(1), sfm.i.payload.op.eq(SfmOp.RECIP)]
-                with m.If(sfm.i.ready):
-                    m.next = "RECIP_WAIT"
-            with m.State("RECIP_WAIT"):
-                m.d.sync += cycles.eq(cycles + 1)
-                m.d.comb += sfm.o.ready.eq(1)
-                with m.If(sfm.o.valid):
-                    out_shift = sfm_cfg.mantissa_frac + sfm.o.payload.exponent
-                    # the lanes' copies of the shift: in place 2 cycles before the first beat
-                    # reaches the coarse shift (5 cycles after this one)
-                    m.d.comb += [o_ctl_load.eq(1), o_ctl_word.eq(out_shift[:shift_bits])]
-                    m.d.sync += [recip_m.eq(sfm.o.payload.value),
-                                 o_half.eq((Const(1, 1) << out_shift) >> 1),
-                                 out_beat.eq(0), out_issued.eq(0), *(r.eq(0) for r in out_beat_l)]
-                    m.next = "OUTPUT"
+        with m.State("OUTPUT"):  # issue the beats into the output pipeline; wait for the last to leave
+            m.d.comb += o_issue.eq(~out_issued)
+            with m.If(o_issue):
+                m.d.sync += [r.eq(incr(r, nb)) for r in (out_beat, *out_beat_l)]
+                with m.If(out_beat == nb - 1):
+                    m.d.sync += out_issued.eq(1)
+            with m.If(self.out.valid & self.out.ready & o_fifo_last):
+                m.next = "LOAD"
 
-            with m.State("OUTPUT"):  # issue the beats into the output pipeline; wait for the last to leave
-                m.d.comb += o_issue.eq(~out_issued)
-                with m.If(o_issue):
-                    m.d.sync += [r.eq(incr(r, nb)) for r in (out_beat, *out_beat_l)]
-                    with m.If(out_beat == nb - 1):
-                        m.d.sync += out_issued.eq(1)
-                with m.If(self.out.valid & self.out.ready & o_fifo_last):
-                    m.next = "LOAD"
-
+    def _output_pipeline(self, m, s):
+        """The output pipeline: o = sat(round_shift(N r, frac + k)) into the FIFO to ``out``."""
+        numer_out, out_beat_l, cfg, aw, recip_m, sw = s.numer_out, s.out_beat_l, s.cfg, s.aw, s.recip_m, s.sw
+        o_issue, out_beat, nb, o_half, o_ctl = s.o_issue, s.out_beat, s.nb, s.o_half, s.o_ctl
+        fine_bits, o_fifo, max_copy, z_copy = s.fine_bits, s.o_fifo, s.max_copy, s.z_copy
+        kv_beats, cycles = s.kv_beats, s.cycles
         # -- output pipeline: N's beat; partial products of N * r, twice; sum with the rounding
         # half; shift (two steps); saturate; the FIFO to ``out``
         m.d.comb += [numer_out[l].addr.eq(out_beat_l[l]) for l in range(cfg.lanes)]   # beat out_beat of N
@@ -350,4 +408,3 @@ class DenseAttention(wiring.Component):
                      for l in range(cfg.lanes)]
         m.d.comb += [self.out.payload.m.eq(max_copy), self.out.payload.z.eq(z_copy),
                      self.out.payload.kv_beats.eq(kv_beats), self.out.payload.cycles.eq(cycles)]
-        return m

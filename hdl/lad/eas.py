@@ -15,6 +15,7 @@ hdl.lad.common.beat_copy).
 """
 from __future__ import annotations
 
+
 from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
@@ -28,7 +29,7 @@ from ..lib.pipe import (SCALED_STAGES, delayed, greater, partial_products, place
                         scaled_round, split_add, split_sum)
 from ..lib.sram import SramBank
 from ..lib.vpu import Vpu
-from .common import beat_copy, beat_load_signature, recip_resp_layout, sram_banks
+from .common import Wires, beat_copy, beat_load_signature, recip_resp_layout, sram_banks
 
 
 def key_out_layout(cfg: LadTileConfig) -> data.StructLayout:
@@ -83,7 +84,22 @@ class Eas(wiring.Component):
         k_read, k_write_read = beat_copy(m, cfg, self.k_load, "k_copy", L, 2)
         count = Signal(range(cfg.max_centers + 1))
         m.d.comb += self.centers.eq(count)
+        s = Wires(cfg=cfg, nb=nb, xw=xw, mf=mf, rl=rl, vpu_q=vpu_q, vpu_k=vpu_k, banks=banks, cmem=cmem,
+                   smem=smem, rmem=rmem, c_req=c_req, c_resp=c_resp, s_req=s_req, s_resp=s_resp, r_req=r_req,
+                   r_resp=r_resp, q_read=q_read, k_read=k_read, k_write_read=k_write_read, count=count)
+        self._lookups(m, s)
+        self._best_center(m, s)
+        self._decision_products(m, s)
+        self._scores_and_reads(m, s)
+        with m.FSM():
+            self._scan_states(m, s)
+            self._decision_states(m, s)
+            self._new_center_states(m, s)
+        return m
 
+    def _lookups(self, m, s):
+        """The lookups' stall-all pipeline: a center's score times rho, from the score SRAM to ``approx``."""
+        cfg, banks, s_req, s_resp, xw = s.cfg, s.banks, s.s_req, s.s_resp, s.xw
         # lookups, a stall-all pipeline several deep: the score SRAM's registered read; the operands
         # registered twice (the second copy read only by the DSPs, which synth/absorb.py moves into
         # their input registers: from the FIFO's and the bank's outputs in one register, the route
@@ -110,6 +126,10 @@ class Eas(wiring.Component):
                          l_approx.eq(saturate(l_sum >> cfg.rho_frac, signed(xw)))]
         m.d.comb += [self.approx.valid.eq(l_valid[-1]), self.approx.payload.eq(l_approx)]
 
+    def _best_center(self, m, s):
+        """The step's registers and t_j of each center behind its recip's read, into the running
+        maximum best_*."""
+        xw, cfg, nb, mf, rl, r_resp, banks = s.xw, s.cfg, s.nb, s.mf, s.rl, s.r_resp, s.banks
         s_new = Signal(signed(xw))
         kk = Signal(cfg.kk_width)
         beat_shape = range(max(nb, 2))        # (at eas_beats = 1 the beat counters stay 0)
@@ -188,7 +208,14 @@ class Eas(wiring.Component):
                          best_rc.exponent.eq(pending.rc.exponent), best_rc.mantissa.eq(~pending.rc.mantissa)]
         with m.If(t_valid[11]):    # counted as best_* take the center's verdict
             m.d.sync += done_j.eq(done_j + 1)
+        s.add(s_new=s_new, kk=kk, req_j=req_j, req_b=req_b, req_j_next=req_j_next, scan_issue=scan_issue,
+              self_b=self_b, done_j=done_j, best_valid=best_valid, best_j=best_j, best_t=best_t,
+              best_dot=best_dot, best_rc=best_rc, kdot=kdot, kdot_j=kdot_j, write_b=write_b, new_rc=new_rc,
+              result=result)
 
+    def _decision_products(self, m, s):
+        """The decision's products: cos^2 |k_n|^2 for the join compare and rho = dot rc of the best center."""
+        kk, cfg, best_dot, best_rc, mf, best_t = s.kk, s.cfg, s.best_dot, s.best_rc, s.mf, s.best_t
         # the decision, a state per stage: rho's shift sh from best_rc's exponent (SHIFT); the two
         # products' partials (DSPs, loaded every cycle: here they hold best_*'s) and sh's left/right
         # amounts; their sums (rho's with its rounding half), two stages; the join compare and
@@ -214,11 +241,20 @@ class Eas(wiring.Component):
         join = Signal()
         # the join compare's chunks registered (their carry chains end at flip-flops): kk_cos is final
         # by SUMS2 and best_t since SCAN's end, so the verdict of their values a cycle earlier is the
-        # same in COMPARE (kk_cos -> the compare -> join across the die: tile 89.46 MHz, seed 1,
-        # session 49)
+        # same in COMPARE (kk_cos -> the compare -> join across the die: tile 89.46 MHz, seed 1)
         join_above = greater(kk_cos, best_t << COS_FRAC, m=m, name="join_greater")
         rho_raw = Signal(signed(pw + up_max))
+        s.add(pw=pw, sh=sh, rho_up=rho_up, rho_down=rho_down, rho_half=rho_half, rho_prod=rho_prod,
+              join=join, join_above=join_above, rho_raw=rho_raw)
 
+    def _scores_and_reads(self, m, s):
+        """Each dot's scaled score, the banks' addresses, SCAN's reads of the centers and the VPUs'
+        operands."""
+        cfg, vpu_q, xw, smem, s_new, c_req, req_j = s.cfg, s.vpu_q, s.xw, s.smem, s.s_new, s.c_req, s.req_j
+        nb, req_b, r_req, cmem, count, write_b = s.nb, s.req_b, s.r_req, s.cmem, s.count, s.write_b
+        k_write_read, rmem, new_rc, vpu_k, c_resp = s.k_write_read, s.rmem, s.new_rc, s.vpu_k, s.c_resp
+        scan_issue, req_j_next, self_b, banks = s.scan_issue, s.req_j_next, s.self_b, s.banks
+        q_read, k_read, done_j, r_resp, kk, result = s.q_read, s.k_read, s.done_j, s.r_resp, s.kk, s.result
         # the scaled score of each q.k dot (the new key's in SELF_WAIT: s_new; each center's in
         # SCAN: to the score SRAM at its index; common.score_of), registered stages behind the VPU
         score_in, score_in_self = Signal(), Signal()
@@ -288,80 +324,98 @@ class Eas(wiring.Component):
         m.d.sync += scan_drained.eq((done_j == count) & ~r_resp.valid & ~vpu_q.o.valid & ~Cat(sc_valid).any())
         # outputs read only while valid (RECIP, OUT), driven from their registers outside the FSM: no
         # payload bit decodes the state (a decode gated into every bit sat by the payload's users,
-        # far from the FSM it also feeds: the tile's critical paths, session 47)
+        # far from the FSM it also feeds: the tile's critical paths while the FSM drove them)
         m.d.comb += [self.recip_req.payload.eq(kk), self.key_out.payload.eq(result)]
-        with m.FSM():
-            with m.State("IDLE"):
-                m.d.comb += self.start.ready.eq(1)
-                with m.If(self.start.valid):
-                    m.d.sync += [done_j.eq(0), best_valid.eq(0)]   # (self_b, req_b, req_j, req_j_next: back at 0, 0, 0, 1, wrapped)
-                    m.next = "SELF"
-            with m.State("SELF"):   # q.k_n and k_n.k_n, one beat per cycle (the operands: above)
-                m.d.comb += in_self.eq(1)
-                m.d.sync += self_b.eq(incr(self_b, nb))
-                with m.If(self_b == nb - 1):
-                    m.next = "SELF_WAIT"
-            with m.State("SELF_WAIT"):
-                m.d.comb += [score_in.eq(vpu_q.o.valid), score_in_self.eq(1)]
-                with m.If(vpu_q.o.valid):
-                    m.d.sync += [kk.eq(vpu_k.o.payload.dot), scan_issue.eq(count != 0)]
-                    m.next = "SCAN"
-            with m.State("SCAN"):   # every center: q.c_j and k_n.c_j in lockstep (the reads, the operands: above)
-                # a center's dots: its score to the score SRAM, k_n.c_j waits for the center's recip
-                m.d.comb += score_in.eq(vpu_q.o.valid)
-                with m.If(vpu_q.o.valid):
-                    m.d.comb += r_req.valid.eq(1)
-                    m.d.sync += [kdot.eq(vpu_k.o.payload.dot), kdot_j.eq(out_j), out_j.eq(out_j + 1)]
-                with m.If(scan_drained):
-                    m.d.sync += out_j.eq(0)
-                    m.next = "SHIFT"
-            with m.State("SHIFT"):
-                m.d.sync += sh.eq(best_rc.exponent + (mf - cfg.rho_frac))
-                m.next = "PRODUCTS"
-            with m.State("PRODUCTS"):
-                with m.If(sh <= 0):
-                    m.d.sync += [rho_up.eq(-sh), rho_down.eq(0), rho_half.eq(0)]
-                with m.Else():
-                    down = Mux(sh >= pw - 1, pw - 1, sh[:len(rho_down)])
-                    m.d.sync += [rho_up.eq(0), rho_down.eq(down), rho_half.eq((Const(1, 1) << down) >> 1)]
-                m.next = "SUMS"
-            with m.State("SUMS"):       # split_sum's two stages
-                m.next = "SUMS2"
-            with m.State("SUMS2"):
-                m.next = "COMPARE"
-            with m.State("COMPARE"):
-                m.d.sync += [join.eq(best_valid & (((kk != 0) & ~join_above)
-                                                   | (count >= cfg.max_centers))),
-                             rho_raw.eq((rho_prod << rho_up) >> rho_down)]
-                m.next = "DECIDE"
-            with m.State("DECIDE"):
-                rho = saturate(rho_raw, signed(cfg.rho_width))
-                with m.If(join):
-                    m.d.sync += [result.center.eq(best_j), result.rho.eq(rho), result.new_center.eq(0),
-                                 result.s_new.eq(s_new)]
-                    m.next = "OUT"
-                with m.Else():
-                    m.d.sync += [result.center.eq(count), result.rho.eq(1 << cfg.rho_frac), result.new_center.eq(1),
-                                 result.s_new.eq(s_new), write_b.eq(0)]
-                    m.next = "RECIP"
-            with m.State("RECIP"):   # a new center: RECIP(|k_n|^2)
-                m.d.comb += self.recip_req.valid.eq(1)   # its payload, kk, outside the FSM (as AC's)
-                with m.If(self.recip_req.ready):
-                    m.next = "RECIP_WAIT"
-            with m.State("RECIP_WAIT"):
-                m.d.comb += self.recip_resp.ready.eq(1)
-                with m.If(self.recip_resp.valid):
-                    m.d.sync += new_rc.eq(self.recip_resp.payload)
-                    m.next = "WRITE"
-            with m.State("WRITE"):   # the key's beats into the centers SRAM, its recip alongside
-                m.d.comb += cmem.write.valid.eq(1)
-                m.d.sync += write_b.eq(incr(write_b, nb))
-                with m.If(write_b == nb - 1):
-                    m.d.comb += rmem.write.valid.eq(1)
-                    m.d.sync += count.eq(count + 1)
-                    m.next = "OUT"
-            with m.State("OUT"):
-                m.d.comb += self.key_out.valid.eq(1)   # its payload, result, outside the FSM
-                with m.If(self.key_out.ready):
-                    m.next = "IDLE"
-        return m
+        s.add(score_in=score_in, score_in_self=score_in_self, out_j=out_j, in_self=in_self,
+              scan_drained=scan_drained)
+
+    def _scan_states(self, m, s):
+        """IDLE, SELF (q.k_n and |k_n|^2) and SCAN (every center's dots)."""
+        done_j, best_valid, in_self, self_b, nb = s.done_j, s.best_valid, s.in_self, s.self_b, s.nb
+        score_in, vpu_q, score_in_self, kk, vpu_k = s.score_in, s.vpu_q, s.score_in_self, s.kk, s.vpu_k
+        scan_issue, count, r_req, kdot, kdot_j = s.scan_issue, s.count, s.r_req, s.kdot, s.kdot_j
+        out_j, scan_drained = s.out_j, s.scan_drained
+        with m.State("IDLE"):
+            m.d.comb += self.start.ready.eq(1)
+            with m.If(self.start.valid):
+                m.d.sync += [done_j.eq(0), best_valid.eq(0)]   # (self_b, req_b, req_j, req_j_next: back at 0, 0, 0, 1, wrapped)
+                m.next = "SELF"
+        with m.State("SELF"):   # q.k_n and k_n.k_n, one beat per cycle (the operands: above)
+            m.d.comb += in_self.eq(1)
+            m.d.sync += self_b.eq(incr(self_b, nb))
+            with m.If(self_b == nb - 1):
+                m.next = "SELF_WAIT"
+        with m.State("SELF_WAIT"):
+            m.d.comb += [score_in.eq(vpu_q.o.valid), score_in_self.eq(1)]
+            with m.If(vpu_q.o.valid):
+                m.d.sync += [kk.eq(vpu_k.o.payload.dot), scan_issue.eq(count != 0)]
+                m.next = "SCAN"
+        with m.State("SCAN"):   # every center: q.c_j and k_n.c_j in lockstep (the reads, the operands: above)
+            # a center's dots: its score to the score SRAM, k_n.c_j waits for the center's recip
+            m.d.comb += score_in.eq(vpu_q.o.valid)
+            with m.If(vpu_q.o.valid):
+                m.d.comb += r_req.valid.eq(1)
+                m.d.sync += [kdot.eq(vpu_k.o.payload.dot), kdot_j.eq(out_j), out_j.eq(out_j + 1)]
+            with m.If(scan_drained):
+                m.d.sync += out_j.eq(0)
+                m.next = "SHIFT"
+
+    def _decision_states(self, m, s):
+        """The decision, a state per stage: join the best center with rho, or a new center."""
+        sh, best_rc, mf, cfg, rho_up, rho_down = s.sh, s.best_rc, s.mf, s.cfg, s.rho_up, s.rho_down
+        rho_half, pw, join, best_valid, kk = s.rho_half, s.pw, s.join, s.best_valid, s.kk
+        join_above, count, rho_raw, rho_prod, result = s.join_above, s.count, s.rho_raw, s.rho_prod, s.result
+        best_j, s_new, write_b = s.best_j, s.s_new, s.write_b
+        with m.State("SHIFT"):
+            m.d.sync += sh.eq(best_rc.exponent + (mf - cfg.rho_frac))
+            m.next = "PRODUCTS"
+        with m.State("PRODUCTS"):
+            with m.If(sh <= 0):
+                m.d.sync += [rho_up.eq(-sh), rho_down.eq(0), rho_half.eq(0)]
+            with m.Else():
+                down = Mux(sh >= pw - 1, pw - 1, sh[:len(rho_down)])
+                m.d.sync += [rho_up.eq(0), rho_down.eq(down), rho_half.eq((Const(1, 1) << down) >> 1)]
+            m.next = "SUMS"
+        with m.State("SUMS"):       # split_sum's two stages
+            m.next = "SUMS2"
+        with m.State("SUMS2"):
+            m.next = "COMPARE"
+        with m.State("COMPARE"):
+            m.d.sync += [join.eq(best_valid & (((kk != 0) & ~join_above)
+                                               | (count >= cfg.max_centers))),
+                         rho_raw.eq((rho_prod << rho_up) >> rho_down)]
+            m.next = "DECIDE"
+        with m.State("DECIDE"):
+            rho = saturate(rho_raw, signed(cfg.rho_width))
+            with m.If(join):
+                m.d.sync += [result.center.eq(best_j), result.rho.eq(rho), result.new_center.eq(0),
+                             result.s_new.eq(s_new)]
+                m.next = "OUT"
+            with m.Else():
+                m.d.sync += [result.center.eq(count), result.rho.eq(1 << cfg.rho_frac), result.new_center.eq(1),
+                             result.s_new.eq(s_new), write_b.eq(0)]
+                m.next = "RECIP"
+
+    def _new_center_states(self, m, s):
+        """A new center's RECIP and write into the tables, and the result on ``key_out``."""
+        new_rc, cmem, write_b, nb, rmem, count = s.new_rc, s.cmem, s.write_b, s.nb, s.rmem, s.count
+        with m.State("RECIP"):   # a new center: RECIP(|k_n|^2)
+            m.d.comb += self.recip_req.valid.eq(1)   # its payload, kk, outside the FSM (as AC's)
+            with m.If(self.recip_req.ready):
+                m.next = "RECIP_WAIT"
+        with m.State("RECIP_WAIT"):
+            m.d.comb += self.recip_resp.ready.eq(1)
+            with m.If(self.recip_resp.valid):
+                m.d.sync += new_rc.eq(self.recip_resp.payload)
+                m.next = "WRITE"
+        with m.State("WRITE"):   # the key's beats into the centers SRAM, its recip alongside
+            m.d.comb += cmem.write.valid.eq(1)
+            m.d.sync += write_b.eq(incr(write_b, nb))
+            with m.If(write_b == nb - 1):
+                m.d.comb += rmem.write.valid.eq(1)
+                m.d.sync += count.eq(count + 1)
+                m.next = "OUT"
+        with m.State("OUT"):
+            m.d.comb += self.key_out.valid.eq(1)   # its payload, result, outside the FSM
+            with m.If(self.key_out.ready):
+                m.next = "IDLE"

@@ -24,6 +24,8 @@ decision takes 6 cycles, under the ``beats`` of its key read. q arrives beat by 
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
@@ -38,6 +40,35 @@ from ..lib.vpu import Vpu
 from .dense import kv_request_layout
 from .common import (AcOp, ac_command_layout, beat_layout, boundary_tests, bump_terms, bump_terms_width, bumped_counters, candidate_layout, interval_count,
                      coef_width, w_width, beat_copy, beat_load_signature)
+
+
+def _k_index(slot, b, nb):
+    """The kept key beat ``b`` of ``slot``'s index in ``k_mem``."""
+    return slot * nb + b if nb > 1 else slot
+
+
+class _Slots(NamedTuple):
+    """The slots' registers, kept key beats' ports, FIFOs and allocation, for the parts after them."""
+    slot_pos: Array
+    slot_mode: Array
+    slot_cnt: Array
+    slot_w: Array
+    slot_alpha: Array
+    slot_beta: Array
+    slot_change: Array
+    k_wp: object
+    k_rp: object
+    done: list
+    head: Signal
+    count: Signal
+    kptr: Signal
+    kpend: Signal
+    dptr: Signal
+    sbits: int
+    vq: SyncFIFO
+    tags: SyncFIFO
+    alloc: Signal
+    free: Signal
 
 
 class Md(wiring.Component):
@@ -57,16 +88,33 @@ class Md(wiring.Component):
 
     def elaborate(self, platform):
         cfg, m = self.cfg, Module()
-        L, nb, kw, S = cfg.lanes, cfg.beats, cfg.kv_width, cfg.md_inflight
+        L = cfg.lanes
         sfm = cfg.sfm
-        xw, cw = sfm.x_width, coef_width(cfg)
+        cw = coef_width(cfg)
         cl = candidate_layout(cfg)
         cnt_width = cl.members["counters"].size
         m.submodules.vpu = vpu = Vpu(cfg.score_vpu, ops=[VpuOp.DOT])
         q_now, q_next = beat_copy(m, cfg, self.q_load, "q_copy", L, 2)   # q's beats rb and rb + 1
         slopes = Array(Const(v, signed(cw)) for v in sfm.exp_slopes_raw)
         intercepts = Array(Const(v, signed(cw)) for v in sfm.exp_intercepts_raw)
+        slots = self._slots(m, cnt_width, cw)
+        t_slot, value_done = self._kv_port(m, slots, vpu, q_now, q_next)
+        take_score, score_valid, score_x, score_r = self._score_pipeline(m, vpu)
+        false_alarm = self._decisions(m, slots, cl, slopes, intercepts, take_score, score_valid, score_x, score_r)
+        # a slot is done after its verdict (false alarm) or its value's last beat (active)
+        for s in range(cfg.md_inflight):
+            with m.If(slots.free & (slots.head == s)):
+                m.d.sync += slots.done[s].eq(0)
+            with m.If((false_alarm & (slots.dptr == s)) | (value_done & (t_slot == s))):
+                m.d.sync += slots.done[s].eq(1)
+        return m
 
+    def _slots(self, m, cnt_width, cw):
+        """The slots (a ring of candidates in arrival order), their kept key beats, the value-read
+        and tag FIFOs, allocation and release."""
+        cfg = self.cfg
+        L, nb, kw, S = cfg.lanes, cfg.beats, cfg.kv_width, cfg.md_inflight
+        sfm = cfg.sfm
         # the slots: a ring of S candidates in arrival order
         slot_pos = Array(Signal(cfg.position_width, name=f"slot{s}_position") for s in range(S))
         slot_mode = Array(Signal(sfm.interval_width, name=f"slot{s}_mode") for s in range(S))
@@ -85,9 +133,6 @@ class Md(wiring.Component):
         kptr, kpend = Signal(range(S)), Signal(range(S + 1))   # next slot to read the key of; how many wait
         dptr = Signal(range(S))                                # next slot to decide (key dots come in order)
 
-        def k_index(slot, b):
-            return slot * nb + b if nb > 1 else slot
-
         # value reads to issue (slots, in verdict order) and the tags of the issued reads
         sbits = max(1, (S - 1).bit_length())
         m.submodules.vq = vq = SyncFIFO(width=sbits, depth=S)
@@ -104,12 +149,22 @@ class Md(wiring.Component):
         with m.If(free):
             m.d.sync += head.eq(incr(head, S))
         m.d.sync += count.eq(count + alloc - free)
+        return _Slots(slot_pos, slot_mode, slot_cnt, slot_w, slot_alpha, slot_beta, slot_change, k_wp, k_rp,
+                      done, head, count, kptr, kpend, dptr, sbits, vq, tags, alloc, free)
 
+    def _kv_port(self, m, slots, vpu, q_now, q_next):
+        """The KV port: key and value reads issued a block of beats at a time, their responses
+        routed by tags (key beats to the VPU and kept, value beats with the kept key beats to AC's
+        corrections); returns the response's slot and the value read's last beat."""
+        cfg = self.cfg
+        L, nb, kw, S = cfg.lanes, cfg.beats, cfg.kv_width, cfg.md_inflight
+        cw = coef_width(cfg)
+        vq, tags, sbits, kptr = slots.vq, slots.tags, slots.sbits, slots.kptr
         # issue: one block of nb requests at a time; the next block loads as the last beat goes
         iss_active, iss_value = Signal(), Signal()
         iss_slot, iss_b = Signal(range(S)), Signal(range(nb))
         m.d.comb += [self.kv_req.valid.eq(iss_active), self.kv_req.payload.value.eq(iss_value),
-                     self.kv_req.payload.position.eq(slot_pos[iss_slot]), self.kv_req.payload.beat.eq(iss_b)]
+                     self.kv_req.payload.position.eq(slots.slot_pos[iss_slot]), self.kv_req.payload.beat.eq(iss_b)]
         req_fire = Signal()
         m.d.comb += req_fire.eq(self.kv_req.valid & self.kv_req.ready)
         with m.If(req_fire):
@@ -122,13 +177,13 @@ class Md(wiring.Component):
             with m.If(vq.r_rdy & tags.w_rdy & (credits >= nb)):      # an active's value first
                 m.d.comb += [vq.r_en.eq(1), tags.w_en.eq(1), tags.w_data.eq(Cat(vq.r_data, Const(1, 1)))]
                 m.d.sync += [iss_active.eq(1), iss_value.eq(1), iss_slot.eq(vq.r_data)]
-            with m.Elif((kpend != 0) & tags.w_rdy):
+            with m.Elif((slots.kpend != 0) & tags.w_rdy):
                 m.d.comb += [key_load.eq(1), tags.w_en.eq(1), tags.w_data.eq(Cat(kptr[:sbits] if S > 1 else Const(0, 1),
                                                                                   Const(0, 1)))]
                 m.d.sync += [iss_active.eq(1), iss_value.eq(0), iss_slot.eq(kptr), kptr.eq(incr(kptr, S))]
             with m.Else():
                 m.d.sync += iss_active.eq(0)
-        m.d.sync += kpend.eq(kpend + alloc - key_load)
+        m.d.sync += slots.kpend.eq(slots.kpend + slots.alloc - key_load)
 
         # responses, routed by their tags: key beats to the VPU (and kept), value beats to AC
         t_slot, t_value = Signal(range(S)), Signal()
@@ -157,16 +212,17 @@ class Md(wiring.Component):
         c_valid, c = Signal(), Signal(corr_fields)
         m.submodules.corr_q = corr_q = SyncFIFO(width=corr_fields.size + L * kw, depth=2 * nb)
         c_out = data.View(corr_fields, corr_q.r_data[:corr_fields.size])
-        m.d.comb += [k_rp.addr.eq(k_index(t_slot, rb)), k_rp.en.eq(1),
-                     corr_q.w_en.eq(c_valid), corr_q.w_data.eq(Cat(c, k_rp.data)),
+        m.d.comb += [slots.k_rp.addr.eq(_k_index(t_slot, rb, nb)), slots.k_rp.en.eq(1),
+                     corr_q.w_en.eq(c_valid), corr_q.w_data.eq(Cat(c, slots.k_rp.data)),
                      self.corr.valid.eq(corr_q.r_rdy), corr_q.r_en.eq(self.corr.ready),
                      cmd.op.eq(AcOp.BEATS), cmd.accumulate.eq(1), cmd.w.eq(c_out.w), cmd.alpha.eq(c_out.alpha),
                      cmd.beta.eq(c_out.beta), cmd.update.eq(c_out.update), cmd.v.eq(c_out.v),
                      cmd.k.eq(corr_q.r_data[corr_fields.size:])]
-        m.d.sync += [c_valid.eq(0), c.w.eq(slot_w[t_slot]), c.alpha.eq(slot_alpha[t_slot]), c.beta.eq(slot_beta[t_slot]),
-                     c.update.eq(slot_change[t_slot]), c.v.eq(self.kv_resp.payload)]
+        m.d.sync += [c_valid.eq(0), c.w.eq(slots.slot_w[t_slot]), c.alpha.eq(slots.slot_alpha[t_slot]),
+                     c.beta.eq(slots.slot_beta[t_slot]), c.update.eq(slots.slot_change[t_slot]),
+                     c.v.eq(self.kv_resp.payload)]
         m.d.comb += [self.kv_resp.ready.eq(tags.r_rdy),   # (key beats: the VPU never stalls)
-                     self.busy.eq((count != 0) | c_valid | self.corr.valid)]   # a last correction may still wait
+                     self.busy.eq((slots.count != 0) | c_valid | self.corr.valid)]   # a last correction may still wait
         with m.If(tags.r_rdy):
             with m.If(t_value):
                 m.d.comb += value_done.eq(resp_fire & (rb == nb - 1))
@@ -174,16 +230,23 @@ class Md(wiring.Component):
             with m.Else():
                 m.d.comb += vpu.i.valid.eq(self.kv_resp.valid)
                 with m.If(resp_fire):
-                    m.d.sync += [k_write.eq(1), k_write_index.eq(k_index(t_slot, rb)),
+                    m.d.sync += [k_write.eq(1), k_write_index.eq(_k_index(t_slot, rb, nb)),
                                  k_write_data.eq(self.kv_resp.payload)]
         # a key beat is kept one cycle after it arrives (registered index and data: the kept
         # words' enables do not follow the response's ready); its value read comes after its verdict
-        m.d.comb += [k_wp.en.eq(k_write), k_wp.addr.eq(k_write_index), k_wp.data.eq(k_write_data)]
+        m.d.comb += [slots.k_wp.en.eq(k_write), slots.k_wp.addr.eq(k_write_index), slots.k_wp.data.eq(k_write_data)]
         with m.If(resp_fire):
             m.d.sync += rb.eq(incr(rb, nb))
             with m.If(rb == nb - 1):
                 m.d.comb += tags.r_en.eq(1)
+        return t_slot, value_done
 
+    def _score_pipeline(self, m, vpu):
+        """The exact score's pipeline after the VPU (scaled score, x, the boundary compares, r) and
+        the FIFO the scores wait in for the decisions; returns (take, valid, x, r) at its head."""
+        cfg = self.cfg
+        sfm, S = cfg.sfm, cfg.md_inflight
+        xw = sfm.x_width
         # the score pipeline: the VPU's dot -> the
         # partial products of dot * scale -> their sum with the rounding half -> the scaled score
         # (shifted and saturated, as score_of) -> x = sat(score - m) -> its interval r, one carry
@@ -212,7 +275,15 @@ class Md(wiring.Component):
                      sp_x1.eq(saturate(sp_score - self.m, signed(xw))),
                      sp_x2.eq(sp_x1), sp_below.eq(boundary_tests(sp_x1, cfg)),
                      sp_x.eq(sp_x2), sp_r.eq(interval_count(sp_below))]
+        return take_score, score_valid, score_x, score_r
 
+    def _decisions(self, m, slots, cl, slopes, intercepts, take_score, score_valid, score_x, score_r):
+        """The decision FSM, one candidate at a time in slot order: interval, counters, weight,
+        verdict, the active's correction terms; returns its false-alarm flag."""
+        cfg = self.cfg
+        sfm, S = cfg.sfm, cfg.md_inflight
+        xw, cw = sfm.x_width, coef_width(cfg)
+        dptr, vq = slots.dptr, slots.vq
         # decisions, one candidate at a time in slot order
         mode = Signal(sfm.interval_width)
         x = Signal(signed(xw))
@@ -242,10 +313,10 @@ class Md(wiring.Component):
             with m.State("SCORE"):
                 m.d.comb += take_score.eq(1)
                 with m.If(score_valid):
-                    m.d.sync += [x.eq(score_x), r.eq(score_r), mode.eq(slot_mode[dptr]),
-                                 terms.eq(bump_terms(data.View(cl.members["counters"], slot_cnt[dptr]), score_r, cfg)),
-                                 slope_r.eq(slopes[score_r]), slope_mode.eq(slopes[slot_mode[dptr]]),
-                                 intercept_r.eq(intercepts[score_r]), intercept_mode.eq(intercepts[slot_mode[dptr]])]
+                    m.d.sync += [x.eq(score_x), r.eq(score_r), mode.eq(slots.slot_mode[dptr]),
+                                 terms.eq(bump_terms(data.View(cl.members["counters"], slots.slot_cnt[dptr]), score_r, cfg)),
+                                 slope_r.eq(slopes[score_r]), slope_mode.eq(slopes[slots.slot_mode[dptr]]),
+                                 intercept_r.eq(intercepts[score_r]), intercept_mode.eq(intercepts[slots.slot_mode[dptr]])]
                     m.next = "DECIDE"
             with m.State("DECIDE"):
                 m.d.sync += [alpha.eq(slope_r - slope_mode), beta.eq(intercept_r - intercept_mode),
@@ -260,7 +331,7 @@ class Md(wiring.Component):
                 m.d.sync += w.eq(wsum.as_signed() >> sfm.exp_shift if sfm.exp_shift > 0 else wsum.as_signed() << -sfm.exp_shift)
                 m.next = "VERDICT"
             with m.State("VERDICT"):
-                m.d.comb += [self.verdict.valid.eq(1), self.verdict.payload.position.eq(slot_pos[dptr]),
+                m.d.comb += [self.verdict.valid.eq(1), self.verdict.payload.position.eq(slots.slot_pos[dptr]),
                              self.verdict.payload.mode.eq(Mux(change, r, mode)),
                              self.verdict.payload.counters.eq(bumped)]
                 with m.If(self.verdict.ready):
@@ -270,16 +341,10 @@ class Md(wiring.Component):
                         m.d.sync += self.false_alarms.eq(self.false_alarms + 1)
                     with m.Else():
                         m.d.comb += [vq.w_en.eq(1), vq.w_data.eq(dptr)]
-                        m.d.sync += [self.active.eq(self.active + 1), slot_w[dptr].eq(w),
-                                     slot_alpha[dptr].eq(alpha), slot_beta[dptr].eq(beta),
-                                     slot_change[dptr].eq(change)]
+                        m.d.sync += [self.active.eq(self.active + 1), slots.slot_w[dptr].eq(w),
+                                     slots.slot_alpha[dptr].eq(alpha), slots.slot_beta[dptr].eq(beta),
+                                     slots.slot_change[dptr].eq(change)]
                         with m.If(change):
                             m.d.sync += self.mode_changes.eq(self.mode_changes + 1)
                     m.next = "SCORE"
-        # a slot is done after its verdict (false alarm) or its value's last beat (active)
-        for s in range(S):
-            with m.If(free & (head == s)):
-                m.d.sync += done[s].eq(0)
-            with m.If((false_alarm & (dptr == s)) | (value_done & (t_slot == s))):
-                m.d.sync += done[s].eq(1)
-        return m
+        return false_alarm

@@ -21,6 +21,8 @@ step past ``max_positions`` is BEYOND.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from amaranth import Array, Const, Module, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -61,6 +63,44 @@ def tile_out_layout(cfg: LadTileConfig) -> data.StructLayout:
     })
 
 
+class _Step(NamedTuple):
+    """What the sequencer's states share: the parts, AC's and the SFM's request streams, the step's
+    beat copies and registers (those from ``kv_beats`` on set by ``LadTile._step_registers``)."""
+    ac: Ac
+    eas: Eas
+    md: Md
+    apid: Apid
+    sfm: Sfm
+    exact: DenseAttention | None
+    ac_cmd: object
+    sfm_i: object
+    md_corr: RegisterSlice
+    corr_to_ac: Signal
+    loads: dict
+    beat: Signal
+    q_buf: object
+    k_buf: object
+    v_buf: object
+    m_ref: Signal
+    exact_pass: Signal
+    n: Signal = None
+    key: Signal = None
+    p_new: Signal = None
+    r_new: Signal = None
+    stats: Signal = None
+    snap: list = None
+    counts: list = None
+    kv_beats: Signal = None
+    cycles: Signal = None
+    absorb_sent: Signal = None
+    step_done: Signal = None
+    env_wait: Signal = None
+    cmd: object = None
+    qa_sent: Signal = None
+    send_qa: list = None
+    absorb_payload: list = None
+
+
 class LadTile(wiring.Component):
     """``step_in`` -> (``kv_req`` / ``kv_resp``) -> ``out``; one decode step at a time."""
 
@@ -75,7 +115,7 @@ class LadTile(wiring.Component):
 
     def elaborate(self, platform):
         cfg, m = self.cfg, Module()
-        L, nb, kw = cfg.lanes, cfg.beats, cfg.kv_width
+        L, nb = cfg.lanes, cfg.beats
         sfm_cfg = cfg.sfm
         xw = sfm_cfg.x_width
         # the modules are parts (hdl.lib.parts): converted to Verilog apart and in parallel, the
@@ -101,8 +141,8 @@ class LadTile(wiring.Component):
         ac_cmd, sfm_i = ac_cmd_slice.i, sfm_in_slice.i
         # MD's corrections reach AC's slice through one more slice next to MD, and the mux picks them
         # by a registered flag (set entering CLASSIFY_WAIT, cleared leaving MD_DRAIN), not by the
-        # decoded FSM state: session 43's critical path ran from the state through that select and
-        # MD's FIFO across the die to AC's slice (docs/lad-tile.md, Synthesis)
+        # decoded FSM state: the critical path ran from the state through that select and MD's FIFO
+        # across the die to AC's slice (docs/lad-tile.md, Synthesis)
         m.submodules.md_corr = md_corr = RegisterSlice(ac_command_layout(cfg))
         wiring.connect(m, md.corr, md_corr.i)
         corr_to_ac = Signal()
@@ -121,6 +161,20 @@ class LadTile(wiring.Component):
         m_ref = Signal(signed(xw))
         m.d.comb += md.m.eq(m_ref)
 
+        exact_pass = self._kv_port(m, eas, apid, md, exact)
+        s = self._step_registers(m, _Step(ac, eas, md, apid, sfm, exact, ac_cmd, sfm_i, md_corr, corr_to_ac, loads,
+                                          beat, q_buf, k_buf, v_buf, m_ref, exact_pass))
+        with m.FSM():
+            self._approx_states(m, s)
+            self._finish_states(m, s)
+            self._exact_states(m, s)
+        with m.If(corr_to_ac):   # (after the FSM: no state drives AC's commands while it is set)
+            wiring.connect(m, md_corr.o, ac_cmd)
+        return m
+
+    def _kv_port(self, m, eas, apid, md, exact):
+        """The streams between EAS, APID and MD, and the KV port: MD's or, past max_positions, the
+        exact pass's (while the returned flag is set)."""
         wiring.connect(m, apid.lookup, eas.lookup)
         wiring.connect(m, eas.approx, apid.approx)
         wiring.connect(m, apid.cand, md.cand)
@@ -128,7 +182,7 @@ class LadTile(wiring.Component):
         # the KV port: MD's (candidates) or, past max_positions, the exact pass's
         exact_pass = Signal()
         with m.If(exact_pass):
-            if exact_path:
+            if exact is not None:
                 m.d.comb += [self.kv_req.valid.eq(exact.kv_req.valid), self.kv_req.payload.eq(exact.kv_req.payload),
                              exact.kv_req.ready.eq(self.kv_req.ready), exact.kv_resp.valid.eq(self.kv_resp.valid),
                              exact.kv_resp.payload.eq(self.kv_resp.payload), self.kv_resp.ready.eq(exact.kv_resp.ready)]
@@ -138,9 +192,16 @@ class LadTile(wiring.Component):
                          self.kv_req.payload.position.eq(req.position), self.kv_req.payload.beat.eq(req.beat),
                          md.kv_req.ready.eq(self.kv_req.ready), md.kv_resp.valid.eq(self.kv_resp.valid),
                          md.kv_resp.payload.eq(self.kv_resp.payload), self.kv_resp.ready.eq(md.kv_resp.ready)]
+        return exact_pass
 
+    def _step_registers(self, m, s):
+        """The step's registers and counters (position, key, the new position's PWL value,
+        statistics, KV beats, cycles), the QA offer and AC's command operands: ``s`` with them."""
+        cfg = self.cfg
+        sfm_cfg = cfg.sfm
+        md, apid, ac_cmd = s.md, s.apid, s.ac_cmd
         n = Signal(cfg.step_position_width)
-        key = Signal(eas.key_out.payload.shape())
+        key = Signal(s.eas.key_out.payload.shape())
         p_new, r_new = Signal(sfm_cfg.value_width), Signal(sfm_cfg.interval_width)
         stats = Signal(tile_out_layout(cfg))
         snap = [Signal(32, name=f"snap_{name}") for name in ("active", "false_alarms", "mode_changes")]
@@ -165,7 +226,7 @@ class LadTile(wiring.Component):
         # otherwise run it)
         # (qa_sent is set from the states that offer QA, not from the muxed command's op: in
         # CLASSIFY_WAIT / MD_DRAIN that op is MD's correction, and the compare reached through the
-        # mux into MD's FIFO, then across the die to AC's slice: session 43's critical path)
+        # mux into MD's FIFO, then across the die to AC's slice: the critical path without the flag)
         qa_sent, qa_offered = Signal(), Signal()
         send_qa = [ac_cmd.valid.eq(~qa_sent), cmd.op.eq(AcOp.QA), qa_offered.eq(1)]
         with m.If(qa_offered & ~qa_sent & ac_cmd.ready):
@@ -173,171 +234,191 @@ class LadTile(wiring.Component):
 
         # AC's command operands whatever the state (AC reads each only with the op and flags that use
         # it); the states choose only valid, op, accumulate and update. Through the states' mux, the
-        # decoded state reached the FIFO slice's storage across the die (tile 98.41 MHz, seed 2,
-        # session 49: state -> beta -> k -> the FIFO's LUT RAM)
-        m.d.comb += [cmd.m.eq(m_ref), cmd.w.eq(p_new), cmd.alpha.eq(slopes[r_new]), cmd.beta.eq(intercepts[r_new]),
-                     cmd.k.eq(k_buf.data), cmd.v.eq(v_buf.data)]
+        # decoded state reached the FIFO slice's storage across the die (tile 98.41 MHz, seed 2:
+        # state -> beta -> k -> the FIFO's LUT RAM)
+        m.d.comb += [cmd.m.eq(s.m_ref), cmd.w.eq(p_new), cmd.alpha.eq(slopes[r_new]), cmd.beta.eq(intercepts[r_new]),
+                     cmd.k.eq(s.k_buf.data), cmd.v.eq(s.v_buf.data)]
 
         absorb_payload = [apid.absorb.payload.position.eq(n), apid.absorb.payload.center.eq(key.center),
                           apid.absorb.payload.rho.eq(key.rho), apid.absorb.payload.mode.eq(r_new)]
+        return s._replace(n=n, key=key, p_new=p_new, r_new=r_new, stats=stats, snap=snap, counts=counts,
+                          kv_beats=kv_beats, cycles=cycles, absorb_sent=absorb_sent, step_done=step_done,
+                          env_wait=env_wait, cmd=cmd, qa_sent=qa_sent, send_qa=send_qa, absorb_payload=absorb_payload)
 
-        with m.FSM():
-            with m.State("LOAD"):
-                m.d.comb += [self.step_in.ready.eq(1), env_wait.eq(~self.step_in.valid)]
-                m.d.comb += [load.valid.eq(self.step_in.valid) for load in loads.values()]
-                with m.If(self.step_in.valid):
-                    m.d.sync += beat.eq(incr(beat, nb))
-                    with m.If(beat == nb - 1):
-                        m.d.sync += [kv_beats.eq(0), absorb_sent.eq(0), qa_sent.eq(0)]
-                        m.d.sync += [s.eq(c) for s, c in zip(snap, counts)]
-                        with m.If(n >= cfg.kv_positions):
-                            m.next = "BEYOND"
-                        if exact_path:
-                            with m.Elif(n >= cfg.max_positions):
-                                m.next = "EXACT_QUERY"
-                        with m.Else():
-                            m.next = "EAS"
-            with m.State("EAS"):
-                m.d.comb += send_qa
-                m.d.comb += eas.start.valid.eq(1)
-                with m.If(eas.start.ready):
-                    m.next = "EAS_WAIT"
-            with m.State("EAS_WAIT"):
-                m.d.comb += send_qa
-                m.d.comb += [sfm_i.valid.eq(eas.recip_req.valid), sfm_i.payload.op.eq(SfmOp.RECIP),
-                             sfm_i.payload.z.eq(eas.recip_req.payload), eas.recip_req.ready.eq(sfm_i.ready),
-                             eas.recip_resp.valid.eq(sfm.o.valid),
-                             eas.recip_resp.payload.mantissa.eq(sfm.o.payload.value),
-                             eas.recip_resp.payload.exponent.eq(sfm.o.payload.exponent),
-                             eas.key_out.ready.eq(1)]
-                with m.If(eas.key_out.valid):
-                    m.d.sync += [key.eq(eas.key_out.payload), m_ref.eq(eas.key_out.payload.s_new)]
-                    with m.If(n == 0):
-                        m.next = "TERMS"
+    def _approx_states(self, m, s):
+        """The sequencer's states up to the candidates: LOAD, EAS, APID pass A, TERMS, APID pass B
+        with MD's corrections into AC."""
+        cfg = self.cfg
+        nb = cfg.beats
+        eas, md, apid, sfm, sfm_i, ac_cmd, cmd = s.eas, s.md, s.apid, s.sfm, s.sfm_i, s.ac_cmd, s.cmd
+        beat, n, m_ref, send_qa, stats = s.beat, s.n, s.m_ref, s.send_qa, s.stats
+        with m.State("LOAD"):
+            m.d.comb += [self.step_in.ready.eq(1), s.env_wait.eq(~self.step_in.valid)]
+            m.d.comb += [load.valid.eq(self.step_in.valid) for load in s.loads.values()]
+            with m.If(self.step_in.valid):
+                m.d.sync += beat.eq(incr(beat, nb))
+                with m.If(beat == nb - 1):
+                    m.d.sync += [s.kv_beats.eq(0), s.absorb_sent.eq(0), s.qa_sent.eq(0)]
+                    m.d.sync += [x.eq(c) for x, c in zip(s.snap, s.counts)]
+                    with m.If(n >= cfg.kv_positions):
+                        m.next = "BEYOND"
+                    if s.exact is not None:
+                        with m.Elif(n >= cfg.max_positions):
+                            m.next = "EXACT_QUERY"
                     with m.Else():
-                        m.next = "APPROX"
-            with m.State("APPROX"):
-                m.d.comb += send_qa
-                m.d.comb += [apid.scan.valid.eq(1), apid.scan.payload.length.eq(n), apid.scan.payload.classify.eq(0)]
-                with m.If(apid.scan.ready):
-                    m.next = "APPROX_WAIT"
-            with m.State("APPROX_WAIT"):
-                m.d.comb += send_qa
-                m.d.comb += apid.smax.ready.eq(1)
-                with m.If(apid.smax.valid):
-                    with m.If(apid.smax.payload > m_ref):
-                        m.d.sync += m_ref.eq(apid.smax.payload)
+                        m.next = "EAS"
+        with m.State("EAS"):
+            m.d.comb += send_qa
+            m.d.comb += eas.start.valid.eq(1)
+            with m.If(eas.start.ready):
+                m.next = "EAS_WAIT"
+        with m.State("EAS_WAIT"):
+            m.d.comb += send_qa
+            m.d.comb += [sfm_i.valid.eq(eas.recip_req.valid), sfm_i.payload.op.eq(SfmOp.RECIP),
+                         sfm_i.payload.z.eq(eas.recip_req.payload), eas.recip_req.ready.eq(sfm_i.ready),
+                         eas.recip_resp.valid.eq(sfm.o.valid),
+                         eas.recip_resp.payload.mantissa.eq(sfm.o.payload.value),
+                         eas.recip_resp.payload.exponent.eq(sfm.o.payload.exponent),
+                         eas.key_out.ready.eq(1)]
+            with m.If(eas.key_out.valid):
+                m.d.sync += [s.key.eq(eas.key_out.payload), m_ref.eq(eas.key_out.payload.s_new)]
+                with m.If(n == 0):
                     m.next = "TERMS"
-            with m.State("TERMS"):
-                m.d.comb += [ac_cmd.valid.eq(1), cmd.op.eq(AcOp.TERMS)]
-                with m.If(ac_cmd.ready):
-                    m.d.sync += stats.candidates.eq(0)
-                    with m.If(n == 0):
-                        m.next = "NEW_EXP"
-                    with m.Else():
-                        m.next = "CLASSIFY"
-            with m.State("CLASSIFY"):
-                m.d.comb += [apid.scan.valid.eq(1), apid.scan.payload.length.eq(n), apid.scan.payload.m.eq(m_ref),
-                             apid.scan.payload.classify.eq(1)]
-                with m.If(apid.scan.ready):
-                    m.d.sync += corr_to_ac.eq(1)
-                    m.next = "CLASSIFY_WAIT"
-            with m.State("CLASSIFY_WAIT"):   # candidates flow APID -> MD -> AC (corr_to_ac)
-                m.d.comb += apid.done.ready.eq(1)
-                with m.If(apid.done.valid):
-                    m.d.sync += stats.candidates.eq(apid.done.payload)
-                    m.next = "MD_DRAIN"
-            with m.State("MD_DRAIN"):   # until MD and its corrections' slice are empty
-                with m.If(~md.busy & ~md_corr.o.valid):
-                    m.d.sync += corr_to_ac.eq(0)
+                with m.Else():
+                    m.next = "APPROX"
+        with m.State("APPROX"):
+            m.d.comb += send_qa
+            m.d.comb += [apid.scan.valid.eq(1), apid.scan.payload.length.eq(n), apid.scan.payload.classify.eq(0)]
+            with m.If(apid.scan.ready):
+                m.next = "APPROX_WAIT"
+        with m.State("APPROX_WAIT"):
+            m.d.comb += send_qa
+            m.d.comb += apid.smax.ready.eq(1)
+            with m.If(apid.smax.valid):
+                with m.If(apid.smax.payload > m_ref):
+                    m.d.sync += m_ref.eq(apid.smax.payload)
+                m.next = "TERMS"
+        with m.State("TERMS"):
+            m.d.comb += [ac_cmd.valid.eq(1), cmd.op.eq(AcOp.TERMS)]
+            with m.If(ac_cmd.ready):
+                m.d.sync += stats.candidates.eq(0)
+                with m.If(n == 0):
                     m.next = "NEW_EXP"
-            with m.State("NEW_EXP"):   # the new position: (p_n, r_n) = EXP(sat(s_n - m))
-                x_new = saturate(key.s_new - m_ref, signed(xw))
-                m.d.comb += [sfm_i.valid.eq(1), sfm_i.payload.op.eq(SfmOp.EXP), sfm_i.payload.x.eq(x_new)]
-                with m.If(sfm_i.ready):
-                    m.next = "NEW_EXP_WAIT"
-            with m.State("NEW_EXP_WAIT"):
-                with m.If(sfm.o.valid):
-                    m.d.sync += [p_new.eq(sfm.o.payload.value), r_new.eq(sfm.o.payload.interval), beat.eq(0)]
-                    m.next = "NEW_BEATS"
-            with m.State("NEW_BEATS"):
-                m.d.comb += [ac_cmd.valid.eq(1), cmd.op.eq(AcOp.BEATS), cmd.accumulate.eq(1), cmd.update.eq(0)]
-                with m.If(ac_cmd.ready):
+                with m.Else():
+                    m.next = "CLASSIFY"
+        with m.State("CLASSIFY"):
+            m.d.comb += [apid.scan.valid.eq(1), apid.scan.payload.length.eq(n), apid.scan.payload.m.eq(m_ref),
+                         apid.scan.payload.classify.eq(1)]
+            with m.If(apid.scan.ready):
+                m.d.sync += s.corr_to_ac.eq(1)
+                m.next = "CLASSIFY_WAIT"
+        with m.State("CLASSIFY_WAIT"):   # candidates flow APID -> MD -> AC (corr_to_ac)
+            m.d.comb += apid.done.ready.eq(1)
+            with m.If(apid.done.valid):
+                m.d.sync += stats.candidates.eq(apid.done.payload)
+                m.next = "MD_DRAIN"
+        with m.State("MD_DRAIN"):   # until MD and its corrections' slice are empty
+            with m.If(~md.busy & ~s.md_corr.o.valid):
+                m.d.sync += s.corr_to_ac.eq(0)
+                m.next = "NEW_EXP"
+
+    def _finish_states(self, m, s):
+        """The sequencer's states from the new position on: its PWL value into N and Z, AC's FINISH
+        with the step's statistics on ``out``, the absorption of position n."""
+        cfg = self.cfg
+        nb, xw = cfg.beats, cfg.sfm.x_width
+        ac, eas, apid, sfm, sfm_i, ac_cmd, cmd = s.ac, s.eas, s.apid, s.sfm, s.sfm_i, s.ac_cmd, s.cmd
+        beat, n, key, m_ref, stats, absorb_sent = s.beat, s.n, s.key, s.m_ref, s.stats, s.absorb_sent
+        with m.State("NEW_EXP"):   # the new position: (p_n, r_n) = EXP(sat(s_n - m))
+            x_new = saturate(key.s_new - m_ref, signed(xw))
+            m.d.comb += [sfm_i.valid.eq(1), sfm_i.payload.op.eq(SfmOp.EXP), sfm_i.payload.x.eq(x_new)]
+            with m.If(sfm_i.ready):
+                m.next = "NEW_EXP_WAIT"
+        with m.State("NEW_EXP_WAIT"):
+            with m.If(sfm.o.valid):
+                m.d.sync += [s.p_new.eq(sfm.o.payload.value), s.r_new.eq(sfm.o.payload.interval), beat.eq(0)]
+                m.next = "NEW_BEATS"
+        with m.State("NEW_BEATS"):
+            m.d.comb += [ac_cmd.valid.eq(1), cmd.op.eq(AcOp.BEATS), cmd.accumulate.eq(1), cmd.update.eq(0)]
+            with m.If(ac_cmd.ready):
+                m.d.sync += beat.eq(incr(beat, nb))
+                with m.If(beat == nb - 1):
+                    m.next = "FINISH"
+        with m.State("FINISH"):
+            m.d.comb += [ac_cmd.valid.eq(1), cmd.op.eq(AcOp.FINISH)]
+            with m.If(ac_cmd.ready):
+                m.next = "FINISH_WAIT"
+        with m.State("FINISH_WAIT"):
+            m.d.comb += [sfm_i.valid.eq(ac.recip_req.valid), sfm_i.payload.op.eq(SfmOp.RECIP),
+                         sfm_i.payload.z.eq(ac.recip_req.payload), ac.recip_req.ready.eq(sfm_i.ready),
+                         ac.recip_resp.valid.eq(sfm.o.valid),
+                         ac.recip_resp.payload.mantissa.eq(sfm.o.payload.value),
+                         ac.recip_resp.payload.exponent.eq(sfm.o.payload.exponent)]
+            # o beats with the step's statistics
+            m.d.comb += [self.out.valid.eq(ac.out.valid), ac.out.ready.eq(self.out.ready),
+                         self.out.payload.eq(stats), self.out.payload.o.eq(ac.out.payload),
+                         self.out.payload.position.eq(n), self.out.payload.centers.eq(eas.centers),
+                         self.out.payload.new_center.eq(key.new_center), self.out.payload.m.eq(m_ref),
+                         self.out.payload.z.eq(ac.z), self.out.payload.kv_beats.eq(s.kv_beats),
+                         self.out.payload.cycles.eq(s.cycles),
+                         self.out.payload.candidates.eq(stats.candidates)]
+            for field, count, snap in zip(("active", "false_alarms", "mode_changes"), s.counts, s.snap):
+                m.d.comb += self.out.payload[field].eq(count - snap)
+            with m.If(self.out.valid & self.out.ready):
+                m.d.sync += beat.eq(incr(beat, nb))
+                with m.If(beat == nb - 1):
+                    m.d.comb += s.step_done.eq(1)
+                    m.next = "ABSORB"
+        with m.State("ABSORB"):   # position n joins the caches with its interval as mode
+            m.d.comb += [ac_cmd.valid.eq(1), cmd.op.eq(AcOp.BEATS), cmd.accumulate.eq(0), cmd.update.eq(1),
+                         apid.absorb.valid.eq(~absorb_sent), *s.absorb_payload]
+            with m.If(apid.absorb.valid & apid.absorb.ready):
+                m.d.sync += absorb_sent.eq(1)
+            with m.If(ac_cmd.ready):
+                m.d.sync += beat.eq(incr(beat, nb))
+            with m.If((beat == nb - 1) & ac_cmd.ready & (absorb_sent | apid.absorb.ready)):
+                m.d.sync += n.eq(n + 1)
+                m.next = "LOAD"
+            with m.If((beat == nb - 1) & ac_cmd.ready & ~(absorb_sent | apid.absorb.ready)):
+                m.d.sync += beat.eq(beat)   # hold the last beat until APID took the metadata
+                m.next = "ABSORB_META"
+        with m.State("ABSORB_META"):
+            m.d.comb += [apid.absorb.valid.eq(~absorb_sent), *s.absorb_payload]
+            with m.If(absorb_sent | apid.absorb.ready):
+                m.d.sync += [n.eq(n + 1), beat.eq(0)]
+                m.next = "LOAD"
+
+    def _exact_states(self, m, s):
+        """The sequencer's states past max_positions: the exact pass (where there is one), and
+        BEYOND past kv_positions."""
+        nb = self.cfg.beats
+        exact, eas, beat, n = s.exact, s.eas, s.beat, s.n
+        if exact is not None:
+            with m.State("EXACT_QUERY"):   # past max_positions: the query to the exact pass
+                m.d.comb += [exact.query.valid.eq(1), exact.query.payload.q.eq(s.q_buf.data),
+                             exact.query.payload.length.eq(n + 1)]
+                with m.If(exact.query.ready):
                     m.d.sync += beat.eq(incr(beat, nb))
                     with m.If(beat == nb - 1):
-                        m.next = "FINISH"
-            with m.State("FINISH"):
-                m.d.comb += [ac_cmd.valid.eq(1), cmd.op.eq(AcOp.FINISH)]
-                with m.If(ac_cmd.ready):
-                    m.next = "FINISH_WAIT"
-            with m.State("FINISH_WAIT"):
-                m.d.comb += [sfm_i.valid.eq(ac.recip_req.valid), sfm_i.payload.op.eq(SfmOp.RECIP),
-                             sfm_i.payload.z.eq(ac.recip_req.payload), ac.recip_req.ready.eq(sfm_i.ready),
-                             ac.recip_resp.valid.eq(sfm.o.valid),
-                             ac.recip_resp.payload.mantissa.eq(sfm.o.payload.value),
-                             ac.recip_resp.payload.exponent.eq(sfm.o.payload.exponent)]
-                # o beats with the step's statistics
-                m.d.comb += [self.out.valid.eq(ac.out.valid), ac.out.ready.eq(self.out.ready),
-                             self.out.payload.eq(stats), self.out.payload.o.eq(ac.out.payload),
-                             self.out.payload.position.eq(n), self.out.payload.centers.eq(eas.centers),
-                             self.out.payload.new_center.eq(key.new_center), self.out.payload.m.eq(m_ref),
-                             self.out.payload.z.eq(ac.z), self.out.payload.kv_beats.eq(kv_beats),
-                             self.out.payload.cycles.eq(cycles),
-                             self.out.payload.candidates.eq(stats.candidates)]
-                for field, count, s in zip(("active", "false_alarms", "mode_changes"), counts, snap):
-                    m.d.comb += self.out.payload[field].eq(count - s)
+                        m.next = "EXACT"
+            with m.State("EXACT"):         # it owns the KV port; its o beats leave with its statistics
+                d = exact.out.payload
+                m.d.comb += [s.exact_pass.eq(1), self.out.valid.eq(exact.out.valid), exact.out.ready.eq(self.out.ready),
+                             self.out.payload.o.eq(d.o), self.out.payload.position.eq(n),
+                             self.out.payload.path.eq(StepPath.EXACT), self.out.payload.centers.eq(eas.centers),
+                             self.out.payload.m.eq(d.m), self.out.payload.z.eq(d.z),
+                             self.out.payload.kv_beats.eq(d.kv_beats), self.out.payload.cycles.eq(d.cycles)]
                 with m.If(self.out.valid & self.out.ready):
                     m.d.sync += beat.eq(incr(beat, nb))
                     with m.If(beat == nb - 1):
-                        m.d.comb += step_done.eq(1)
-                        m.next = "ABSORB"
-            with m.State("ABSORB"):   # position n joins the caches with its interval as mode
-                m.d.comb += [ac_cmd.valid.eq(1), cmd.op.eq(AcOp.BEATS), cmd.accumulate.eq(0), cmd.update.eq(1),
-                             apid.absorb.valid.eq(~absorb_sent), *absorb_payload]
-                with m.If(apid.absorb.valid & apid.absorb.ready):
-                    m.d.sync += absorb_sent.eq(1)
-                with m.If(ac_cmd.ready):
-                    m.d.sync += beat.eq(incr(beat, nb))
-                with m.If((beat == nb - 1) & ac_cmd.ready & (absorb_sent | apid.absorb.ready)):
-                    m.d.sync += n.eq(n + 1)
-                    m.next = "LOAD"
-                with m.If((beat == nb - 1) & ac_cmd.ready & ~(absorb_sent | apid.absorb.ready)):
-                    m.d.sync += beat.eq(beat)   # hold the last beat until APID took the metadata
-                    m.next = "ABSORB_META"
-            with m.State("ABSORB_META"):
-                m.d.comb += [apid.absorb.valid.eq(~absorb_sent), *absorb_payload]
-                with m.If(absorb_sent | apid.absorb.ready):
-                    m.d.sync += [n.eq(n + 1), beat.eq(0)]
-                    m.next = "LOAD"
-            if exact_path:
-                with m.State("EXACT_QUERY"):   # past max_positions: the query to the exact pass
-                    m.d.comb += [exact.query.valid.eq(1), exact.query.payload.q.eq(q_buf.data),
-                                 exact.query.payload.length.eq(n + 1)]
-                    with m.If(exact.query.ready):
-                        m.d.sync += beat.eq(incr(beat, nb))
-                        with m.If(beat == nb - 1):
-                            m.next = "EXACT"
-                with m.State("EXACT"):         # it owns the KV port; its o beats leave with its statistics
-                    d = exact.out.payload
-                    m.d.comb += [exact_pass.eq(1), self.out.valid.eq(exact.out.valid), exact.out.ready.eq(self.out.ready),
-                                 self.out.payload.o.eq(d.o), self.out.payload.position.eq(n),
-                                 self.out.payload.path.eq(StepPath.EXACT), self.out.payload.centers.eq(eas.centers),
-                                 self.out.payload.m.eq(d.m), self.out.payload.z.eq(d.z),
-                                 self.out.payload.kv_beats.eq(d.kv_beats), self.out.payload.cycles.eq(d.cycles)]
-                    with m.If(self.out.valid & self.out.ready):
-                        m.d.sync += beat.eq(incr(beat, nb))
-                        with m.If(beat == nb - 1):
-                            m.d.sync += n.eq(n + 1)
-                            m.d.comb += step_done.eq(1)
-                            m.next = "LOAD"
-            with m.State("BEYOND"):        # past kv_positions: no output, nothing changes
-                m.d.comb += [self.out.valid.eq(1), self.out.payload.position.eq(n),
-                             self.out.payload.path.eq(StepPath.BEYOND), self.out.payload.centers.eq(eas.centers)]
-                with m.If(self.out.ready):
-                    m.d.sync += beat.eq(incr(beat, nb))
-                    with m.If(beat == nb - 1):
-                        m.d.comb += step_done.eq(1)
+                        m.d.sync += n.eq(n + 1)
+                        m.d.comb += s.step_done.eq(1)
                         m.next = "LOAD"
-        with m.If(corr_to_ac):   # (after the FSM: no state drives AC's commands while it is set)
-            wiring.connect(m, md_corr.o, ac_cmd)
-        return m
+        with m.State("BEYOND"):        # past kv_positions: no output, nothing changes
+            m.d.comb += [self.out.valid.eq(1), self.out.payload.position.eq(n),
+                         self.out.payload.path.eq(StepPath.BEYOND), self.out.payload.centers.eq(eas.centers)]
+            with m.If(self.out.ready):
+                m.d.sync += beat.eq(incr(beat, nb))
+                with m.If(beat == nb - 1):
+                    m.d.comb += s.step_done.eq(1)
+                    m.next = "LOAD"

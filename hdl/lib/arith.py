@@ -48,7 +48,7 @@ def saturating_add(a: Value, b: Value, shape) -> Value:
     either way. The sum then has three bits above ``shape``'s sign, so the range check after the
     carry chain reads three bits, not all of a wide addend's. An accumulator's loop
     (``acc <= sat(acc + x)``) cannot be retimed: AC's 62-bit accumulator + its 65-bit beat sum,
-    the chain then the range check, were lad-ac's 98.9 MHz limit (docs/lad-tile.md, session 35)."""
+    the chain then the range check, were lad-ac's 98.9 MHz limit (docs/lad-tile.md)."""
     shape = Shape.cast(shape)
     b = Value.cast(b)
     if len(b) > shape.width + 1:

@@ -75,6 +75,31 @@ def exp_sum_width(cfg: SfmConfig, bias_raw: list[int]) -> int:
     return signed_width(min(sums), max(sums))
 
 
+def _stage(prefix, **shapes):
+    """One pipeline stage's registers, named ``<prefix>_<field>``."""
+    return {name: Signal(shape, name=f"{prefix}_{name}") for name, shape in shapes.items()}
+
+
+def _carry(dst, src, *names):
+    """The statements that pass fields ``names`` of stage ``src`` on to stage ``dst``."""
+    return [dst[k].eq(src[k]) for k in names]
+
+
+def _slope_shape(cfg: SfmConfig):
+    """EXP's slope constants (>= 0: exp rises)."""
+    return unsigned(max(1, max(cfg.exp_slopes_raw).bit_length()))
+
+
+def _mantissa_shape(cfg: SfmConfig):
+    """The table lines' slopes c1 (>= 0)."""
+    return unsigned(max(1, max(cfg.recip_c1_raw + cfg.exp2_c1_raw).bit_length()))
+
+
+def _c0_shape(cfg: SfmConfig, fold):
+    """The table lines' intercepts, pre-shifted with the rounding folded in (``fold``)."""
+    return unsigned(max(1, max(fold(v) for v in cfg.recip_c0_raw + cfg.exp2_c0_raw).bit_length()))
+
+
 class Sfm(wiring.Component):
     """Special functions. ``i``: (op, x, z); ``o``: EXP -> (p(x), interval),
     RECIP (of z) and EXP2 (of x) -> (mantissa, exponent)."""
@@ -87,20 +112,22 @@ class Sfm(wiring.Component):
         })
 
     def elaborate(self, platform):
-        cfg, m = self.cfg, Module()
+        m = Module()
         ce = stall_all_enable(self.o)
         m.d.comb += self.i.ready.eq(ce)
-        p = self.i.payload
+        s1, ax, amax = self._compare_stage(m, ce)
+        s2, scaled, u_width = self._normalise_stage(m, ce, s1, ax, amax)
+        s3 = self._exponent_stage(m, ce, s2, scaled, u_width)
+        s4, bias_raw = self._lookup_stage(m, ce, s3)
+        s5, exp_pieces = self._multiply_stage(m, ce, s4)
+        s6 = self._sum_stage(m, ce, s5, exp_pieces, bias_raw)
+        self._output_stage(m, ce, s6)
+        return m
+
+    def _compare_stage(self, m, ce):
+        """Stage 1: the boundary compares of x, the leading one of z, EXP2's -x and its clamp."""
+        cfg, p = self.cfg, self.i.payload
         w = cfg.recip_in_width
-        offset_width = max(1, cfg.table_delta_bits)
-        kmax = (1 << EXPONENT_WIDTH) - 1
-
-        def stage(prefix, **shapes):
-            return {name: Signal(shape, name=f"{prefix}_{name}") for name, shape in shapes.items()}
-
-        def carry(dst, src, *names):
-            return [dst[k].eq(src[k]) for k in names]
-
         # Stage 1: compares of x against the boundaries, leading one of z, and for EXP2's |x|: -x
         # and whether to clamp it (|x| is 0 for x >= 0 and 2^clamp_bits for x < -2^clamp_bits, a
         # power of two >= exp2_clamp: every |x| from exp2_clamp up gives the same result). That
@@ -111,8 +138,8 @@ class Sfm(wiring.Component):
         clamp_bits = (exp2_clamp(cfg) - 1).bit_length()
         amax = 1 << clamp_bits
         ax_width = clamp_bits + 1
-        s1 = stage("s1", valid=1, op=2, x=signed(cfg.x_width), z=w, lt=max(1, len(bounds)), lead=range(w),
-                   zero=1, neg_x=ax_width, clamp=1, negative=1)
+        s1 = _stage("s1", valid=1, op=2, x=signed(cfg.x_width), z=w, lt=max(1, len(bounds)), lead=range(w),
+                    zero=1, neg_x=ax_width, clamp=1, negative=1)
         lead = Signal(range(w))
         m.d.comb += lead.eq(leading_one(p.z))
         neg_x = Signal(cfg.x_width + 1)
@@ -126,15 +153,21 @@ class Sfm(wiring.Component):
             m.d.sync += [s1["lt"][n].eq(p.x < e) for n, e in enumerate(bounds)]
         ax = Signal(ax_width)
         m.d.comb += ax.eq(Mux(s1["clamp"], Mux(s1["negative"], amax, 0), s1["neg_x"]))
+        return s1, ax, amax
 
+    def _normalise_stage(self, m, ce, s1, ax, amax):
+        """Stage 2: the interval index, normalised z and |x| log2(e) as carry-save terms."""
+        cfg = self.cfg
+        w = cfg.recip_in_width
+        bounds = cfg.exp_boundaries_raw
         # Stage 2: interval index (boundaries above x), normalised z, |x| * log2(e) as two
         # carry-save terms (the constant's shifted copies of |x| in LUTs; summed in stage 3).
-        s2 = stage("s2", valid=1, op=2, x=signed(cfg.x_width), interval=cfg.interval_width, lead=range(w),
-                   zero=1, norm=w)
+        s2 = _stage("s2", valid=1, op=2, x=signed(cfg.x_width), interval=cfg.interval_width, lead=range(w),
+                    zero=1, norm=w)
         shift = Signal(range(w))
         m.d.comb += shift.eq(w - 1 - s1["lead"])
         with m.If(ce):
-            m.d.sync += carry(s2, s1, "valid", "op", "x", "lead", "zero")
+            m.d.sync += _carry(s2, s1, "valid", "op", "x", "lead", "zero")
             m.d.sync += [s2["norm"].eq(s1["z"] << shift),
                          s2["interval"].eq(sum(s1["lt"][n].as_unsigned() for n in range(len(bounds))))]
         half = rounding_half(cfg.exp2_shift)
@@ -143,7 +176,15 @@ class Sfm(wiring.Component):
         scaled = [Signal(u_width, name=f"s2_scaled{n}") for n in range(len(scaled_terms))]
         with m.If(ce):
             m.d.sync += [r.eq(t) for r, t in zip(scaled, scaled_terms)]
+        return s2, scaled, u_width
 
+    def _exponent_stage(self, m, ce, s2, scaled, u_width):
+        """Stage 3: EXP2's rounded u or RECIP's normalised z as exponent, table index and offset."""
+        cfg = self.cfg
+        w = cfg.recip_in_width
+        offset_width = max(1, cfg.table_delta_bits)
+        kmax = (1 << EXPONENT_WIDTH) - 1
+        half = rounding_half(cfg.exp2_shift)
         # Stage 3: EXP2 sums and rounds u = -x log2(e); RECIP slices the normalised z;
         # both give the exponent, the table index and the offset.
         norm = s2["norm"]
@@ -160,12 +201,12 @@ class Sfm(wiring.Component):
         over = u_int[EXPONENT_WIDTH:].any()
         # (EXP's slope is looked up here, a stage early: stage 4 then loads both of stage 5's
         # multiplier operands straight from flip-flops, so synth/absorb.py moves them into the DSP)
-        coef = unsigned(max(1, max(cfg.exp_slopes_raw).bit_length()))   # (slopes >= 0: exp rises)
+        coef = _slope_shape(cfg)
         slopes = Array(Const(v, coef) for v in cfg.exp_slopes_raw)
-        s3 = stage("s3", valid=1, op=2, x=signed(cfg.x_width), interval=cfg.interval_width,
-                   exponent=EXPONENT_WIDTH, special=1, index=cfg.table_index_bits, offset=offset_width, slope=coef)
+        s3 = _stage("s3", valid=1, op=2, x=signed(cfg.x_width), interval=cfg.interval_width,
+                    exponent=EXPONENT_WIDTH, special=1, index=cfg.table_index_bits, offset=offset_width, slope=coef)
         with m.If(ce):
-            m.d.sync += carry(s3, s2, "valid", "op", "x", "interval")
+            m.d.sync += _carry(s3, s2, "valid", "op", "x", "interval")
             m.d.sync += s3["slope"].eq(slopes[s2["interval"]])
             with m.If(s2["op"] == SfmOp.EXP2):
                 m.d.sync += [
@@ -176,15 +217,20 @@ class Sfm(wiring.Component):
             with m.Else():
                 m.d.sync += [s3["exponent"].eq(s2["lead"]), s3["special"].eq(s2["zero"]),
                              s3["index"].eq(recip_index), s3["offset"].eq(recip_offset)]
+        return s3
 
-        # Stage 4: coefficient look-up (PWL line of the interval, or table line).
-        mant = unsigned(max(1, max(cfg.recip_c1_raw + cfg.exp2_c1_raw).bit_length()))   # (c1 >= 0)
+    def _lookup_stage(self, m, ce, s3):
+        """Stage 4: the coefficient look-up (the interval's PWL line, or the table's line)."""
+        cfg = self.cfg
+        offset_width = max(1, cfg.table_delta_bits)
+        coef = _slope_shape(cfg)
+        mant = _mantissa_shape(cfg)
         # c0 - round_shift(c1 * offset, k) == (c0' - c1 * offset) >> k (floor) with
         # c0' = (c0 << k) + 2^k - 1 - 2^(k-1): the line's intercept comes pre-shifted with the
         # rounding folded in, so stage 6 is one subtract (not an add, then a subtract)
         k = cfg.table_offset_shift
         fold = (lambda v: (v << k) + (1 << k) - 1 - (1 << (k - 1))) if k > 0 else (lambda v: v)
-        c0_shape = unsigned(max(1, max(fold(v) for v in cfg.recip_c0_raw + cfg.exp2_c0_raw).bit_length()))
+        c0_shape = _c0_shape(cfg, fold)
         recip_c0 = Array(Const(fold(v), c0_shape) for v in cfg.recip_c0_raw)
         recip_c1 = Array(Const(v, mant) for v in cfg.recip_c1_raw)
         exp2_c0 = Array(Const(fold(v), c0_shape) for v in cfg.exp2_c0_raw)
@@ -195,39 +241,53 @@ class Sfm(wiring.Component):
         bias_raw = [(v << cfg.x_frac) + exp_half for v in cfg.exp_intercepts_raw]
         bias_shape = unsigned(max(1, max(bias_raw).bit_length()))
         biases = Array(Const(v, bias_shape) for v in bias_raw)
-        s4 = stage("s4", valid=1, op=2, x=signed(cfg.x_width), interval=cfg.interval_width,
-                   exponent=EXPONENT_WIDTH, special=1, offset=offset_width, slope=coef, intercept=bias_shape,
-                   c0=c0_shape, c1=mant)
+        s4 = _stage("s4", valid=1, op=2, x=signed(cfg.x_width), interval=cfg.interval_width,
+                    exponent=EXPONENT_WIDTH, special=1, offset=offset_width, slope=coef, intercept=bias_shape,
+                    c0=c0_shape, c1=mant)
         is_exp2 = s3["op"] == SfmOp.EXP2
         with m.If(ce):
-            m.d.sync += carry(s4, s3, "valid", "op", "x", "interval", "exponent", "special", "offset", "slope")
+            m.d.sync += _carry(s4, s3, "valid", "op", "x", "interval", "exponent", "special", "offset", "slope")
             m.d.sync += [s4["intercept"].eq(biases[s3["interval"]]),
                          s4["c0"].eq(Mux(is_exp2, exp2_c0[s3["index"]], recip_c0[s3["index"]])),
                          s4["c1"].eq(Mux(is_exp2, exp2_c1[s3["index"]], recip_c1[s3["index"]]))]
+        return s4, bias_raw
 
-        # Stage 5: the one multiply (slope * x as registered DSP pieces, or c1 * offset).
-        s5 = stage("s5", valid=1, op=2, interval=cfg.interval_width, exponent=EXPONENT_WIDTH, special=1,
-                   intercept=bias_shape, c0=c0_shape, line_product=unsigned(mant.width + offset_width))
+    def _multiply_stage(self, m, ce, s4):
+        """Stage 5: the one multiply (EXP's slope times x in DSP pieces, or c1 times the offset)."""
+        cfg = self.cfg
+        offset_width = max(1, cfg.table_delta_bits)
+        mant = _mantissa_shape(cfg)
+        s5 = _stage("s5", valid=1, op=2, interval=cfg.interval_width, exponent=EXPONENT_WIDTH, special=1,
+                    intercept=len(s4["intercept"]), c0=len(s4["c0"]),
+                    line_product=unsigned(mant.width + offset_width))
         with m.If(ce):
-            m.d.sync += carry(s5, s4, "valid", "op", "interval", "exponent", "special", "intercept", "c0")
+            m.d.sync += _carry(s5, s4, "valid", "op", "interval", "exponent", "special", "intercept", "c0")
             m.d.sync += s5["line_product"].eq(s4["c1"] * s4["offset"])
         exp_pieces = register_partials(m, ce, partial_products(s4["slope"], s4["x"]), "s5_exp")
+        return s5, exp_pieces
 
+    def _sum_stage(self, m, ce, s5, exp_pieces, bias_raw):
+        """Stage 6: EXP's products plus its biased intercept; the table line's subtract."""
+        cfg = self.cfg
+        k = cfg.table_offset_shift
         # Stage 6: the sums, registered: EXP's products plus its biased intercept (carry-save
         # levels and one carry chain), the table line's subtract. Saturation and the output select
         # are stage 7's, so no stage holds a carry chain and the logic after it (this stage's
         # carry chain, saturation and select were mac-unit's critical path, 14 levels).
         exp_width = exp_sum_width(cfg, bias_raw)
-        s6 = stage("s6", valid=1, op=2, interval=cfg.interval_width, exponent=EXPONENT_WIDTH, special=1,
-                   exp_sum=signed(exp_width), mantissa=cfg.value_width)
+        s6 = _stage("s6", valid=1, op=2, interval=cfg.interval_width, exponent=EXPONENT_WIDTH, special=1,
+                    exp_sum=signed(exp_width), mantissa=cfg.value_width)
         exp_sum = csa_sum(m, placed(exp_pieces) + [s5["intercept"]], exp_width, "s6_exp").as_signed()
         mantissa = ((s5["c0"] - s5["line_product"]) >> k if k > 0
                     else s5["c0"] - round_shift(s5["line_product"], k))
         with m.If(ce):
-            m.d.sync += carry(s6, s5, "valid", "op", "interval", "exponent", "special")
+            m.d.sync += _carry(s6, s5, "valid", "op", "interval", "exponent", "special")
             m.d.sync += [s6["exp_sum"].eq(exp_sum), s6["mantissa"].eq(mantissa)]
+        return s6
 
-        # Stage 7: round (EXP's shift), saturate, select the output.
+    def _output_stage(self, m, ce, s6):
+        """Stage 7: EXP's rounding shift, saturation and the output select."""
+        cfg = self.cfg
         exp_sum = s6["exp_sum"]
         exp_value = saturate(exp_sum >> cfg.exp_shift if cfg.exp_shift > 0 else exp_sum << -cfg.exp_shift,
                              unsigned(cfg.out_width))
@@ -243,4 +303,3 @@ class Sfm(wiring.Component):
                     m.d.sync += [out.value.eq(max_mantissa), out.exponent.eq(0)]
                 with m.If(s6["special"] & (s6["op"] == SfmOp.EXP2)):
                     m.d.sync += out.value.eq(0)
-        return m

@@ -49,7 +49,7 @@ class FifoSlice(wiring.Component):
     ``flop_fields`` (names of a struct payload's fields, the few a consumer decodes into its
     control): those fields come from a :class:`RegisterSlice` beside the FIFO instead, so they leave
     a flip-flop rather than a LUT-RAM read at the end of a long route (the tile's AC decoded its
-    command's ``op`` from the FIFO's read: 92.87 MHz, session 52). Both queues hold two entries,
+    command's ``op`` from the FIFO's read: 92.87 MHz). Both queues hold two entries,
     take an input while not full and give one while not empty, so they move in lockstep."""
 
     def __init__(self, shape, flop_fields=()):

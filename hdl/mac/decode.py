@@ -41,6 +41,8 @@ empty range costs no pass; a flagged removal is replaced by the fallback before 
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -65,6 +67,8 @@ from .merge import MergeUnit
 # physical state slots in the state SRAM (and the m / s register arrays)
 TAIL, MID, ENT, E, O, SK, OUT = range(7)
 N_SLOTS = 8
+# result pointers of the combines: E, E ⊕ tail, output
+P_E, P_O, P_OUT = 0, 1, 2
 
 
 def attend_vpu(cfg: MacDecodeConfig) -> VpuConfig:
@@ -122,6 +126,120 @@ def out_layout(cfg: MacDecodeConfig) -> data.StructLayout:
     })
 
 
+class _Parts(NamedTuple):
+    """The engine's submodules and the ports of its score and state SRAMs."""
+    match: MatchUnit
+    merge: MergeUnit
+    vpu: Vpu
+    sfm: Sfm
+    scores: SramBank
+    states: SramBank
+    p_fifo: fifo.SyncFIFOBuffered
+    score_req: object
+    score_resp: object
+    rd0_req: object
+    rd0_resp: object
+    rd1_req: object
+    rd1_resp: object
+
+
+class _Step(NamedTuple):
+    """The step's registers: query, match result, ranges, flags, cycles, state scalars, maxima, pointers."""
+    query_buf: Array
+    head: Signal
+    position: Signal
+    write_slots: Array
+    load_beat: Signal
+    r_hit: Signal
+    r_slot: Signal
+    r_pos: Signal
+    r_dist: Signal
+    L: Signal
+    F: Signal
+    lo_tail: Signal
+    lo_band: Signal
+    lo_mid: Signal
+    keys: Signal
+    engaged: Signal
+    hit: Signal
+    fallback: Signal
+    cycles: Signal
+    counting: Signal
+    m_arr: Array
+    s_arr: Array
+    m_sink: Signal
+    m_mid: Signal
+    m_tail: Signal
+    ptrs: Array
+
+
+class _KeyPass(NamedTuple):
+    """The K pass's request phase, response beat (the V pass's too), score positions and scores."""
+    kq_phase: Signal
+    resp_beat: Signal
+    s_pos: Signal
+    scored: Signal
+    k_in: Signal
+    k3_valid: Signal
+    k3_score: Signal
+
+
+class _Attend(NamedTuple):
+    """A range attention's parameters, V pass counters, numerator, z, EXP2 and RECIP results."""
+    r_lo: Signal
+    r_hi: Signal
+    r_m: Signal
+    r_dst: Signal
+    sc_pos: Signal
+    done_pos: Signal
+    done_beat: Signal
+    numer: Array
+    z_sum: Signal
+    z_sat: Signal
+    x_valid: Signal
+    x_reg: Signal
+    recip_m: Signal
+    pre: Signal
+    p_value: Signal
+    p_valid: Signal
+    p_reg: Signal
+
+
+class _RangeOut(NamedTuple):
+    """The range output pipeline's issue counters and last stage."""
+    o_issue: Signal
+    o_beat: Signal
+    o_issued: Signal
+    o3_valid: Signal
+    o3_beat: Signal
+    o3_lane: list
+
+
+class _Combine(NamedTuple):
+    """A combine's operation, operands, destination, target pointer, result flag and beats."""
+    c_op: Signal
+    c_a: Signal
+    c_b: Signal
+    c_dst: Signal
+    c_target: Signal
+    c_flag: Signal
+    feed_beat: Signal
+    mo_beat: Signal
+
+
+class _Program(NamedTuple):
+    """The step's program counter, the entry / output beat counters and the output's phase."""
+    e_beat: Signal
+    e_rbeat: Signal
+    task: Signal
+    stats_phase: Signal
+
+
+def _position_shape(cfg: MacDecodeConfig):
+    """Positions: W = max_positions.bit_length() + 1 bits hold 0..max_positions."""
+    return unsigned(cfg.max_positions.bit_length() + 1)
+
+
 class MacDecodeEngine(wiring.Component):
     """``query`` -> (``kv_req`` / ``kv_resp``, ``es_req`` / ``es_resp``) -> ``out``; one head's step at a time."""
 
@@ -138,10 +256,38 @@ class MacDecodeEngine(wiring.Component):
         })
 
     def elaborate(self, platform):
-        cfg, m = self.cfg, Module()
+        m = Module()
+        nb = self.cfg.beats
+        parts = self._parts(m)
+        st = self._step_registers(m)
+        kp = self._key_pipeline(m, parts.vpu)
+        at = self._attend_registers(m, parts.sfm)
+        ro = self._range_output_pipeline(m, at)
+        cb, pg = self._combine_registers()
+
+        # default: the state SRAM write (the range output pipeline's beats)
+        wr = parts.states.write
+        with m.If(ro.o3_valid):
+            m.d.comb += [wr.valid.eq(1), wr.payload.addr.eq(at.r_dst * nb + ro.o3_beat),
+                         wr.payload.data.eq(Cat(*[o.as_unsigned() for o in ro.o3_lane]))]
+
+        m.d.comb += parts.match.result.ready.eq(1)
+        with m.FSM():
+            self._load_state(m, parts, st)
+            self._match_states(m, parts, st, kp)
+            self._key_pass_state(m, parts, st, kp, pg)
+            self._dispatch_state(m, st, at, cb, pg)
+            self._range_states(m, parts, st, kp, at, ro)
+            self._combine_states(m, parts, st, cb)
+            self._entry_states(m, parts, st, pg)
+            self._emit_state(m, parts, st, pg)
+        return m
+
+    def _parts(self, m) -> _Parts:
+        """The submodules: MatchUnit, MergeUnit, VPU, SFM, the score and state SRAMs, the p FIFO."""
+        cfg = self.cfg
         nb, lanes, vcfg, sfm_cfg = cfg.beats, cfg.lanes, self.vpu_cfg, cfg.sfm
-        sw, ow, aw = cfg.score_width, cfg.out_width, vcfg.acc_width
-        sf = cfg.score_format
+        sw, ow = cfg.score_width, cfg.out_width
         m.submodules.match = match = MatchUnit(cfg)
         m.submodules.merge = merge = MergeUnit(cfg)
         m.submodules.vpu = vpu = Vpu(vcfg)
@@ -153,14 +299,14 @@ class MacDecodeEngine(wiring.Component):
         score_req, score_resp = scores.read_port(0)
         rd0_req, rd0_resp = states.read_port(0)
         rd1_req, rd1_resp = states.read_port(1)
+        return _Parts(match, merge, vpu, sfm, scores, states, p_fifo, score_req, score_resp,
+                      rd0_req, rd0_resp, rd1_req, rd1_resp)
 
-        # -- positions: W bits hold 0..max_positions; differences in signed W + 2 bits. The band
-        # as a constant at most max_positions (>= L, >= r_pos + 1: a longer band clamps the same
-        # way, and L - band stays in dif_t whatever cfg.band is)
-        W = cfg.max_positions.bit_length() + 1
-        pos_t, dif_t = unsigned(W), signed(W + 2)
-        band = min(cfg.band, cfg.max_positions)
-
+    def _step_registers(self, m) -> _Step:
+        """The step's registers, and its cycle counter (the step's cycles, less those with out stalled)."""
+        cfg = self.cfg
+        nb, lanes, sw = cfg.beats, cfg.lanes, cfg.score_width
+        pos_t = _position_shape(cfg)
         query_buf = Array(Signal(lanes * cfg.kv_width, name=f"q_beat{b}") for b in range(nb))
         head = Signal(index_width(cfg.heads))
         position = Signal(pos_t)
@@ -186,18 +332,33 @@ class MacDecodeEngine(wiring.Component):
         # maxima of the K pass
         m_sink, m_mid, m_tail = (Signal(signed(sw), name=n) for n in ("m_sink", "m_mid", "m_tail"))
         # result pointers of the combines: E, E ⊕ tail, output
-        P_E, P_O, P_OUT = 0, 1, 2
         ptrs = Array(Signal(3, name=f"ptr{i}") for i in range(3))
+        return _Step(query_buf, head, position, write_slots, load_beat, r_hit, r_slot, r_pos, r_dist,
+                     L, F, lo_tail, lo_band, lo_mid, keys, engaged, hit, fallback, cycles, counting,
+                     m_arr, s_arr, m_sink, m_mid, m_tail, ptrs)
 
+    def _key_pipeline(self, m, vpu) -> _KeyPass:
+        """The K pass's counters and its score pipeline: three stages from q·k to the score."""
+        cfg = self.cfg
+        nb = cfg.beats
+        pos_t = _position_shape(cfg)
         # -- K pass: request phase, response beat, score positions
         kq_phase = Signal(2)
         resp_beat = Signal(range(nb))
         s_pos, scored = Signal(pos_t), Signal(pos_t)
         k_in = Signal()
         k1_valid, k2_valid, k3_valid = Signal(), Signal(), Signal()
-        k3_score = scaled_round(m, vpu.o.payload.dot, cfg.scale_raw, cfg.score_shift, signed(sw), "k3_score")
+        k3_score = scaled_round(m, vpu.o.payload.dot, cfg.scale_raw, cfg.score_shift, signed(cfg.score_width),
+                                "k3_score")
         m.d.sync += [k1_valid.eq(k_in), k2_valid.eq(k1_valid), k3_valid.eq(k2_valid)]
+        return _KeyPass(kq_phase, resp_beat, s_pos, scored, k_in, k3_valid, k3_score)
 
+    def _attend_registers(self, m, sfm) -> _Attend:
+        """A range attention's registers, with z saturated and the weight p of an EXP2 result."""
+        cfg = self.cfg
+        nb, lanes, vcfg, sfm_cfg = cfg.beats, cfg.lanes, self.vpu_cfg, cfg.sfm
+        sw, aw = cfg.score_width, vcfg.acc_width
+        pos_t = _position_shape(cfg)
         # -- range attention: parameters, V pass counters, numerator, output pipeline
         r_lo, r_hi, r_m, r_dst = Signal(pos_t), Signal(pos_t), Signal(signed(sw)), Signal(3)
         sc_pos, done_pos = Signal(pos_t), Signal(pos_t)
@@ -214,9 +375,17 @@ class MacDecodeEngine(wiring.Component):
         p_value = Signal(vcfg.in_width)
         m.d.comb += p_value.eq(round_shift(me << (cfg.sum_frac - cfg.mantissa_frac), ke))
         # p registered (with its valid) before the p FIFO and z's add: the shift's rounding and
-        # z's carry chain in series were the engine's critical path (34 levels, 56.7 MHz, session 52)
+        # z's carry chain in series were the engine's critical path (34 levels, 56.7 MHz)
         p_valid, p_reg = Signal(), Signal(vcfg.in_width)
+        return _Attend(r_lo, r_hi, r_m, r_dst, sc_pos, done_pos, done_beat, numer, z_sum, z_sat, x_valid, x_reg,
+                       recip_m, pre, p_value, p_valid, p_reg)
 
+    def _range_output_pipeline(self, m, at: _Attend) -> _RangeOut:
+        """The range output pipeline: sat(round_shift(round_shift(N, kr - G) · r, out_shift)) per beat."""
+        cfg = self.cfg
+        nb, lanes, sfm_cfg = cfg.beats, cfg.lanes, cfg.sfm
+        ow, aw = cfg.out_width, self.vpu_cfg.acc_width
+        numer, recip_m, pre = at.numer, at.recip_m, at.pre
         # output pipeline: N's beat rounded by kr - G; partial products of that times r (one
         # MULT18X18D each, registered); their sum with the rounding half; shift and saturate
         o_issue, o_beat, o_issued = Signal(), Signal(range(nb)), Signal()
@@ -237,7 +406,11 @@ class MacDecodeEngine(wiring.Component):
                          o2_t[l].eq(csa_sum(m, placed(o1_pp) + [Const(out_half, pw + 1)],
                                             pw + 1, f"ro2_{l}").as_signed()),
                          o3_lane[l].eq(saturate(o2_t[l] >> cfg.out_shift, signed(ow)))]
+        return _RangeOut(o_issue, o_beat, o_issued, o3_valid, o3_beat, o3_lane)
 
+    def _combine_registers(self) -> tuple[_Combine, _Program]:
+        """The combine's registers; the step's program counter and entry / output beat counters."""
+        nb = self.cfg.beats
         # -- combine: operands, destination, target pointer, result flag
         c_op, c_a, c_b, c_dst, c_target = Signal(), Signal(3), Signal(3), Signal(3), Signal(2)
         c_flag = Signal()
@@ -247,303 +420,349 @@ class MacDecodeEngine(wiring.Component):
 
         task = Signal(4)
         stats_phase = Signal()
+        return (_Combine(c_op, c_a, c_b, c_dst, c_target, c_flag, feed_beat, mo_beat),
+                _Program(e_beat, e_rbeat, task, stats_phase))
 
-        # default: the state SRAM write (the range output pipeline's beats)
-        wr = states.write
-        with m.If(o3_valid):
-            m.d.comb += [wr.valid.eq(1), wr.payload.addr.eq(r_dst * nb + o3_beat),
-                         wr.payload.data.eq(Cat(*[o.as_unsigned() for o in o3_lane]))]
+    def _load_state(self, m, parts: _Parts, st: _Step):
+        """LOAD: the pre-RoPE query beats into the MatchUnit, the post-RoPE ones into the query buffer."""
+        nb, match = self.cfg.beats, parts.match
+        counting, cycles, query_buf, load_beat = st.counting, st.cycles, st.query_buf, st.load_beat
+        with m.State("LOAD"):
+            # the pre-RoPE beats straight into the MatchUnit; the post-RoPE ones buffered
+            p = self.query.payload
+            m.d.comb += [match.query.valid.eq(self.query.valid), self.query.ready.eq(match.query.ready),
+                         match.query.payload.head.eq(p.head), match.query.payload.q.eq(p.q_pre)]
+            with m.If(self.query.valid & ~counting):   # a step's cycles count from its first beat offered
+                m.d.sync += [counting.eq(1), cycles.eq(1)]
+            with m.If(self.query.valid & self.query.ready):
+                m.d.sync += [query_buf[load_beat].eq(p.q), load_beat.eq(incr(load_beat, nb))]
+                with m.If(load_beat == 0):
+                    m.d.sync += [st.head.eq(p.head), st.position.eq(p.position)]
+                with m.If(load_beat == nb - 1):
+                    m.next = "MATCH"
 
-        m.d.comb += match.result.ready.eq(1)
-        with m.FSM():
-            with m.State("LOAD"):
-                # the pre-RoPE beats straight into the MatchUnit; the post-RoPE ones buffered
-                p = self.query.payload
-                m.d.comb += [match.query.valid.eq(self.query.valid), self.query.ready.eq(match.query.ready),
-                             match.query.payload.head.eq(p.head), match.query.payload.q.eq(p.q_pre)]
-                with m.If(self.query.valid & ~counting):   # a step's cycles count from its first beat offered
-                    m.d.sync += [counting.eq(1), cycles.eq(1)]
-                with m.If(self.query.valid & self.query.ready):
-                    m.d.sync += [query_buf[load_beat].eq(p.q), load_beat.eq(incr(load_beat, nb))]
-                    with m.If(load_beat == 0):
-                        m.d.sync += [head.eq(p.head), position.eq(p.position)]
-                    with m.If(load_beat == nb - 1):
-                        m.next = "MATCH"
-            with m.State("MATCH"):
-                # below min_context (or without reuse) the step does not wait for the match: the
-                # MatchUnit scans and writes its ring meanwhile, and its result is dropped (``ready``
-                # is high in every state; the next query is taken only after that result)
-                engage = int(cfg.reuse) & (position + 1 >= cfg.min_context)
-                m.d.sync += [L.eq(position + 1), F.eq(Mux(position + 1 > cfg.sinks, cfg.sinks, position + 1)),
-                             engaged.eq(engage)]
-                with m.If(~engage):
-                    m.next = "RANGES"
-                with m.Elif(match.result.valid):
-                    rp = match.result.payload
-                    m.d.sync += [r_hit.eq(rp.hit), r_slot.eq(rp.slot), r_pos.eq(rp.position),
-                                 r_dist.eq(rp.distance)]
-                    m.next = "RANGES"
-            with m.State("RANGES"):
-                tail_lo = Signal(dif_t)
-                m.d.comb += tail_lo.eq(L - band)
-                lt = Mux(tail_lo > F, tail_lo, F)
-                m.d.sync += [lo_tail.eq(lt), hit.eq(engaged & r_hit), fallback.eq(0)]
-                m.next = "RANGES2"
-            with m.State("RANGES2"):
-                band_lo = Signal(dif_t)
-                m.d.comb += band_lo.eq(r_pos[:W] + 1 - band)
-                lb = Mux(band_lo < F, F, Mux(band_lo > lo_tail, lo_tail, band_lo))
-                mid = Mux(hit, lb, F)
-                m.d.sync += [lo_band.eq(lb), lo_mid.eq(mid), keys.eq(F + L - mid),
-                             kq_phase.eq(0), resp_beat.eq(0), scored.eq(0), s_pos.eq(Mux(F != 0, 0, mid)),
-                             m_sink.eq(sf.min_raw), m_mid.eq(sf.min_raw), m_tail.eq(sf.min_raw)]
-                m.next = "KEYS"
+    def _match_states(self, m, parts: _Parts, st: _Step, kp: _KeyPass):
+        """MATCH, RANGES, RANGES2: the match result, then F, lo_tail, lo_band, lo_mid and the keys read."""
+        cfg = self.cfg
+        # positions in W bits, differences in signed W + 2. The band as a constant at most
+        # max_positions (>= L, >= r_pos + 1: a longer band clamps the same way, and L - band stays
+        # in dif_t whatever cfg.band is)
+        W = len(st.position)
+        dif_t = signed(W + 2)
+        band = min(cfg.band, cfg.max_positions)
+        sf, match = cfg.score_format, parts.match
+        position, L, F, engaged, hit = st.position, st.L, st.F, st.engaged, st.hit
+        lo_tail, r_pos = st.lo_tail, st.r_pos
+        with m.State("MATCH"):
+            # below min_context (or without reuse) the step does not wait for the match: the
+            # MatchUnit scans and writes its ring meanwhile, and its result is dropped (``ready``
+            # is high in every state; the next query is taken only after that result)
+            engage = int(cfg.reuse) & (position + 1 >= cfg.min_context)
+            m.d.sync += [L.eq(position + 1), F.eq(Mux(position + 1 > cfg.sinks, cfg.sinks, position + 1)),
+                         engaged.eq(engage)]
+            with m.If(~engage):
+                m.next = "RANGES"
+            with m.Elif(match.result.valid):
+                rp = match.result.payload
+                m.d.sync += [st.r_hit.eq(rp.hit), st.r_slot.eq(rp.slot), r_pos.eq(rp.position),
+                             st.r_dist.eq(rp.distance)]
+                m.next = "RANGES"
+        with m.State("RANGES"):
+            tail_lo = Signal(dif_t)
+            m.d.comb += tail_lo.eq(L - band)
+            lt = Mux(tail_lo > F, tail_lo, F)
+            m.d.sync += [lo_tail.eq(lt), hit.eq(engaged & st.r_hit), st.fallback.eq(0)]
+            m.next = "RANGES2"
+        with m.State("RANGES2"):
+            band_lo = Signal(dif_t)
+            m.d.comb += band_lo.eq(r_pos[:W] + 1 - band)
+            lb = Mux(band_lo < F, F, Mux(band_lo > lo_tail, lo_tail, band_lo))
+            mid = Mux(hit, lb, F)
+            m.d.sync += [st.lo_band.eq(lb), st.lo_mid.eq(mid), st.keys.eq(F + L - mid),
+                         kp.kq_phase.eq(0), kp.resp_beat.eq(0), kp.scored.eq(0), kp.s_pos.eq(Mux(F != 0, 0, mid)),
+                         st.m_sink.eq(sf.min_raw), st.m_mid.eq(sf.min_raw), st.m_tail.eq(sf.min_raw)]
+            m.next = "KEYS"
 
-            with m.State("KEYS"):
-                # requests: the sinks [0, F), then [lo_mid, L)
-                has0, has1 = F != 0, L != lo_mid
-                m.d.comb += [self.kv_req.payload.head.eq(head), self.kv_req.payload.value.eq(0),
-                             self.kv_req.payload.first.eq(Mux(kq_phase == 0, 0, lo_mid)),
-                             self.kv_req.payload.count.eq(Mux(kq_phase == 0, F, L - lo_mid)),
-                             self.kv_req.valid.eq(((kq_phase == 0) & has0) | ((kq_phase == 1) & has1))]
-                with m.If(kq_phase == 0):
-                    with m.If(~has0 | self.kv_req.ready):
-                        m.d.sync += kq_phase.eq(1)
-                with m.Elif(kq_phase == 1):
-                    with m.If(~has1 | self.kv_req.ready):
-                        m.d.sync += kq_phase.eq(2)
-                # key beats -> DOT with the buffered query beat
-                m.d.comb += [vpu.i.valid.eq(self.kv_resp.valid), self.kv_resp.ready.eq(vpu.i.ready),
-                             vpu.i.payload.op.eq(VpuOp.DOT), vpu.i.payload.last.eq(resp_beat == nb - 1)]
-                qb = query_buf[resp_beat]
-                for l in range(lanes):
-                    m.d.comb += [vpu.i.payload.a[l].eq(self.kv_resp.payload[l]),
-                                 vpu.i.payload.b[l].eq(qb[l * cfg.kv_width:(l + 1) * cfg.kv_width].as_signed())]
-                with m.If(vpu.i.valid & vpu.i.ready):
-                    m.d.sync += resp_beat.eq(incr(resp_beat, nb))
-                m.d.comb += [vpu.o.ready.eq(1), k_in.eq(vpu.o.valid)]
-                with m.If(k3_valid):
-                    m.d.comb += [scores.write.valid.eq(1), scores.write.payload.addr.eq(s_pos),
-                                 scores.write.payload.data.eq(k3_score)]
-                    m.d.sync += [scored.eq(scored + 1), s_pos.eq(Mux(s_pos + 1 == F, lo_mid, s_pos + 1))]
-                    with m.If(s_pos < F):
-                        with m.If(k3_score > m_sink):
-                            m.d.sync += m_sink.eq(k3_score)
-                    with m.Elif(s_pos < lo_tail):
-                        with m.If(k3_score > m_mid):
-                            m.d.sync += m_mid.eq(k3_score)
+    def _key_pass_state(self, m, parts: _Parts, st: _Step, kp: _KeyPass, pg: _Program):
+        """KEYS: the K bursts, DOT of each key with the query, the scores into the score SRAM and the maxima."""
+        cfg = self.cfg
+        nb, lanes = cfg.beats, cfg.lanes
+        vpu, scores = parts.vpu, parts.scores
+        head, L, F, lo_mid, lo_tail, query_buf = st.head, st.L, st.F, st.lo_mid, st.lo_tail, st.query_buf
+        m_sink, m_mid, m_tail = st.m_sink, st.m_mid, st.m_tail
+        kq_phase, resp_beat, s_pos, scored, k3_valid, k3_score = (kp.kq_phase, kp.resp_beat, kp.s_pos, kp.scored,
+                                                                   kp.k3_valid, kp.k3_score)
+        with m.State("KEYS"):
+            # requests: the sinks [0, F), then [lo_mid, L)
+            has0, has1 = F != 0, L != lo_mid
+            m.d.comb += [self.kv_req.payload.head.eq(head), self.kv_req.payload.value.eq(0),
+                         self.kv_req.payload.first.eq(Mux(kq_phase == 0, 0, lo_mid)),
+                         self.kv_req.payload.count.eq(Mux(kq_phase == 0, F, L - lo_mid)),
+                         self.kv_req.valid.eq(((kq_phase == 0) & has0) | ((kq_phase == 1) & has1))]
+            with m.If(kq_phase == 0):
+                with m.If(~has0 | self.kv_req.ready):
+                    m.d.sync += kq_phase.eq(1)
+            with m.Elif(kq_phase == 1):
+                with m.If(~has1 | self.kv_req.ready):
+                    m.d.sync += kq_phase.eq(2)
+            # key beats -> DOT with the buffered query beat
+            m.d.comb += [vpu.i.valid.eq(self.kv_resp.valid), self.kv_resp.ready.eq(vpu.i.ready),
+                         vpu.i.payload.op.eq(VpuOp.DOT), vpu.i.payload.last.eq(resp_beat == nb - 1)]
+            qb = query_buf[resp_beat]
+            for l in range(lanes):
+                m.d.comb += [vpu.i.payload.a[l].eq(self.kv_resp.payload[l]),
+                             vpu.i.payload.b[l].eq(qb[l * cfg.kv_width:(l + 1) * cfg.kv_width].as_signed())]
+            with m.If(vpu.i.valid & vpu.i.ready):
+                m.d.sync += resp_beat.eq(incr(resp_beat, nb))
+            m.d.comb += [vpu.o.ready.eq(1), kp.k_in.eq(vpu.o.valid)]
+            with m.If(k3_valid):
+                m.d.comb += [scores.write.valid.eq(1), scores.write.payload.addr.eq(s_pos),
+                             scores.write.payload.data.eq(k3_score)]
+                m.d.sync += [scored.eq(scored + 1), s_pos.eq(Mux(s_pos + 1 == F, lo_mid, s_pos + 1))]
+                with m.If(s_pos < F):
+                    with m.If(k3_score > m_sink):
+                        m.d.sync += m_sink.eq(k3_score)
+                with m.Elif(s_pos < lo_tail):
+                    with m.If(k3_score > m_mid):
+                        m.d.sync += m_mid.eq(k3_score)
+                with m.Else():
+                    with m.If(k3_score > m_tail):
+                        m.d.sync += m_tail.eq(k3_score)
+            with m.If(~k3_valid & (scored == st.keys) & (kq_phase == 2)):
+                m.d.sync += pg.task.eq(0)
+                m.next = "DISPATCH"
+
+    def _dispatch_state(self, m, st: _Step, at: _Attend, cb: _Combine, pg: _Program):
+        """DISPATCH: the step's program, one range, combine, entry read / write or output at a time."""
+        hit, lo_tail, F, L, ptrs, task = st.hit, st.lo_tail, st.F, st.L, st.ptrs, pg.task
+        m_sink, m_mid, m_tail = st.m_sink, st.m_mid, st.m_tail
+
+        def start_range(lo, hi, mref, dst):
+            m.d.sync += [at.r_lo.eq(lo), at.r_hi.eq(hi), at.r_m.eq(mref), at.r_dst.eq(dst)]
+            m.next = "R_START"
+
+        def start_combine(op, a, b, dst, target):
+            m.d.sync += [cb.c_op.eq(op), cb.c_a.eq(a), cb.c_b.eq(b), cb.c_dst.eq(dst), cb.c_target.eq(target)]
+            m.next = "COMBINE"
+
+        with m.State("DISPATCH"):
+            m.d.sync += task.eq(task + 1)
+            miss_body = ~hit & (lo_tail != F)
+            with m.Switch(task):
+                with m.Case(0):                   # the matched entry (hit)
+                    with m.If(hit):
+                        m.d.sync += [pg.e_beat.eq(0), pg.e_rbeat.eq(0)]
+                        m.next = "ENTRY_READ"
+                with m.Case(1):                   # tail
+                    start_range(lo_tail, L, m_tail, TAIL)
+                with m.Case(2):                   # band (hit), body (miss) or empty
+                    with m.If(hit):
+                        start_range(st.lo_band, lo_tail, m_mid, MID)
+                    with m.Elif(miss_body):
+                        start_range(F, L, Mux(m_mid > m_tail, m_mid, m_tail), MID)
                     with m.Else():
-                        with m.If(k3_score > m_tail):
-                            m.d.sync += m_tail.eq(k3_score)
-                with m.If(~k3_valid & (scored == keys) & (kq_phase == 2)):
-                    m.d.sync += task.eq(0)
+                        start_range(F, F, 0, MID)
+                with m.Case(3):                   # E = entry ⊕ band | body ⊖ tail | empty
+                    with m.If(hit):
+                        start_combine(MergeOp.MERGE, ENT, MID, E, P_E)
+                    with m.Elif(miss_body):
+                        start_combine(MergeOp.DOWNDATE, MID, TAIL, E, P_E)
+                    with m.Else():
+                        m.d.sync += ptrs[P_E].eq(MID)
+                with m.Case(4):                   # fallback: the prefix again
+                    with m.If(miss_body & cb.c_flag):
+                        m.d.sync += [st.fallback.eq(1), ptrs[P_E].eq(MID)]
+                        start_range(F, lo_tail, m_mid, MID)
+                with m.Case(5):                   # write E
+                    m.d.sync += pg.e_beat.eq(0)
+                    m.next = "ENTRY_WRITE"
+                with m.Case(6):
+                    start_combine(MergeOp.MERGE, ptrs[P_E], TAIL, O, P_O)
+                with m.Case(7):                   # sinks
+                    start_range(0, F, m_sink, SK)
+                with m.Case(8):
+                    start_combine(MergeOp.MERGE, SK, ptrs[P_O], OUT, P_OUT)
+                with m.Case(9):
+                    m.d.sync += [pg.e_beat.eq(0), pg.e_rbeat.eq(0), pg.stats_phase.eq(0)]
+                    m.next = "EMIT"
+
+    def _range_states(self, m, parts: _Parts, st: _Step, kp: _KeyPass, at: _Attend, ro: _RangeOut):
+        """R_START .. R_OUT: a range's V burst, EXP2 weights, z and N, RECIP of z and N's output beats."""
+        cfg = self.cfg
+        nb, lanes, sw, aw = cfg.beats, cfg.lanes, cfg.score_width, self.vpu_cfg.acc_width
+        vpu, sfm, p_fifo, score_req, score_resp = parts.vpu, parts.sfm, parts.p_fifo, parts.score_req, parts.score_resp
+        m_arr, s_arr, resp_beat = st.m_arr, st.s_arr, kp.resp_beat
+        r_lo, r_hi, r_m, r_dst, sc_pos, done_pos, done_beat, numer = (at.r_lo, at.r_hi, at.r_m, at.r_dst, at.sc_pos,
+                                                                      at.done_pos, at.done_beat, at.numer)
+        z_sum, z_sat, x_valid, x_reg, p_valid, p_reg = at.z_sum, at.z_sat, at.x_valid, at.x_reg, at.p_valid, at.p_reg
+        o_beat, o_issued = ro.o_beat, ro.o_issued
+        with m.State("R_START"):
+            m.d.sync += [sc_pos.eq(r_lo), done_pos.eq(0), done_beat.eq(0), resp_beat.eq(0), z_sum.eq(0)]
+            m.d.sync += [numer[b].eq(0) for b in range(nb)]
+            m.d.comb += [self.kv_req.payload.head.eq(st.head), self.kv_req.payload.value.eq(1),
+                         self.kv_req.payload.first.eq(r_lo), self.kv_req.payload.count.eq(r_hi - r_lo)]
+            with m.If(r_hi == r_lo):              # the empty state; its o is read as zeros (s = 0)
+                m.d.sync += [m_arr[r_dst].eq(0), s_arr[r_dst].eq(0)]
+                m.next = "DISPATCH"
+            with m.Else():
+                m.d.comb += self.kv_req.valid.eq(1)
+                with m.If(self.kv_req.ready):
+                    m.next = "R_VALUES"
+        with m.State("R_VALUES"):
+            count = r_hi - r_lo
+            m.d.comb += [score_req.valid.eq(sc_pos < r_hi), score_req.payload.addr.eq(sc_pos)]
+            with m.If(score_req.valid & score_req.ready):
+                m.d.sync += sc_pos.eq(sc_pos + 1)
+            m.d.comb += score_resp.ready.eq(~x_valid | sfm.i.ready)
+            with m.If(score_resp.ready):
+                m.d.sync += [x_valid.eq(score_resp.valid),
+                             x_reg.eq(saturate(score_resp.payload.as_signed() - r_m, signed(sw)))]
+            m.d.comb += [sfm.i.valid.eq(x_valid), sfm.i.payload.op.eq(SfmOp.EXP2), sfm.i.payload.x.eq(x_reg),
+                         sfm.o.ready.eq(~p_valid | p_fifo.w_rdy),
+                         p_fifo.w_data.eq(p_reg), p_fifo.w_en.eq(p_valid)]
+            with m.If(sfm.o.ready):   # (p_valid is clear when the pass ends: the V beats take every p)
+                m.d.sync += [p_valid.eq(sfm.o.valid), p_reg.eq(at.p_value)]
+            with m.If(p_valid & p_fifo.w_rdy):
+                m.d.sync += z_sum.eq(z_sum + p_reg)
+            # AXPY with acc = 0 gives the exact products p v; they are added into N's beat
+            # where they come out of the VPU, so a beat is never read before its update lands
+            # (one beat per cycle whatever the VPU's latency and d/L)
+            m.d.comb += [vpu.i.valid.eq(self.kv_resp.valid & p_fifo.r_rdy),
+                         self.kv_resp.ready.eq(vpu.i.ready & p_fifo.r_rdy),
+                         p_fifo.r_en.eq(vpu.i.ready & self.kv_resp.valid & (resp_beat == nb - 1)),
+                         vpu.i.payload.op.eq(VpuOp.AXPY), vpu.i.payload.last.eq(1),
+                         vpu.i.payload.scalar.eq(p_fifo.r_data)]
+            for l in range(lanes):
+                m.d.comb += vpu.i.payload.a[l].eq(self.kv_resp.payload[l])
+            with m.If(vpu.i.valid & vpu.i.ready):
+                m.d.sync += resp_beat.eq(incr(resp_beat, nb))
+            m.d.comb += vpu.o.ready.eq(1)
+            acc_word = numer[done_beat]
+            with m.If(vpu.o.valid):
+                m.d.sync += [numer[done_beat].eq(Cat(*[(acc_word[l * aw:(l + 1) * aw].as_signed()
+                                                        + vpu.o.payload.vec[l])[:aw] for l in range(lanes)])),
+                             done_beat.eq(incr(done_beat, nb))]
+                with m.If(done_beat == nb - 1):
+                    m.d.sync += done_pos.eq(done_pos + 1)
+                    with m.If(done_pos == count - 1):
+                        m.next = "R_RECIP"
+        with m.State("R_RECIP"):
+            m.d.comb += [sfm.i.valid.eq(1), sfm.i.payload.op.eq(SfmOp.RECIP), sfm.i.payload.z.eq(z_sat)]
+            with m.If(sfm.i.ready):
+                m.next = "R_RECIP_WAIT"
+        with m.State("R_RECIP_WAIT"):
+            m.d.comb += sfm.o.ready.eq(1)
+            with m.If(sfm.o.valid):
+                kr = sfm.o.payload.exponent
+                m.d.sync += [at.recip_m.eq(sfm.o.payload.value),
+                             at.pre.eq(Mux(kr > cfg.attend_guard, kr - cfg.attend_guard, 0)),
+                             o_beat.eq(0), o_issued.eq(0)]
+                m.next = "R_OUT"
+        with m.State("R_OUT"):
+            m.d.comb += ro.o_issue.eq(~o_issued)
+            with m.If(ro.o_issue):
+                m.d.sync += o_beat.eq(incr(o_beat, nb))
+                with m.If(o_beat == nb - 1):
+                    m.d.sync += o_issued.eq(1)
+            with m.If(ro.o3_valid & (ro.o3_beat == nb - 1)):
+                empty = z_sum == 0
+                m.d.sync += [m_arr[r_dst].eq(Mux(empty, 0, r_m)), s_arr[r_dst].eq(z_sat)]
+                m.next = "DISPATCH"
+
+    def _combine_states(self, m, parts: _Parts, st: _Step, cb: _Combine):
+        """COMBINE, MERGE: ⊕ / ⊖ of two states through the MergeUnit, or an empty one's pointer pass."""
+        nb, merge, wr = self.cfg.beats, parts.merge, parts.states.write
+        rd0_req, rd0_resp, rd1_req, rd1_resp = parts.rd0_req, parts.rd0_resp, parts.rd1_req, parts.rd1_resp
+        m_arr, s_arr, ptrs = st.m_arr, st.s_arr, st.ptrs
+        c_op, c_a, c_b, c_dst, c_target, c_flag, feed_beat, mo_beat = cb
+        with m.State("COMBINE"):
+            m.d.sync += [feed_beat.eq(0), mo_beat.eq(0), c_flag.eq(0)]
+            with m.If(s_arr[c_b] == 0):
+                m.d.sync += ptrs[c_target].eq(c_a)
+                m.next = "DISPATCH"
+            with m.Elif((s_arr[c_a] == 0) & (c_op == MergeOp.MERGE)):
+                m.d.sync += ptrs[c_target].eq(c_b)
+                m.next = "DISPATCH"
+            with m.Else():
+                m.next = "MERGE"
+        with m.State("MERGE"):
+            m.d.comb += [rd0_req.valid.eq(feed_beat < nb), rd0_req.payload.addr.eq(c_a * nb + feed_beat),
+                         rd1_req.valid.eq(feed_beat < nb), rd1_req.payload.addr.eq(c_b * nb + feed_beat)]
+            with m.If(rd0_req.valid & rd0_req.ready):
+                m.d.sync += feed_beat.eq(feed_beat + 1)
+            mi = merge.i.payload
+            m.d.comb += [merge.i.valid.eq(rd0_resp.valid & rd1_resp.valid),
+                         rd0_resp.ready.eq(merge.i.ready), rd1_resp.ready.eq(merge.i.ready),
+                         mi.op.eq(c_op), mi.m1.eq(m_arr[c_a]), mi.s1.eq(s_arr[c_a]),
+                         mi.m2.eq(m_arr[c_b]), mi.s2.eq(s_arr[c_b]),
+                         mi.o1.eq(rd0_resp.payload), mi.o2.eq(rd1_resp.payload)]
+            m.d.comb += merge.o.ready.eq(1)
+            with m.If(merge.o.valid):
+                m.d.comb += [wr.valid.eq(1), wr.payload.addr.eq(c_dst * nb + mo_beat),
+                             wr.payload.data.eq(merge.o.payload.o)]
+                m.d.sync += mo_beat.eq(incr(mo_beat, nb))
+                with m.If(mo_beat == nb - 1):
+                    m.d.sync += [m_arr[c_dst].eq(merge.o.payload.m), s_arr[c_dst].eq(merge.o.payload.s),
+                                 c_flag.eq(merge.o.payload.flagged), ptrs[c_target].eq(c_dst)]
                     m.next = "DISPATCH"
 
-            # -- the step's program --------------------------------------------------------
-            def start_range(lo, hi, mref, dst):
-                m.d.sync += [r_lo.eq(lo), r_hi.eq(hi), r_m.eq(mref), r_dst.eq(dst)]
-                m.next = "R_START"
-
-            def start_combine(op, a, b, dst, target):
-                m.d.sync += [c_op.eq(op), c_a.eq(a), c_b.eq(b), c_dst.eq(dst), c_target.eq(target)]
-                m.next = "COMBINE"
-
-            with m.State("DISPATCH"):
-                m.d.sync += task.eq(task + 1)
-                miss_body = ~hit & (lo_tail != F)
-                with m.Switch(task):
-                    with m.Case(0):                   # the matched entry (hit)
-                        with m.If(hit):
-                            m.d.sync += [e_beat.eq(0), e_rbeat.eq(0)]
-                            m.next = "ENTRY_READ"
-                    with m.Case(1):                   # tail
-                        start_range(lo_tail, L, m_tail, TAIL)
-                    with m.Case(2):                   # band (hit), body (miss) or empty
-                        with m.If(hit):
-                            start_range(lo_band, lo_tail, m_mid, MID)
-                        with m.Elif(miss_body):
-                            start_range(F, L, Mux(m_mid > m_tail, m_mid, m_tail), MID)
-                        with m.Else():
-                            start_range(F, F, 0, MID)
-                    with m.Case(3):                   # E = entry ⊕ band | body ⊖ tail | empty
-                        with m.If(hit):
-                            start_combine(MergeOp.MERGE, ENT, MID, E, P_E)
-                        with m.Elif(miss_body):
-                            start_combine(MergeOp.DOWNDATE, MID, TAIL, E, P_E)
-                        with m.Else():
-                            m.d.sync += ptrs[P_E].eq(MID)
-                    with m.Case(4):                   # fallback: the prefix again
-                        with m.If(miss_body & c_flag):
-                            m.d.sync += [fallback.eq(1), ptrs[P_E].eq(MID)]
-                            start_range(F, lo_tail, m_mid, MID)
-                    with m.Case(5):                   # write E
-                        m.d.sync += e_beat.eq(0)
-                        m.next = "ENTRY_WRITE"
-                    with m.Case(6):
-                        start_combine(MergeOp.MERGE, ptrs[P_E], TAIL, O, P_O)
-                    with m.Case(7):                   # sinks
-                        start_range(0, F, m_sink, SK)
-                    with m.Case(8):
-                        start_combine(MergeOp.MERGE, SK, ptrs[P_O], OUT, P_OUT)
-                    with m.Case(9):
-                        m.d.sync += [e_beat.eq(0), e_rbeat.eq(0), stats_phase.eq(0)]
-                        m.next = "EMIT"
-
-            # -- range attention ----------------------------------------------------------
-            with m.State("R_START"):
-                m.d.sync += [sc_pos.eq(r_lo), done_pos.eq(0), done_beat.eq(0), resp_beat.eq(0), z_sum.eq(0)]
-                m.d.sync += [numer[b].eq(0) for b in range(nb)]
-                m.d.comb += [self.kv_req.payload.head.eq(head), self.kv_req.payload.value.eq(1),
-                             self.kv_req.payload.first.eq(r_lo), self.kv_req.payload.count.eq(r_hi - r_lo)]
-                with m.If(r_hi == r_lo):              # the empty state; its o is read as zeros (s = 0)
-                    m.d.sync += [m_arr[r_dst].eq(0), s_arr[r_dst].eq(0)]
+    def _entry_states(self, m, parts: _Parts, st: _Step, pg: _Program):
+        """ENTRY_READ, ENTRY_WRITE: the matched entry from the entry store; E to slot n mod window."""
+        cfg = self.cfg
+        nb, wr, rd0_req, rd0_resp = cfg.beats, parts.states.write, parts.rd0_req, parts.rd0_resp
+        head, write_slots, m_arr, s_arr = st.head, st.write_slots, st.m_arr, st.s_arr
+        e_beat, e_rbeat = pg.e_beat, pg.e_rbeat
+        er = self.es_req.payload
+        with m.State("ENTRY_READ"):
+            m.d.comb += [self.es_req.valid.eq(e_beat < nb), er.write.eq(0), er.head.eq(head),
+                         er.slot.eq(st.r_slot), er.beat.eq(e_beat)]
+            with m.If(self.es_req.valid & self.es_req.ready):
+                m.d.sync += e_beat.eq(e_beat + 1)
+            m.d.comb += self.es_resp.ready.eq(1)
+            with m.If(self.es_resp.valid):
+                m.d.comb += [wr.valid.eq(1), wr.payload.addr.eq(ENT * nb + e_rbeat),
+                             wr.payload.data.eq(self.es_resp.payload.o)]
+                m.d.sync += [e_rbeat.eq(incr(e_rbeat, nb)), m_arr[ENT].eq(self.es_resp.payload.m),
+                             s_arr[ENT].eq(self.es_resp.payload.s)]
+                with m.If(e_rbeat == nb - 1):
                     m.next = "DISPATCH"
-                with m.Else():
-                    m.d.comb += self.kv_req.valid.eq(1)
-                    with m.If(self.kv_req.ready):
-                        m.next = "R_VALUES"
-            with m.State("R_VALUES"):
-                count = r_hi - r_lo
-                m.d.comb += [score_req.valid.eq(sc_pos < r_hi), score_req.payload.addr.eq(sc_pos)]
-                with m.If(score_req.valid & score_req.ready):
-                    m.d.sync += sc_pos.eq(sc_pos + 1)
-                m.d.comb += score_resp.ready.eq(~x_valid | sfm.i.ready)
-                with m.If(score_resp.ready):
-                    m.d.sync += [x_valid.eq(score_resp.valid),
-                                 x_reg.eq(saturate(score_resp.payload.as_signed() - r_m, signed(sw)))]
-                m.d.comb += [sfm.i.valid.eq(x_valid), sfm.i.payload.op.eq(SfmOp.EXP2), sfm.i.payload.x.eq(x_reg),
-                             sfm.o.ready.eq(~p_valid | p_fifo.w_rdy),
-                             p_fifo.w_data.eq(p_reg), p_fifo.w_en.eq(p_valid)]
-                with m.If(sfm.o.ready):   # (p_valid is clear when the pass ends: the V beats take every p)
-                    m.d.sync += [p_valid.eq(sfm.o.valid), p_reg.eq(p_value)]
-                with m.If(p_valid & p_fifo.w_rdy):
-                    m.d.sync += z_sum.eq(z_sum + p_reg)
-                # AXPY with acc = 0 gives the exact products p v; they are added into N's beat
-                # where they come out of the VPU, so a beat is never read before its update lands
-                # (one beat per cycle whatever the VPU's latency and d/L)
-                m.d.comb += [vpu.i.valid.eq(self.kv_resp.valid & p_fifo.r_rdy),
-                             self.kv_resp.ready.eq(vpu.i.ready & p_fifo.r_rdy),
-                             p_fifo.r_en.eq(vpu.i.ready & self.kv_resp.valid & (resp_beat == nb - 1)),
-                             vpu.i.payload.op.eq(VpuOp.AXPY), vpu.i.payload.last.eq(1),
-                             vpu.i.payload.scalar.eq(p_fifo.r_data)]
-                for l in range(lanes):
-                    m.d.comb += vpu.i.payload.a[l].eq(self.kv_resp.payload[l])
-                with m.If(vpu.i.valid & vpu.i.ready):
-                    m.d.sync += resp_beat.eq(incr(resp_beat, nb))
-                m.d.comb += vpu.o.ready.eq(1)
-                acc_word = numer[done_beat]
-                with m.If(vpu.o.valid):
-                    m.d.sync += [numer[done_beat].eq(Cat(*[(acc_word[l * aw:(l + 1) * aw].as_signed()
-                                                            + vpu.o.payload.vec[l])[:aw] for l in range(lanes)])),
-                                 done_beat.eq(incr(done_beat, nb))]
-                    with m.If(done_beat == nb - 1):
-                        m.d.sync += done_pos.eq(done_pos + 1)
-                        with m.If(done_pos == count - 1):
-                            m.next = "R_RECIP"
-            with m.State("R_RECIP"):
-                m.d.comb += [sfm.i.valid.eq(1), sfm.i.payload.op.eq(SfmOp.RECIP), sfm.i.payload.z.eq(z_sat)]
-                with m.If(sfm.i.ready):
-                    m.next = "R_RECIP_WAIT"
-            with m.State("R_RECIP_WAIT"):
-                m.d.comb += sfm.o.ready.eq(1)
-                with m.If(sfm.o.valid):
-                    kr = sfm.o.payload.exponent
-                    m.d.sync += [recip_m.eq(sfm.o.payload.value),
-                                 pre.eq(Mux(kr > cfg.attend_guard, kr - cfg.attend_guard, 0)),
-                                 o_beat.eq(0), o_issued.eq(0)]
-                    m.next = "R_OUT"
-            with m.State("R_OUT"):
-                m.d.comb += o_issue.eq(~o_issued)
-                with m.If(o_issue):
-                    m.d.sync += o_beat.eq(incr(o_beat, nb))
-                    with m.If(o_beat == nb - 1):
-                        m.d.sync += o_issued.eq(1)
-                with m.If(o3_valid & (o3_beat == nb - 1)):
-                    empty = z_sum == 0
-                    m.d.sync += [m_arr[r_dst].eq(Mux(empty, 0, r_m)), s_arr[r_dst].eq(z_sat)]
+        with m.State("ENTRY_WRITE"):
+            pe = st.ptrs[P_E]
+            m.d.comb += [rd0_req.valid.eq(e_beat < nb), rd0_req.payload.addr.eq(pe * nb + e_beat)]
+            with m.If(rd0_req.valid & rd0_req.ready):
+                m.d.sync += e_beat.eq(e_beat + 1)
+            m.d.comb += [self.es_req.valid.eq(rd0_resp.valid), rd0_resp.ready.eq(self.es_req.ready),
+                         er.write.eq(1), er.head.eq(head), er.slot.eq(write_slots[head]), er.beat.eq(e_rbeat),
+                         er.m.eq(m_arr[pe]), er.s.eq(s_arr[pe]), er.o.eq(Mux(s_arr[pe] == 0, 0, rd0_resp.payload))]
+            with m.If(self.es_req.valid & self.es_req.ready):
+                m.d.sync += e_rbeat.eq(incr(e_rbeat, nb))
+                with m.If(e_rbeat == nb - 1):
+                    m.d.sync += write_slots[head].eq(incr(write_slots[head], cfg.window))
                     m.next = "DISPATCH"
 
-            # -- ⊕ / ⊖ -------------------------------------------------------------------------
-            with m.State("COMBINE"):
-                m.d.sync += [feed_beat.eq(0), mo_beat.eq(0), c_flag.eq(0)]
-                with m.If(s_arr[c_b] == 0):
-                    m.d.sync += ptrs[c_target].eq(c_a)
-                    m.next = "DISPATCH"
-                with m.Elif((s_arr[c_a] == 0) & (c_op == MergeOp.MERGE)):
-                    m.d.sync += ptrs[c_target].eq(c_b)
-                    m.next = "DISPATCH"
-                with m.Else():
-                    m.next = "MERGE"
-            with m.State("MERGE"):
-                m.d.comb += [rd0_req.valid.eq(feed_beat < nb), rd0_req.payload.addr.eq(c_a * nb + feed_beat),
-                             rd1_req.valid.eq(feed_beat < nb), rd1_req.payload.addr.eq(c_b * nb + feed_beat)]
-                with m.If(rd0_req.valid & rd0_req.ready):
-                    m.d.sync += feed_beat.eq(feed_beat + 1)
-                mi = merge.i.payload
-                m.d.comb += [merge.i.valid.eq(rd0_resp.valid & rd1_resp.valid),
-                             rd0_resp.ready.eq(merge.i.ready), rd1_resp.ready.eq(merge.i.ready),
-                             mi.op.eq(c_op), mi.m1.eq(m_arr[c_a]), mi.s1.eq(s_arr[c_a]),
-                             mi.m2.eq(m_arr[c_b]), mi.s2.eq(s_arr[c_b]),
-                             mi.o1.eq(rd0_resp.payload), mi.o2.eq(rd1_resp.payload)]
-                m.d.comb += merge.o.ready.eq(1)
-                with m.If(merge.o.valid):
-                    m.d.comb += [wr.valid.eq(1), wr.payload.addr.eq(c_dst * nb + mo_beat),
-                                 wr.payload.data.eq(merge.o.payload.o)]
-                    m.d.sync += mo_beat.eq(incr(mo_beat, nb))
-                    with m.If(mo_beat == nb - 1):
-                        m.d.sync += [m_arr[c_dst].eq(merge.o.payload.m), s_arr[c_dst].eq(merge.o.payload.s),
-                                     c_flag.eq(merge.o.payload.flagged), ptrs[c_target].eq(c_dst)]
-                        m.next = "DISPATCH"
-
-            # -- entry store ----------------------------------------------------------------------
-            er = self.es_req.payload
-            with m.State("ENTRY_READ"):
-                m.d.comb += [self.es_req.valid.eq(e_beat < nb), er.write.eq(0), er.head.eq(head),
-                             er.slot.eq(r_slot), er.beat.eq(e_beat)]
-                with m.If(self.es_req.valid & self.es_req.ready):
-                    m.d.sync += e_beat.eq(e_beat + 1)
-                m.d.comb += self.es_resp.ready.eq(1)
-                with m.If(self.es_resp.valid):
-                    m.d.comb += [wr.valid.eq(1), wr.payload.addr.eq(ENT * nb + e_rbeat),
-                                 wr.payload.data.eq(self.es_resp.payload.o)]
-                    m.d.sync += [e_rbeat.eq(incr(e_rbeat, nb)), m_arr[ENT].eq(self.es_resp.payload.m),
-                                 s_arr[ENT].eq(self.es_resp.payload.s)]
-                    with m.If(e_rbeat == nb - 1):
-                        m.next = "DISPATCH"
-            with m.State("ENTRY_WRITE"):
-                pe = ptrs[P_E]
-                m.d.comb += [rd0_req.valid.eq(e_beat < nb), rd0_req.payload.addr.eq(pe * nb + e_beat)]
-                with m.If(rd0_req.valid & rd0_req.ready):
-                    m.d.sync += e_beat.eq(e_beat + 1)
-                m.d.comb += [self.es_req.valid.eq(rd0_resp.valid), rd0_resp.ready.eq(self.es_req.ready),
-                             er.write.eq(1), er.head.eq(head), er.slot.eq(write_slots[head]), er.beat.eq(e_rbeat),
-                             er.m.eq(m_arr[pe]), er.s.eq(s_arr[pe]), er.o.eq(Mux(s_arr[pe] == 0, 0, rd0_resp.payload))]
-                with m.If(self.es_req.valid & self.es_req.ready):
+    def _emit_state(self, m, parts: _Parts, st: _Step, pg: _Program):
+        """EMIT: the output state's beats on ``out``, then the statistics beat."""
+        nb, rd0_req, rd0_resp = self.cfg.beats, parts.rd0_req, parts.rd0_resp
+        m_arr, s_arr, engaged, e_beat, e_rbeat = st.m_arr, st.s_arr, st.engaged, pg.e_beat, pg.e_rbeat
+        with m.State("EMIT"):
+            po = st.ptrs[P_OUT]
+            op_ = self.out.payload
+            m.d.comb += [rd0_req.valid.eq(e_beat < nb), rd0_req.payload.addr.eq(po * nb + e_beat)]
+            with m.If(rd0_req.valid & rd0_req.ready):
+                m.d.sync += e_beat.eq(e_beat + 1)
+            m.d.comb += [op_.m.eq(m_arr[po]), op_.s.eq(s_arr[po]), op_.engaged.eq(engaged), op_.hit.eq(st.hit),
+                         op_.fallback.eq(st.fallback), op_.position.eq(Mux(engaged, st.r_pos, 0)),
+                         op_.distance.eq(Mux(engaged, st.r_dist, 0)), op_.keys.eq(st.keys),
+                         op_.cycles.eq(st.cycles)]
+            with m.If(~pg.stats_phase):
+                m.d.comb += [self.out.valid.eq(rd0_resp.valid), rd0_resp.ready.eq(self.out.ready),
+                             op_.stats.eq(0), op_.o.eq(Mux(s_arr[po] == 0, 0, rd0_resp.payload))]
+                with m.If(self.out.valid & self.out.ready):
                     m.d.sync += e_rbeat.eq(incr(e_rbeat, nb))
                     with m.If(e_rbeat == nb - 1):
-                        m.d.sync += write_slots[head].eq(incr(write_slots[head], cfg.window))
-                        m.next = "DISPATCH"
-
-            # -- output ---------------------------------------------------------------------------
-            with m.State("EMIT"):
-                po = ptrs[P_OUT]
-                op_ = self.out.payload
-                m.d.comb += [rd0_req.valid.eq(e_beat < nb), rd0_req.payload.addr.eq(po * nb + e_beat)]
-                with m.If(rd0_req.valid & rd0_req.ready):
-                    m.d.sync += e_beat.eq(e_beat + 1)
-                m.d.comb += [op_.m.eq(m_arr[po]), op_.s.eq(s_arr[po]), op_.engaged.eq(engaged), op_.hit.eq(hit),
-                             op_.fallback.eq(fallback), op_.position.eq(Mux(engaged, r_pos, 0)),
-                             op_.distance.eq(Mux(engaged, r_dist, 0)), op_.keys.eq(keys), op_.cycles.eq(cycles)]
-                with m.If(~stats_phase):
-                    m.d.comb += [self.out.valid.eq(rd0_resp.valid), rd0_resp.ready.eq(self.out.ready),
-                                 op_.stats.eq(0), op_.o.eq(Mux(s_arr[po] == 0, 0, rd0_resp.payload))]
-                    with m.If(self.out.valid & self.out.ready):
-                        m.d.sync += e_rbeat.eq(incr(e_rbeat, nb))
-                        with m.If(e_rbeat == nb - 1):
-                            m.d.sync += stats_phase.eq(1)
-                with m.Else():
-                    m.d.comb += [self.out.valid.eq(1), op_.stats.eq(1)]
-                    with m.If(self.out.ready):
-                        m.d.sync += counting.eq(0)
-                        m.next = "LOAD"
-        return m
+                        m.d.sync += pg.stats_phase.eq(1)
+            with m.Else():
+                m.d.comb += [self.out.valid.eq(1), op_.stats.eq(1)]
+                with m.If(self.out.ready):
+                    m.d.sync += st.counting.eq(0)
+                    m.next = "LOAD"

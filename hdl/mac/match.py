@@ -20,6 +20,8 @@ per compared slot during the scan (no add after it).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from amaranth import Array, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -51,6 +53,17 @@ def match_result_layout(cfg: MacUnitConfig) -> data.StructLayout:
     })
 
 
+class _Ring(NamedTuple):
+    """What the scan uses of the ring: the query buffer, the read request, write and response streams."""
+    query_buf: Array
+    req_beat: Signal
+    req: object
+    write: object
+    resp: object
+    resp_q: Signal
+    resp_last: Signal
+
+
 class MatchUnit(wiring.Component):
     """``query``: beats of (head, q lanes); ``result``: one per query."""
 
@@ -62,11 +75,17 @@ class MatchUnit(wiring.Component):
         })
 
     def elaborate(self, platform):
-        cfg, m = self.cfg, Module()
-        nb, window = cfg.beats, cfg.window
-        word = cfg.lanes * cfg.q_width
-        m.submodules.vpu = vpu = Vpu(cfg.vpu, ops=[VpuOp.SQDIST])
+        m = Module()
+        m.submodules.vpu = vpu = Vpu(self.cfg.vpu, ops=[VpuOp.SQDIST])
+        ring = self._ring(m)
+        self._scan(m, vpu, ring)
+        return m
 
+    def _ring(self, m) -> _Ring:
+        """The ring's banks, its registered write and its read pipeline (request to the compared word)."""
+        cfg = self.cfg
+        nb = cfg.beats
+        word = cfg.lanes * cfg.q_width
         # -- the ring: banks of RING_BANK_DEPTH words; read pipeline: bank read (all banks
         # at the low address bits); each bank's word registered; the addressed bank's word
         bank_depth = min(cfg.ring_words, RING_BANK_DEPTH)
@@ -123,7 +142,13 @@ class MatchUnit(wiring.Component):
             m.d.sync += [r2_word[g].eq(Mux(r1_bank[0], r1_word[2 * g + 1], r1_word[2 * g]) if 2 * g + 1 < n_banks
                                        else r1_word[2 * g]) for g in range(n_pairs)]
             m.d.sync += [r1_word[b].eq(rports[b].data) for b in range(n_banks)]
+        return _Ring(query_buf, req_beat, req, write, resp, resp_q, resp_last)
 
+    def _scan(self, m, vpu, ring: _Ring):
+        """Per-head ring state and the FSM: load the query, scan the ring through SQDIST, result, write."""
+        cfg = self.cfg
+        nb, window = cfg.beats, cfg.window
+        query_buf, req_beat, req, write, resp = ring.query_buf, ring.req_beat, ring.req, ring.write, ring.resp
         head = Signal(index_width(cfg.heads))
         # Per-head ring state: next position, next slot (position mod window), filled slots.
         positions = Array(Signal(cfg.position_width, name=f"position{h}") for h in range(cfg.heads))
@@ -149,8 +174,8 @@ class MatchUnit(wiring.Component):
         # Read responses feed the VPU (SQDIST against the buffered query beat).
         m.d.comb += [
             vpu.i.valid.eq(resp.valid), resp.ready.eq(vpu.i.ready),
-            vpu.i.payload.op.eq(VpuOp.SQDIST), vpu.i.payload.last.eq(resp_last),
-            vpu.i.payload.a.eq(resp.payload), vpu.i.payload.b.eq(resp_q),
+            vpu.i.payload.op.eq(VpuOp.SQDIST), vpu.i.payload.last.eq(ring.resp_last),
+            vpu.i.payload.a.eq(resp.payload), vpu.i.payload.b.eq(ring.resp_q),
             vpu.o.ready.eq(1),
         ]
 
@@ -218,4 +243,3 @@ class MatchUnit(wiring.Component):
                                  filled_slots[head].eq(Mux(filled_slots[head] == window, window,
                                                            filled_slots[head] + 1))]
                     m.next = "LOAD"
-        return m

@@ -22,6 +22,8 @@ shift and saturate):
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -51,6 +53,80 @@ def merge_out_layout(cfg: MacUnitConfig) -> data.StructLayout:
     })
 
 
+class _BeatBuffer(NamedTuple):
+    """The beat buffer's read port and the state shared by its loading and the vector phase."""
+    rp: object
+    pending: Signal
+    loaded: Signal
+    vec_active: Signal
+    vec_beat: Signal
+
+
+class _ScalarRegs(NamedTuple):
+    """The scalar phase's registers and the SFM's mantissa output (``mant``)."""
+    op: Signal
+    first_is_max: Signal
+    exp_one: Signal
+    m_out: Signal
+    x: Signal
+    s1: Signal
+    s2: Signal
+    small: Signal
+    a: Signal
+    b: Signal
+    cancel: Signal
+    s_out: Signal
+    flagged: Signal
+    w1: Signal
+    w2: Signal
+    shift: Signal
+    half: Signal
+    mant: object
+
+
+class _Handoff(NamedTuple):
+    """A transaction's weights (w2 negated for ⊖), m, s and flag as the vector phase takes them."""
+    v_w1: Signal
+    v_w2: Signal
+    v_m: Signal
+    v_s: Signal
+    v_flagged: Signal
+    handoff: Signal
+
+
+class _ScalarSums(NamedTuple):
+    """The scalar products' rounded sums (``t >> sh`` after ``load``) and the cancellation terms."""
+    scale_t: Signal
+    scale_sh: object
+    scale_load: list
+    scale_width: int
+    scale_zero: Signal
+    w1_t: Signal
+    w1_sh: object
+    w1_load: list
+    w2_t: Signal
+    w2_sh: object
+    w2_load: list
+    both_zero: object
+    down_sign: object
+
+
+def _set_shift(sc: _ScalarRegs, value):
+    """shift <= value, with its rounding half (registered with it)."""
+    return [sc.shift.eq(value),
+            sc.half.eq(Mux((value >= 1) & (value <= 64), Const(1, 64) << (value - 1).as_unsigned()[:6], 0))]
+
+
+def _rounding(m, sc: _ScalarRegs, pieces, width, name):
+    """(t, sh, load): the statements ``load`` set t = the product's registered pieces
+    plus the rounding half, in one carry chain after carry-save compressors;
+    round_shift(product, shift) is ``t >> sh`` for shift <= width (beyond, the product,
+    below 2^width, rounds to 0)."""
+    t = Signal(width + 1, name=f"{name}_t")
+    total = csa_sum(m, placed(pieces) + [sc.half[:width]], width + 1, name)
+    return t, sc.shift[:width.bit_length()], [t.eq(total)]
+
+
 class MergeUnit(wiring.Component):
     """``i``: beats of (op, m1, s1, m2, s2, o1 lanes, o2 lanes); ``o``: beats of (m, s, flagged, o lanes)."""
 
@@ -64,13 +140,25 @@ class MergeUnit(wiring.Component):
     def elaborate(self, platform):
         cfg, m = self.cfg, Module()
         m.submodules.sfm = sfm = Sfm(cfg.sfm)
-        frac, nb, lanes, ow = cfg.mantissa_frac, cfg.beats, cfg.lanes, cfg.out_width
-        p = self.i.payload
         ce = stall_all_enable(self.o)
+        buf = self._beat_buffer(m)
+        sc = self._scalar_registers(sfm)
+        products = self._scalar_products(m, sfm, sc)
+        vh = self._handoff(m, sc, buf)
+        peek, recip, sat = self._scalar_operands(m, sfm, sc, buf)
+        sums = self._scalar_sums(m, sc, products)
+        self._scalar_fsm(m, sfm, sc, buf, vh, sums, peek, recip, sat)
+        self._vector_pipeline(m, ce, buf, vh)
+        return m
 
-        # -- beat buffer: both lane vectors of each beat of the transaction -----------------
+    def _beat_buffer(self, m) -> _BeatBuffer:
+        """The beat buffer: both lane vectors of each beat of the transaction, loaded from ``i``."""
+        nb, lanes, ow = self.cfg.beats, self.cfg.lanes, self.cfg.out_width
+        p = self.i.payload
         m.submodules.buf = buf = memory.Memory(shape=unsigned(2 * lanes * ow), depth=nb, init=[])
-        wp, rp = buf.write_port(), buf.read_port(domain="sync")
+        # (the ports as one tuple: Amaranth's tracer finds no name for them and keeps its defaults)
+        ports = buf.write_port(), buf.read_port(domain="sync")
+        wp, rp = ports
         pending = Signal()      # scalars of the transaction at the head of ``i`` taken, beats not all loaded
         loaded = Signal()       # the buffer holds every beat of the transaction not yet handed off
         load_beat = Signal(range(nb))
@@ -84,8 +172,12 @@ class MergeUnit(wiring.Component):
             m.d.sync += load_beat.eq(load_beat + 1)
             with m.If(load_beat == nb - 1):
                 m.d.sync += [load_beat.eq(0), pending.eq(0), loaded.eq(1)]
+        return _BeatBuffer(rp, pending, loaded, vec_active, vec_beat)
 
-        # -- scalar phase ------------------------------------------------------------------
+    def _scalar_registers(self, sfm) -> _ScalarRegs:
+        """The scalar phase's registers: the taken scalars, a and b, the sum, flag, weights, shift."""
+        cfg = self.cfg
+        frac = cfg.mantissa_frac
         op = Signal()
         first_is_max, exp_one = Signal(), Signal()
         m_out = Signal(signed(cfg.score_width))
@@ -103,60 +195,68 @@ class MergeUnit(wiring.Component):
         mant = sfm.o.payload.value
 
         half = Signal(1 << 6)  # the rounding half of ``shift``: bit shift - 1 (shift <= 64)
+        return _ScalarRegs(op, first_is_max, exp_one, m_out, x, s1, s2, small, a, b, cancel, s_out, flagged,
+                           w1, w2, shift, half, mant)
 
-        def set_shift(value):
-            """shift <= value, with its rounding half (registered with it)."""
-            return [shift.eq(value), half.eq(Mux((value >= 1) & (value <= 64), Const(1, 64) << (value - 1).as_unsigned()[:6], 0))]
-
-        def rounding(pieces, width, name):
-            """(t, sh, load): the statements ``load`` set t = the product's registered pieces
-            plus the rounding half, in one carry chain after carry-save compressors;
-            round_shift(product, shift) is ``t >> sh`` for shift <= width (beyond, the product,
-            below 2^width, rounds to 0)."""
-            t = Signal(width + 1, name=f"{name}_t")
-            total = csa_sum(m, placed(pieces) + [half[:width]], width + 1, name)
-            return t, shift[:width.bit_length()], [t.eq(total)]
-
+    def _scalar_products(self, m, sfm, sc: _ScalarRegs):
+        """The scalar multiplies' partial products (small, a, b times the SFM's mantissa), registered twice."""
         # The scalar products' pieces, registered twice: when the SFM answers (the register
         # synth/absorb.py moves into the MULT18X18D) and in the next cycle (a fabric register
         # next to the adder), so no path runs from a DSP's pins through logic.
+        small, a, b, mant = sc.small, sc.a, sc.b, sc.mant
         sfm_ok = sfm.o.valid
         scale_pp = register_partials(m, 1, register_partials(m, sfm_ok, partial_products(small, mant), "scale"), "scale_f")
         w1_pp = register_partials(m, 1, register_partials(m, sfm_ok, partial_products(a, mant), "w1"), "w1_f")
         w2_pp = register_partials(m, 1, register_partials(m, sfm_ok, partial_products(b, mant), "w2"), "w2_f")
+        return scale_pp, w1_pp, w2_pp
 
+    def _handoff(self, m, sc: _ScalarRegs, buf: _BeatBuffer) -> _Handoff:
+        """The registers that hand a transaction's weights, m, s and flag to the vector phase."""
+        cfg, ww = self.cfg, self.cfg.weight_width
         # hand-off to the vector phase: weights (w2 negated for ⊖), m, s, flag
         v_w1, v_w2 = Signal(signed(ww)), Signal(signed(ww + 1))
         v_m, v_s, v_flagged = Signal(signed(cfg.score_width)), Signal(cfg.sum_width), Signal()
         handoff = Signal()
         with m.If(handoff):
-            m.d.sync += [v_w1.eq(w1), v_w2.eq(Mux(op == MergeOp.DOWNDATE, -w2, w2)), v_m.eq(m_out),
-                         v_s.eq(s_out), v_flagged.eq(flagged), loaded.eq(0), vec_active.eq(1), vec_beat.eq(0)]
+            m.d.sync += [v_w1.eq(sc.w1), v_w2.eq(Mux(sc.op == MergeOp.DOWNDATE, -sc.w2, sc.w2)), v_m.eq(sc.m_out),
+                         v_s.eq(sc.s_out), v_flagged.eq(sc.flagged), buf.loaded.eq(0), buf.vec_active.eq(1),
+                         buf.vec_beat.eq(0)]
+        return _Handoff(v_w1, v_w2, v_m, v_s, v_flagged, handoff)
 
+    def _scalar_operands(self, m, sfm, sc: _ScalarRegs, buf: _BeatBuffer):
+        """The scalars taken from the first beat at the head of ``i`` (``peek``) and the SFM's operands."""
+        cfg, p = self.cfg, self.i.payload
         diff = Signal(signed(cfg.score_width + 1))
         neg_abs = Signal(signed(cfg.score_width + 1))
         m.d.comb += [diff.eq(p.m1 - p.m2), neg_abs.eq(Mux(diff >= 0, p.m2 - p.m1, diff))]
         peek = Signal()  # take the scalars of the first beat at the head of ``i``
         with m.If(peek):
-            m.d.sync += [op.eq(p.op), first_is_max.eq(diff >= 0), m_out.eq(Mux(diff >= 0, p.m1, p.m2)),
-                         x.eq(saturate(neg_abs, signed(cfg.score_width))), exp_one.eq(p.m1 == p.m2),
-                         s1.eq(p.s1), s2.eq(p.s2), small.eq(Mux(diff >= 0, p.s2, p.s1)), pending.eq(1)]
+            m.d.sync += [sc.op.eq(p.op), sc.first_is_max.eq(diff >= 0), sc.m_out.eq(Mux(diff >= 0, p.m1, p.m2)),
+                         sc.x.eq(saturate(neg_abs, signed(cfg.score_width))), sc.exp_one.eq(p.m1 == p.m2),
+                         sc.s1.eq(p.s1), sc.s2.eq(p.s2), sc.small.eq(Mux(diff >= 0, p.s2, p.s1)),
+                         buf.pending.eq(1)]
 
         # the SFM's operands do not depend on the state (only its valid does): x for EXP2,
         # the saturated sum for RECIP; ``recip`` selects the function
         recip = Signal()
         sat = Signal(cfg.sum_width)   # saturate(a +- b), the RECIP operand
-        m.d.comb += [sfm.i.payload.op.eq(Mux(recip, SfmOp.RECIP, SfmOp.EXP2)), sfm.i.payload.x.eq(x),
+        m.d.comb += [sfm.i.payload.op.eq(Mux(recip, SfmOp.RECIP, SfmOp.EXP2)), sfm.i.payload.x.eq(sc.x),
                      sfm.i.payload.z.eq(sat)]
         with m.If(peek):
             m.d.sync += recip.eq(0)
+        return peek, recip, sat
 
-        scale_width = len(small) + len(mant)
-        scale_t, scale_sh, scale_load = rounding(scale_pp, scale_width, "scale")
+    def _scalar_sums(self, m, sc: _ScalarRegs, products) -> _ScalarSums:
+        """The products' rounded sums (scale, w1, w2) and the cancellation flag's carry chain."""
+        cfg = self.cfg
+        scale_pp, w1_pp, w2_pp = products
+        a, b = sc.a, sc.b
+        scale_width = len(sc.small) + len(sc.mant)
+        scale_t, scale_sh, scale_load = _rounding(m, sc, scale_pp, scale_width, "scale")
         scale_zero = Signal()   # EXP2's shift past the product's width (maxima far apart): 0
         # (RECIP's exponent is below sum_width, so its shift never passes the weights' products' width)
-        w1_t, w1_sh, w1_load = rounding(w1_pp, len(a) + len(mant), "w1")
-        w2_t, w2_sh, w2_load = rounding(w2_pp, len(b) + len(mant), "w2")
+        w1_t, w1_sh, w1_load = _rounding(m, sc, w1_pp, len(a) + len(sc.mant), "w1")
+        w2_t, w2_sh, w2_load = _rounding(m, sc, w2_pp, len(b) + len(sc.mant), "w2")
         # the flag from a and b (unsigned), beside s's own add rather than after it (after it, the
         # compare's carry chain fed the FSM: mac-unit's critical path, 103 MHz): s <= 0 is a = b = 0
         # for ⊕; for ⊖, s <= 0 (a <= b) or s 2^cancel_bits < a is the sign of
@@ -167,9 +267,17 @@ class MergeUnit(wiring.Component):
         down_terms = [Cat(Const(0, cb), a), ~Cat(Const(0, cb), b, Const(0, cw - cb - len(b))),
                       ~Cat(a, Const(0, cw - len(a))), Const(2, cw)]
         both_zero, down_sign = (a == 0) & (b == 0), csa_sum(m, down_terms, cw, "cancel")[-1]
+        return _ScalarSums(scale_t, scale_sh, scale_load, scale_width, scale_zero, w1_t, w1_sh, w1_load,
+                           w2_t, w2_sh, w2_load, both_zero, down_sign)
+
+    def _scalar_fsm(self, m, sfm, sc: _ScalarRegs, buf: _BeatBuffer, vh: _Handoff, sums: _ScalarSums,
+                    peek, recip, sat):
+        """The scalar phase's FSM: EXP2, scale, sum and flag, RECIP, weights, hand-off."""
+        cfg, frac = self.cfg, self.cfg.mantissa_frac
+        a, b, shift, cancel = sc.a, sc.b, sc.shift, sc.cancel
         with m.FSM():
             with m.State("IDLE"):
-                m.d.comb += peek.eq(self.i.valid & ~pending & ~loaded)
+                m.d.comb += peek.eq(self.i.valid & ~buf.pending & ~buf.loaded)
                 with m.If(peek):
                     m.next = "EXP_REQUEST"
             with m.State("EXP_REQUEST"):
@@ -179,58 +287,63 @@ class MergeUnit(wiring.Component):
             with m.State("EXP_WAIT"):
                 m.d.comb += sfm.o.ready.eq(1)
                 with m.If(sfm.o.valid):
-                    m.d.sync += set_shift(frac + sfm.o.payload.exponent)
+                    m.d.sync += _set_shift(sc, frac + sfm.o.payload.exponent)
                     m.next = "SCALE_PRODUCT"
             with m.State("SCALE_PRODUCT"):   # the products move from the DSPs to the fabric
                 m.next = "SCALE_SUM"
             with m.State("SCALE_SUM"):
-                m.d.sync += [*scale_load, scale_zero.eq(shift > scale_width)]
+                m.d.sync += [*sums.scale_load, sums.scale_zero.eq(shift > sums.scale_width)]
                 m.next = "SCALE_SHIFT"
             with m.State("SCALE_SHIFT"):
-                scaled = Mux(exp_one, small, Mux(scale_zero, 0, scale_t >> scale_sh))  # exp(0) = 1 exactly
-                m.d.sync += [a.eq(Mux(first_is_max, s1, scaled)), b.eq(Mux(first_is_max, scaled, s2))]
+                scaled = Mux(sc.exp_one, sc.small,
+                             Mux(sums.scale_zero, 0, sums.scale_t >> sums.scale_sh))  # exp(0) = 1 exactly
+                m.d.sync += [a.eq(Mux(sc.first_is_max, sc.s1, scaled)), b.eq(Mux(sc.first_is_max, scaled, sc.s2))]
                 m.next = "SUM"
             with m.State("SUM"):
-                s_next = Mux(op == MergeOp.DOWNDATE, a - b, a + b)
+                s_next = Mux(sc.op == MergeOp.DOWNDATE, a - b, a + b)
                 m.d.sync += [sat.eq(saturate(s_next, unsigned(cfg.sum_width))), recip.eq(1),
-                             cancel.eq(both_zero | ((op == MergeOp.DOWNDATE) & down_sign))]
+                             cancel.eq(sums.both_zero | ((sc.op == MergeOp.DOWNDATE) & sums.down_sign))]
                 m.next = "CHECK"
             with m.State("CHECK"):
                 m.d.comb += sfm.i.valid.eq(~cancel)
-                m.d.sync += [flagged.eq(cancel), s_out.eq(sat)]
+                m.d.sync += [sc.flagged.eq(cancel), sc.s_out.eq(sat)]
                 with m.If(cancel):
-                    m.d.sync += [w1.eq(0), w2.eq(0), s_out.eq(0)]
+                    m.d.sync += [sc.w1.eq(0), sc.w2.eq(0), sc.s_out.eq(0)]
                     m.next = "DONE"
                 with m.Elif(sfm.i.ready):
                     m.next = "RECIP_WAIT"
             with m.State("RECIP_WAIT"):
                 m.d.comb += sfm.o.ready.eq(1)
                 with m.If(sfm.o.valid):
-                    m.d.sync += set_shift(sfm.o.payload.exponent)
+                    m.d.sync += _set_shift(sc, sfm.o.payload.exponent)
                     m.next = "WEIGHT_PRODUCT"
             with m.State("WEIGHT_PRODUCT"):
                 m.next = "WEIGHT_SUM"
             with m.State("WEIGHT_SUM"):
-                m.d.sync += w1_load + w2_load
+                m.d.sync += sums.w1_load + sums.w2_load
                 m.next = "WEIGHT_SHIFT"
             with m.State("WEIGHT_SHIFT"):
-                m.d.sync += [w1.eq(w1_t >> w1_sh), w2.eq(w2_t >> w2_sh)]
+                m.d.sync += [sc.w1.eq(sums.w1_t >> sums.w1_sh), sc.w2.eq(sums.w2_t >> sums.w2_sh)]
                 m.next = "DONE"
             with m.State("DONE"):  # hand off; take the next transaction's scalars in the same cycle
-                with m.If(~vec_active & loaded):
-                    m.d.comb += [handoff.eq(1), peek.eq(self.i.valid & ~pending)]
+                with m.If(~buf.vec_active & buf.loaded):
+                    m.d.comb += [vh.handoff.eq(1), peek.eq(self.i.valid & ~buf.pending)]
                     with m.If(peek):
                         m.next = "EXP_REQUEST"
                     with m.Else():
                         m.next = "IDLE"
 
-        # -- vector phase: buffer read; lane registers; partial products; sum; round and saturate
+    def _vector_pipeline(self, m, ce, buf: _BeatBuffer, vh: _Handoff):
+        """The vector phase: buffer read; lane registers; partial products; sum; round and saturate."""
+        cfg = self.cfg
+        frac, nb, lanes, ow, ww = cfg.mantissa_frac, cfg.beats, cfg.lanes, cfg.out_width, cfg.weight_width
+        rp, vec_active, vec_beat = buf.rp, buf.vec_active, buf.vec_beat
         m.d.comb += [rp.addr.eq(vec_beat), rp.en.eq(ce)]
         v0_valid, v0_w1, v0_w2 = Signal(), Signal(signed(ww)), Signal(signed(ww + 1))
         v0_m, v0_s, v0_flagged = Signal(signed(cfg.score_width)), Signal(cfg.sum_width), Signal()
         with m.If(ce):
-            m.d.sync += [v0_valid.eq(vec_active), v0_w1.eq(v_w1), v0_w2.eq(v_w2), v0_m.eq(v_m), v0_s.eq(v_s),
-                         v0_flagged.eq(v_flagged)]
+            m.d.sync += [v0_valid.eq(vec_active), v0_w1.eq(vh.v_w1), v0_w2.eq(vh.v_w2), v0_m.eq(vh.v_m),
+                         v0_s.eq(vh.v_s), v0_flagged.eq(vh.v_flagged)]
             with m.If(vec_active):
                 m.d.sync += vec_beat.eq(vec_beat + 1)
                 with m.If(vec_beat == nb - 1):
@@ -271,4 +384,3 @@ class MergeUnit(wiring.Component):
             m.d.sync += [self.o.valid.eq(v2_valid), self.o.payload.m.eq(v2_m), self.o.payload.s.eq(v2_s),
                          self.o.payload.flagged.eq(v2_flagged)]
             m.d.sync += [self.o.payload.o[l].eq(saturate(v2_sum[l] >> frac, signed(ow))) for l in range(lanes)]
-        return m
