@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 TORCH   := torch==2.13.0
 JOBS    ?= 2
 
-.PHONY: venv demo test test-clone synth bench clean formal fuzz
+.PHONY: venv demo test test-clone synth clean formal fuzz
 
 venv: $(STAMP)
 

@@ -245,7 +245,7 @@ def render(results: list[dict], command: str | None = None) -> str:
             w("- cells on the path: " + ", ".join(f"{n}x {t}" for t, n in sorted(kinds.items(), key=lambda kv: -kv[1])) + ".")
         ours = [s for s in cp["sources"] if s.startswith(("hdl/", "synth/", "golden/"))]  # not Python's own files
         if ours:
-            w("- RTL on the path: " + ", ".join(f"`{s}`" for s in ours[:8]) + ".")
+            w("- RTL on the path (lines of the sources the record was routed from): " + ", ".join(f"`{s}`" for s in ours[:8]) + ".")
         if cp.get("diagnosis"):
             w(f"- Why, and the fix: {cp['diagnosis']}")
         w("")
