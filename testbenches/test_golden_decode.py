@@ -4,6 +4,7 @@ with the approximations disabled, merge/downdate algebra incl. cancellation, the
 method, and the command line's checks (before the model loads)."""
 from __future__ import annotations
 
+import json
 import math
 import os
 
@@ -305,6 +306,17 @@ def test_lad_tile_bit_accurate_model_inside_smollm2(smollm2):
     assert st["saturated_elements"] == 0                           # q, k, v fit the kv format
     assert 0 < st["active_pct"] < 100 and st["keys_read_pct"] < 100 and st["mode_changes_pct"] > 0
     assert 0 < st["cycles_last512_pct"] < 1000                    # the schedule model's cycles were counted
+    # the activity record (`eval --activity`) holds these very counts, per layer and window of steps
+    from golden.llm.activity import activity
+    rec = activity(ctl.layer_steps, 16, engine="lad-tile")
+    assert [(w["first_context"], w["last_context"], w["steps"]) for w in rec["windows"]] == \
+        [(9, 24, 16), (25, 40, 16), (41, 48, 8)]
+    assert all(len(w["layers"]) == 30 for w in rec["windows"])
+    for key in ("candidates", "active", "mode_changes", "kv_beats"):                # counts: exact
+        assert sum(layer[key] for w in rec["windows"] for layer in w["layers"]) == ctl.totals[key] > 0, key
+    for key in ("tile_cycles", "dense_cycles"):                                      # the schedule's floats
+        assert sum(layer[key] for w in rec["windows"] for layer in w["layers"]) == pytest.approx(ctl.totals[key])
+        assert ctl.totals[key] > 0
 
 
 def test_mac_engaged_at_2048_with_perplexity_within_2pct(smollm2):
@@ -381,6 +393,10 @@ def data_files(tmp_path):
     ("mac", ["--frobnicate"], "unrecognized arguments"),
     ("lad", ["--out", "{folder}"], "is a directory"),
     ("lad", ["--plot", "{binary}"], "is not a folder"),
+    ("lad", ["--activity", "a.json"], "--activity records an engine's bit-accurate model: it needs --hardware"),
+    ("mac", ["--hardware", "--variants", "mac", "--activity", "a.json"], "it needs --hardware"),
+    ("lad", ["--hardware", "--activity", "{folder}"], "--activity {folder} is a directory"),
+    ("mac", ["--hardware", "--activity", "a.json", "--activity-window", "0"], "--activity-window must be positive"),
 ])
 def test_eval_bad_input_exits_2_with_one_line(method, argv, fragment, data_files, monkeypatch, capsys):
     import golden.llm.decode_eval as de
@@ -396,7 +412,7 @@ def test_eval_bad_input_exits_2_with_one_line(method, argv, fragment, data_files
         code = stop.code
     err = capsys.readouterr().err
     assert code == 2, err
-    assert fragment in err
+    assert fragment.format(**data_files) in err
     assert len(err.strip().splitlines()) == 1, err
     assert err.startswith("ladmac: error: ")
 
@@ -449,3 +465,22 @@ def test_eval_console_exit_code_without_traceback(tmp_path):
                           capture_output=True, text=True)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [f"ladmac: error: WikiText-2 file not found: {tmp_path / 'none.txt'}"]
+
+
+def test_read_activity_refuses_what_is_not_a_record(tmp_path):
+    from golden.errors import DataError
+    from golden.llm.activity import activity, read_activity
+    with pytest.raises(DataError, match="no activity record"):
+        read_activity(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(DataError, match="is not an activity record"):
+        read_activity(tmp_path / "bad.json")
+    (tmp_path / "other.json").write_text('{"format": 1, "windows": []}')
+    with pytest.raises(DataError, match="of format 1"):
+        read_activity(tmp_path / "other.json")
+    steps = [{"context": 5 + i, "layers": {0: {"hits": i, "cycles": 1.5}, 1: {"hits": 1, "cycles": 2.0}}}
+             for i in range(3)]
+    (tmp_path / "good.json").write_text(json.dumps(activity(steps, 2, engine="mac-decode")))
+    rec = read_activity(tmp_path / "good.json")
+    assert [(w["first_context"], w["steps"]) for w in rec["windows"]] == [(5, 2), (7, 1)]
+    assert rec["windows"][0]["layers"] == [{"hits": 1, "cycles": 3.0}, {"hits": 2, "cycles": 4.0}]

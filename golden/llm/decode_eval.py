@@ -32,6 +32,7 @@ from ..lad_ref import LadConfig
 from ..lad_tile import LadTileConfig
 from ..mac_decode import MacDecodeConfig
 from ..mac_ref import MacConfig
+from .activity import activity
 from .data import describe_text, read_wikitext, wikitext_ids
 from .hooks import Controller
 from .metrics import generation_scores, perplexity
@@ -42,6 +43,7 @@ from .runs import MODELS, full_parallel, greedy_pair, load_model, max_positions,
 DEFAULTS = {"lad": dict(tokens=128, context=0, prompts=2, new_tokens=32, prompt_len=64),
             "mac": dict(tokens=64, context=2048, prompts=1, new_tokens=32, prompt_len=2048)}
 BASE_CONFIGS = {"lad": LadConfig(), "mac": MacConfig()}
+HARDWARE = ("lad-tile", "mac-decode")   # the variants that run an engine's bit-accurate model
 MODEL_FIELDS = ("head_dim", "scale")  # LadConfig fields the model fixes (set per layer from the model)
 MODEL_HEAD_DIM = 64                   # SmolLM2's head dimension (the tile's head_dim must match)
 
@@ -75,6 +77,11 @@ def build_parser(method: str) -> Parser:
     p.add_argument("--data", type=Path, default=None,
                    help="text file to score (default: WikiText-2 test, data/wikitext2/test.txt)")
     p.add_argument("--out", type=Path, default=None, help="write results JSON here")
+    p.add_argument("--activity", type=Path, default=None, metavar="JSON",
+                   help="with --hardware: write the engine's activity (its bit-accurate model's counts per "
+                        "layer, summed over --activity-window steps) here (golden/llm/activity.py)")
+    p.add_argument("--activity-window", action=AtLeast, default=64, metavar="N",
+                   help="decode steps per window of the activity record (64)")
     p.add_argument("--plot", type=Path, default=None, help="write PNG plots into this folder")
     p.add_argument("--threads", action=AtLeast, minimum=0, default=1,
                    help="torch CPU threads (1 is fastest for the many small ops of LAD/MAC; 0 = torch default)")
@@ -158,10 +165,13 @@ def main(method: str, argv: list[str]) -> int:
         raise ConfigError(f"unknown model '{args.model}' (known: {', '.join(MODELS)})")
     cfg, tile_cfg = method_configs(method, args)
     variants = run_variants(method, args, cfg, tile_cfg)
+    if args.activity and not any(name in HARDWARE for name in variants):
+        raise ConfigError("--activity records an engine's bit-accurate model: it needs --hardware "
+                          f"(and, with --variants, {' or '.join(HARDWARE)})")
     check_lengths(args)
     # everything that needs no model is checked before the (slow) model load
     text = read_wikitext(args.data)
-    check_outputs(args.out, args.plot)
+    check_outputs(args.out, args.plot, activity=args.activity)
     progress = not args.no_progress
     t_start = time.time()
     model, tokenizer = load_model(args.model)
@@ -186,6 +196,12 @@ def main(method: str, argv: list[str]) -> int:
         ppl[name] = perplexity(nll)
         stats[name] = st
         steps[name] = list(ctl.steps)
+        if args.activity and name in HARDWARE:
+            config = m_kw["tile"] if name == "lad-tile" else m_kw["mac"]
+            write_json(args.activity, activity(
+                ctl.layer_steps, args.activity_window, engine=name, model=args.model, data=describe_text(args.data),
+                command=results["command"], context=args.context, tokens=args.tokens,
+                config=config.to_dict(), perplexity_delta_pct=100.0 * (ppl[name] / ppl["full"] - 1)))
     results["perplexity"] = ppl
     results["perplexity_delta_pct"] = {k: 100.0 * (v / ppl["full"] - 1) for k, v in ppl.items()}
     results["teacher_forced_stats"] = stats

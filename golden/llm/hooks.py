@@ -134,27 +134,31 @@ class Controller:
         if method == "mac-decode" and not isinstance(self.mac, MacDecodeConfig):
             raise ConfigError("mac-decode runs on a MacDecodeConfig")
         self.tile = tile or LadTileConfig()
-        self.totals, self.steps = {}, []
+        self.totals, self.steps, self.layer_steps = {}, [], []
         self.reset()
         return self
 
     def reset(self) -> None:
         """Forget the per-layer states (a new sequence), keep the run's stats."""
-        self.states, self.q_pre, self._step = {}, {}, {}
+        self.states, self.q_pre, self._step, self._layers = {}, {}, {}, {}
 
-    def add(self, stats: dict) -> None:
-        for k, v in stats.items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                self.totals[k] = self.totals.get(k, 0) + v
-                self._step[k] = self._step.get(k, 0) + v
+    def add(self, stats: dict, layer: int) -> None:
+        """Count one layer's step: its numeric stats (summed over the layer's query heads)."""
+        counts = {k: v for k, v in stats.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        self._layers[layer] = counts
+        for k, v in counts.items():
+            self.totals[k] = self.totals.get(k, 0) + v
+            self._step[k] = self._step.get(k, 0) + v
         self.totals["layer_steps"] = self.totals.get("layer_steps", 0) + 1
         self._step["layer_steps"] = self._step.get("layer_steps", 0) + 1
 
     def end_token(self, context: int) -> None:
-        """Close one decode step (token) of ``context`` keys: its stats summed over layers."""
+        """Close one decode step (token) of ``context`` keys: its stats summed over layers
+        (``steps``) and per layer (``layer_steps``, what ``--activity`` records)."""
         if self._step:
             self.steps.append({"context": context, **self._step})
-        self._step = {}
+            self.layer_steps.append({"context": context, "layers": self._layers})
+        self._step, self._layers = {}, {}
 
     def _mac_state(self, hq: int, hkv: int, d: int, scale: float):
         """A layer's MAC state: the float reference (``mac``) or the decode engine's model (``mac-decode``)."""
@@ -206,5 +210,5 @@ class Controller:
                 st = self.states[layer] = self._mac_state(Hq, Hkv, D, scale)
             q_pre = self.q_pre[layer].view(-1, Hq, D)[-1]
             out, stats = st.decode_step(q_pre, query[0, :, 0], key[0], value[0], L - 1)
-        self.add(stats)
+        self.add(stats, layer)
         return out.to(query.dtype).reshape(1, 1, Hq, D), None

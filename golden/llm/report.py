@@ -1,5 +1,5 @@
-"""Where an evaluation writes: ``--out`` (results JSON) and ``--plot`` (a folder of PNGs),
-checked before the (slow) run so that a bad path fails first, not last."""
+"""Where an evaluation writes: ``--out`` (results JSON), ``--plot`` (a folder of PNGs) and files such
+as ``--activity``, checked before the (slow) run so that a bad path fails first, not last."""
 from __future__ import annotations
 
 import json
@@ -18,13 +18,15 @@ def _writable_folder(folder: Path, flag: str, given: Path) -> None:
         raise ConfigError(f"{flag} {given}: folder {folder} is not writable")
 
 
-def check_outputs(out: Path | None, plot_dir: Path | None) -> None:
-    """ConfigError when the JSON file or the plot folder could not be written."""
-    if out is not None:
-        out = Path(out)
-        if out.is_dir():
-            raise ConfigError(f"--out {out} is a directory (give a file name)")
-        _writable_folder(out.parent if str(out.parent) else Path("."), "--out", out)
+def check_outputs(out: Path | None, plot_dir: Path | None, **files: Path | None) -> None:
+    """ConfigError when the JSON file, the plot folder or another file named by its flag
+    (``activity=PATH`` for ``--activity``) could not be written."""
+    for flag, path in {"out": out, **files}.items():
+        if path is not None:
+            path = Path(path)
+            if path.is_dir():
+                raise ConfigError(f"--{flag} {path} is a directory (give a file name)")
+            _writable_folder(path.parent if str(path.parent) else Path("."), f"--{flag}", path)
     if plot_dir is not None:
         plot_dir = Path(plot_dir)
         if plot_dir.exists() and not plot_dir.is_dir():
