@@ -18,6 +18,7 @@ import numpy as np
 
 from ..config import BlockConfig, param
 
+
 @dataclass(frozen=True)
 class AttnCacheConfig(BlockConfig):
     feature_dim: int = param(128, "width of the projector's feature vector (paper: 128)")

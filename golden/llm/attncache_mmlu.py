@@ -9,7 +9,7 @@ from pathlib import Path
 from ..attncache import AttnCache, build_prefix_store
 from ..errors import ConfigError, DataError
 from .attncache_data import describe_mmlu, mmlu_questions, store_root
-from .report import check_outputs, write_json
+from .report import check_outputs, save_outputs, write_json
 
 def mmlu_plots(result: dict, folder) -> list[str]:
     """Time breakdown (ms per question, baseline vs AttnCache) and per-subject speedups."""
@@ -191,9 +191,5 @@ def run_mmlu(args, argv, cfg) -> int:
           f"{result['e2e_speedup_on_hits'] or 0:.2f}x")
     for key in ("full", "attncache"):
         print(f"ms per question, {key}: " + ", ".join(f"{k} {v:.1f}" for k, v in result["ms_per_question"][key].items()))
-    if args.plot:
-        result["plots"] = mmlu_plots(result, args.plot)
-        print("plots: " + ", ".join(result["plots"]))
-    if args.out:
-        write_json(args.out, result)
+    save_outputs(result, args, mmlu_plots)
     return 0

@@ -16,7 +16,7 @@ from ..paths import data_file
 from .attncache_data import (SST2, STSB, calib_test_split, describe_data, load_sst2, load_stsb, split_pairs,
                              store_root)
 from .plots import attncache_plots
-from .report import check_outputs, write_json
+from .report import check_outputs, save_outputs
 
 PROMPT = 'This sentence: "{}" means in one word:"'
 
@@ -194,11 +194,7 @@ def calibrated_theta(calibration: dict, thetas, max_drop: float, n: int, what: s
 
 def report(result: dict, args) -> int:
     print_table(result)
-    if args.plot:
-        result["plots"] = attncache_plots(result, args.plot)
-        print("plots: " + ", ".join(result["plots"]))
-    if args.out:
-        write_json(args.out, result)
+    save_outputs(result, args, attncache_plots)
     return 0
 
 

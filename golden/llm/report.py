@@ -39,3 +39,13 @@ def write_json(out: Path, results: dict) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
     print(f"wrote {out}")
+
+
+def save_outputs(result: dict, args, plots) -> None:
+    """An evaluation's ending: ``plots(result, folder)`` into ``--plot`` (their paths kept in the
+    result and printed) and the result's JSON into ``--out``, each when asked for."""
+    if args.plot:
+        result["plots"] = plots(result, args.plot)
+        print("plots: " + ", ".join(map(str, result["plots"])))
+    if args.out:
+        write_json(args.out, result)
