@@ -49,3 +49,10 @@ def data_file(rel: str) -> Path:
     """Path of evaluation data file ``rel`` (e.g. ``"wikitext2/test.txt"``) under DATA_ROOT, verified
     against its SHA-256; :class:`DataError` (one line at the CLI) when missing or altered."""
     return _verified(DATA_ROOT, rel)
+
+
+def describe_data_file(path, rel: str, name: str) -> str:
+    """How a run names a data file it read: ``NAME (PATH)`` for the repository's copy of ``rel``
+    (``"stsb/sts-dev.csv"``, ``"STS-B dev"``), otherwise only the path of the file given."""
+    path = Path(path).resolve()
+    return f"{name} ({path})" if path == (DATA_ROOT / rel).resolve() else str(path)

@@ -480,7 +480,7 @@ def main(argv=None) -> int:
         sys.exit(f"ladmac: error: a mutation run of {args.block} is already running in this checkout "
                  f"(its copies are build/mutation/{args.block}/): run this one in another checkout")
     copies = []
-    for k in range(max(1, args.jobs)):
+    for k in range(args.jobs):
         work = PROJECT_ROOT / "build" / "mutation" / args.block / f"repo{k}"
         copy_repository(work)
         copies.append(work)

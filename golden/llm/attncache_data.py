@@ -17,13 +17,6 @@ STSB = "stsb/sts-dev.csv"
 SST2 = "sst2/dev.tsv"
 
 
-def describe_data(path, default: str, name: str) -> str:
-    """How a run names a data file it read: ``PATH (NAME)`` for the repository's copy ``default``
-    (relative to data/), otherwise only the path of the file given."""
-    path = Path(path).resolve()
-    return f"{path} ({name})" if path == (DATA_ROOT / default).resolve() else str(path)
-
-
 def describe_mmlu(subjects: list[str]) -> str:
     """The MMLU files a run reads: the dev (exemplars) and test (questions) file of each subject."""
     return (f"{(DATA_ROOT / MMLU).resolve()}/{{dev,test}}/SUBJECT_{{dev,test}}.csv (MMLU dev exemplars and test "

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from ..attncache import AttnCache, build_store
 from ..errors import ConfigError
-from ..paths import data_file
-from .attncache_data import (SST2, STSB, calib_test_split, describe_data, load_sst2, load_stsb, split_pairs,
+from ..paths import data_file, describe_data_file
+from .attncache_data import (SST2, STSB, calib_test_split, load_sst2, load_stsb, split_pairs,
                              store_root)
 from .plots import attncache_plots
 from .report import check_outputs, save_outputs
@@ -245,8 +245,8 @@ def run_sst2(args, argv, cfg, thetas) -> int:
     extra = [] if args.db_extra is None else list(dict.fromkeys(
         s for _, a, b in load_stsb(data_file(STSB)) for s in (a, b)))
     check_outputs(args.out, args.plot)
-    print(f"data: {describe_data(path, SST2, 'SST-2 dev')}" +
-          ("" if args.db_extra is None else f"; database also {describe_data(data_file(STSB), STSB, 'STS-B dev')}"))
+    print(f"data: {describe_data_file(path, SST2, 'SST-2 dev')}" +
+          ("" if args.db_extra is None else f"; database also {describe_data_file(data_file(STSB), STSB, 'STS-B dev')}"))
     enc, load_s = load_encoder(args)
     db = list(dict.fromkeys([s for s, _ in train] + extra))
     train_emb = [enc.embed(s).clone() for s, _ in train]
@@ -287,7 +287,7 @@ def stsb_splits(args, cfg):
     train, test = split_pairs(rows, 1000 if args.train is None else args.train, None, cfg.seed)
     calib, test = calib_test_split(test, args, "STS-B pairs")
     check_outputs(args.out, args.plot)
-    print(f"data: {describe_data(path, STSB, 'STS-B dev')}")
+    print(f"data: {describe_data_file(path, STSB, 'STS-B dev')}")
     return train, calib, test
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from ..errors import DataError
-from ..paths import DATA_ROOT, data_file
+from ..paths import DATA_ROOT, data_file, describe_data_file
 
 WIKITEXT = "wikitext2/test.txt"
 
@@ -21,10 +21,7 @@ def wikitext_path(path: Path | None = None) -> Path:
 def describe_text(path: Path | None = None) -> str:
     """How a run names the text it reads: ``WikiText-2 test (PATH)`` for the repository's copy (the
     default, or ``--data`` naming that same file), otherwise only the path of the file given."""
-    default = (DATA_ROOT / WIKITEXT).resolve()
-    if path is None or Path(path).resolve() == default:
-        return f"WikiText-2 test ({default})"
-    return str(Path(path).resolve())
+    return describe_data_file(DATA_ROOT / WIKITEXT if path is None else path, WIKITEXT, "WikiText-2 test")
 
 
 def read_wikitext(path: Path | None = None) -> str:
