@@ -97,6 +97,11 @@ def cmd_synth(rest: list[str]) -> int:
     return main(rest)
 
 
+def cmd_system(rest: list[str]) -> int:
+    from synth.system.cli import main
+    return main(rest)
+
+
 def cmd_formal(rest: list[str]) -> int:
     from testbenches.formal.cli import main
     return main(rest)
@@ -131,6 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
                    add_help=False)
     sub.add_parser("formal", help="formal stream properties of blocks (SymbiYosys; see `ladmac formal -h`)",
                    add_help=False)
+    sub.add_parser("system", help="tokens/s, energy and area of a whole model's decode step per engine "
+                   "(see `ladmac system -h`)", add_help=False)
     sub.add_parser("sweep", help="design sweep of LAD inside SmolLM2 through Ray (see `ladmac sweep lad -h`)",
                    add_help=False)
     return parser
@@ -150,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_formal(argv[1:])
         if argv[:1] == ["sweep"]:
             return cmd_sweep(argv[1:])
+        if argv[:1] == ["system"]:
+            return cmd_system(argv[1:])
         args = parser.parse_args(argv)
         if getattr(args, "block", None) is not None:
             from hdl.registry import get_block

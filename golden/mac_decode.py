@@ -401,19 +401,22 @@ class MacDecodeLayer:
         else:
             sink = (full(0), full(0), torch.zeros(H, self.d, dtype=torch.long))
         fallback = torch.zeros(H, dtype=torch.bool)
+        no = torch.zeros(H, dtype=torch.bool)
+        flag_hit = used_hit = flag_miss = used_miss = no       # the first combine's transaction per head
         e = None
         if any_hit:
             slot = mpos.clamp_min(0) % cfg.window
             ar = torch.arange(H)
             entry = (self.entry_m[ar, slot], self.entry_s[ar, slot], self.entry_o[ar, slot])
             band = self._attend(s, vg, lo_band, full(lo_tail), lo_need)
-            e, _, _ = combine(MergeOp.MERGE, entry, band, cfg)
+            e, flag_hit, used_hit = combine(MergeOp.MERGE, entry, band, cfg)
         if any_miss:
             if lo_tail == F:
                 miss = (full(0), full(0), torch.zeros(H, self.d, dtype=torch.long))
             else:
                 body = self._attend(s, vg, full(F), full(L), lo_need)
-                miss, fallback, _ = combine(MergeOp.DOWNDATE, body, tail, cfg)
+                miss, fallback, used_miss = combine(MergeOp.DOWNDATE, body, tail, cfg)
+                flag_miss = fallback
                 fallback = fallback & ~hit
                 if bool(fallback.any()):
                     exact = self._attend(s, vg, full(F), full(lo_tail), lo_need)
@@ -425,11 +428,21 @@ class MacDecodeLayer:
         self.ring_pos[slot_n] = n
         self.ring_q[:, slot_n] = q_pre
         self.entry_m[:, slot_n], self.entry_s[:, slot_n], self.entry_o[:, slot_n] = e
-        o, _, _ = combine(MergeOp.MERGE, e, tail, cfg)
-        out, _, _ = combine(MergeOp.MERGE, sink, o, cfg)
+        o, flag_o, used_o = combine(MergeOp.MERGE, e, tail, cfg)
+        out, flag_out, used_out = combine(MergeOp.MERGE, sink, o, cfg)
         kv_keys = torch.where(hit, F + (L - lo_band), full(L))
+        # the engine RTL's cycles of each head's step (engine_step_cycles, on tensors): its range
+        # passes' lengths and its combines' transactions, as MacDecodeHead records them
+        tail_n, sink_n = L - lo_tail, full(F)
+        miss_n = torch.where(fallback, lo_tail - F, 0)          # the prefix recomputed on a fallback
+        ranges = [full(tail_n), torch.where(hit, lo_tail - lo_band, L - F if lo_tail != F else 0), sink_n]
+        made = hit | (lo_tail != F)                             # a miss over an empty middle combines nothing
+        first = (made, torch.where(hit, used_hit, used_miss), torch.where(hit, flag_hit, flag_miss))
+        yes = ~no
+        combines = [first, (yes, used_o, flag_o), (yes, used_out, flag_out)]
+        rtl = engine_cycles_batch(cfg, engaged, hit, kv_keys, ranges, miss_n, combines, min(n, cfg.window))
         info = {"engaged": engaged, "hit": hit, "position": mpos, "distance": dist, "fallback": fallback,
-                "kv_keys": kv_keys, "m": out[0], "s": out[1]}
+                "kv_keys": kv_keys, "m": out[0], "s": out[1], "rtl_cycles": rtl}
         return out[2], info
 
     def prefill_raw(self, q_pre: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -503,7 +516,8 @@ class MacDecodeLayer:
         F, lo_tail, _ = step_ranges(cfg, n)
         cyc = head_step_cycles(cfg, L, info["kv_keys"], info["hit"].long(), engaged, min(n, cfg.window),
                                info["fallback"].long() * (lo_tail - F))
-        stats.update(engine_cycles=float(cyc.sum()), dense_cycles=float(H * dense_head_cycles(cfg, L)),
+        stats.update(engine_cycles=float(cyc.sum()), rtl_cycles=float(info["rtl_cycles"].sum()),
+                     dense_cycles=float(H * dense_head_cycles(cfg, L)),
                      head_kv_keys=int(info["kv_keys"].sum()))
         return cfg.out_format.to_float(o), stats
 
@@ -556,6 +570,24 @@ def engine_step_cycles(cfg: MacDecodeConfig, st: HeadStep, filled: int) -> int:
     entry = (B + 1) * (1 + int(st.hit))  # ENTRY_READ (hit) and ENTRY_WRITE
     emit = B + 1                         # EMIT: the o beats from the state SRAM (their read's cycle and B)
     return head + keys + DISPATCH_TASKS + ranges + combines + entry + emit
+
+
+def engine_cycles_batch(cfg: MacDecodeConfig, engaged: bool, hit, kv_keys, ranges, fallback_keys, combines,
+                        filled: int):
+    """:func:`engine_step_cycles` for a layer's heads at once (tensors (H,)): ``ranges`` the keys of
+    each range pass that every step makes (tail, band or body, sinks; 0 = an empty pass),
+    ``fallback_keys`` the extra pass's keys on a fallback (0: no pass), ``combines`` per combine
+    ``(made, used the MergeUnit, flagged)``. Equal to :func:`engine_step_cycles` of the same steps
+    (testbenches/test_mac_decode.py)."""
+    B = cfg.beats
+    match = (filled * B + 14 if filled else 2) if engaged else 1
+    cyc = B + match + 2 + kv_keys * B + 12 + (cfg.sinks == 0) + DISPATCH_TASKS
+    for count in ranges:
+        cyc = cyc + torch.where(count > 0, count * B + B + 33, 1)
+    cyc = cyc + torch.where(fallback_keys > 0, fallback_keys * B + B + 33, 0)
+    for made, used, flagged in combines:
+        cyc = cyc + torch.where(made, 1 + torch.where(used, torch.where(flagged, B + 22, B + 32), 0), 0)
+    return cyc + (B + 1) * (1 + hit.long()) + B + 1
 
 
 def dense_head_cycles(cfg: MacDecodeConfig, L: int) -> int:

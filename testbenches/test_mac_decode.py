@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from golden.mac_decode import (PRESETS, MacDecodeConfig, MacDecodeHead, MacDecodeLayer, attend_bits,
-                               attend_error_bound, scores_bits)
+                               attend_error_bound, engine_step_cycles, scores_bits)
 from golden.mac_ref import MacLayerState, attend
 from testbenches.tb.mac_decode_steps import random_sequence, real_trace
 
@@ -38,6 +38,7 @@ def run_both(cfg: MacDecodeConfig, H: int, Hkv: int, seq, steps: int | None = No
             assert (st.m, st.s) == (int(info["m"][h]), int(info["s"][h])), where
             assert st.hit == bool(info["hit"][h]) and st.fallback == bool(info["fallback"][h]), where
             assert st.kv_keys == int(info["kv_keys"][h]), where
+            assert int(info["rtl_cycles"][h]) == engine_step_cycles(cfg, st, min(n, cfg.window)), where
             if st.hit:
                 assert st.position == int(info["position"][h]) and st.distance == int(info["distance"][h]), where
             count["hits"] += st.hit

@@ -1,0 +1,232 @@
+"""One layer's decode step on each attention engine (docs/system.md, "Engines"): from the counts its
+bit-accurate model recorded inside SmolLM2 (an activity record of ``ladmac eval lad|mac --hardware
+--activity``) to cycles, DRAM bytes, SRAM bits, multiply-accumulates and SFM operations. The dense
+tile's counts follow from the context alone. Nothing here re-derives a count the models report:
+cycles are the records' ``tile_cycles`` (LAD tile: ``golden.lad_tile.schedule_cycles``) and
+``rtl_cycles`` (MAC decode engine: its FSM's schedule, equal to the RTL), dense cycles are
+``golden.dense.dense_step_cycles`` (equal to the RTL)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from golden.dense import DenseConfig, dense_step_cycles
+from golden.errors import DataError
+from golden.lad_tile import LadTileConfig
+from golden.llm.activity import read_activity
+from golden.mac_decode import MacDecodeConfig
+from golden.paths import PROJECT_ROOT
+from hdl.lad.common import sram_banks
+
+from .shapes import SHAPES, ModelShape
+
+ENGINES = ("dense", "lad-tile", "mac-decode")
+RESULTS = PROJECT_ROOT / "benchmarks" / "results"
+STEPS = 256                  # decode steps of a record averaged for one context (its last ones)
+# synthesis records giving each tile's logic (generic NAND2 equivalents) and post-route clock
+SYNTH_RECORDS = {"dense": "synth-s57-dense.json", "lad-tile": "synth-s54-tile.json",
+                 "mac-decode": "synth-s52-mac-decode-seed1.json", "vpu": "synth-s50-vpu-sfm-sram.json"}
+LAD_PERSISTENT = ("eas.centers", "eas.center_recips", "apid.metadata")   # + AC's caches: kept across steps
+
+
+@dataclass
+class LayerStep:
+    """One layer's decode step on one engine, summed over the layer's query heads."""
+    cycles: float               # engine cycles, all heads one after another
+    kv_bytes: float             # KV-cache bytes read from DRAM
+    macs: float                 # multiply-accumulates (16-bit operands, wide accumulators)
+    sfm_ops: float              # exponentials / reciprocals
+    scratch_bits: float         # on-chip accesses to the tile's per-step buffers (scores)
+    state_bits: float           # accesses to the per-head state kept across steps
+    stream_bytes: float         # DRAM bytes to bring each head's state in and out when streamed
+    notes: list = field(default_factory=list)
+
+
+@dataclass
+class Engine:
+    """An attention engine at one context: its config, per-head state and scratch capacity (bits),
+    and its layer steps (one per layer of the shape)."""
+    name: str
+    config: object
+    context: int
+    layers: list
+    state_bits_per_head: float
+    scratch_bits: float
+    logic_ge: float
+    clock_mhz: float
+    perplexity_delta_pct: float | None
+    source: str
+    notes: list = field(default_factory=list)
+
+
+# -- activity records ----------------------------------------------------------------------------
+def record_path(engine: str, context: int) -> Path:
+    return RESULTS / f"activity-{engine}-{context}.json"
+
+
+def record_hint(engine: str, context: int) -> str:
+    method = "lad" if engine == "lad-tile" else "mac"
+    return (f"ladmac eval {method} --hardware --context {context - STEPS - 1} --tokens {STEPS} --prompts 0 "
+            f"--variants {engine} --activity FILE")
+
+
+def load_record(engine: str, context: int, path: Path | None = None) -> dict:
+    """The activity record of ``engine`` ending at ``context`` (the repository's, or ``path``)."""
+    path = path or record_path(engine, context)
+    if not path.is_file():
+        raise DataError(f"no {engine} activity record at context {context} ({path.name}); record one with "
+                        f"`{record_hint(engine, context)}` and pass it with --activity")
+    record = read_activity(path)
+    if record.get("engine") != engine:
+        raise DataError(f"{path} records {record.get('engine')}, not {engine}")
+    last = record["windows"][-1]["last_context"]
+    if not context - 1 <= last <= context:
+        raise DataError(f"{path} ends at context {last}, not {context}")
+    return record
+
+
+def layer_means(record: dict, steps: int = STEPS) -> tuple[list[dict], int]:
+    """Per layer, each count's mean per decode step over the record's last ``steps`` steps (whole
+    windows), and the number of steps averaged."""
+    last = record["windows"][-1]["last_context"]
+    windows = [w for w in record["windows"] if w["first_context"] > last - steps]
+    n = sum(w["steps"] for w in windows)
+    layers = []
+    for i in range(len(windows[0]["layers"])):
+        keys = windows[0]["layers"][i]
+        layers.append({k: sum(w["layers"][i][k] for w in windows) / n for k in keys})
+    return layers, n
+
+
+def synth_record(key: str, block: str | None = None) -> dict:
+    data = json.loads((RESULTS / SYNTH_RECORDS[key]).read_text())
+    for r in data if isinstance(data, list) else [data]:
+        if block is None or r["block"] == block:
+            return r
+    raise DataError(f"{SYNTH_RECORDS[key]} has no {block} record")
+
+
+def logic_ge(record: dict) -> float:
+    """Gate equivalents of a block's logic and flip-flops (its memories are priced as SRAM)."""
+    ge = record["generic"]["ge"]
+    return ge["logic"] + ge["ff"]
+
+
+# -- transfer to another shape -------------------------------------------------------------------
+def _map_layers(layers: list[dict], shape: ModelShape, source_heads: int) -> list[dict]:
+    """SmolLM2's per-layer counts on ``shape``'s layers (the layer at the same depth) and heads
+    (per-head means times the shape's query heads)."""
+    out = []
+    for i in range(shape.layers):
+        src = layers[min(len(layers) - 1, i * len(layers) // shape.layers)]
+        out.append({k: v / source_heads * shape.q_heads for k, v in src.items()})
+    return out
+
+
+# -- the three engines ---------------------------------------------------------------------------
+def dense_engine(shape: ModelShape, context: int, clock_mhz: float | None = None) -> Engine:
+    """The dense tile (hdl/dense.py): every key and value of the head, one beat per cycle."""
+    cfg = DenseConfig(head_dim=shape.head_dim, max_positions=max(4096, context))
+    n, d, H = context, shape.head_dim, shape.q_heads
+    step = LayerStep(cycles=H * dense_step_cycles(cfg, n),
+                     kv_bytes=shape.kv_heads * 2 * n * d * cfg.kv_width / 8,   # GQA: a group's heads share a read
+                     macs=H * 2 * n * d, sfm_ops=H * (n + 1),
+                     scratch_bits=H * 2 * n * cfg.score_width, state_bits=0, stream_bytes=0)
+    rec = synth_record("dense")
+    return Engine("dense", cfg, context, [step] * shape.layers, 0, cfg.max_positions * cfg.score_width,
+                  logic_ge(rec), clock_mhz or rec["ecp5"]["fmax_mhz"], 0.0, "analytic (every key and value)")
+
+
+def lad_engine(shape: ModelShape, context: int, record: dict, clock_mhz: float | None = None,
+               vpus: int | None = None) -> Engine:
+    """The LAD tile (hdl/lad/tile.py) from its activity record's per-layer counts."""
+    cfg = LadTileConfig(**record["config"])
+    layers, steps = layer_means(record)
+    notes = []
+    heads = record_heads(layers)
+    if shape is not SHAPES["smollm2"]:
+        notes.append(f"activity transferred: SmolLM2-135M's per-head counts at context {context} applied to "
+                     f"{shape.name} (d {shape.head_dim}, {shape.q_heads} heads, {shape.layers} layers)")
+        layers = _map_layers(layers, shape, heads)
+        cfg = LadTileConfig(**{**record["config"], "head_dim": shape.head_dim})
+        heads = shape.q_heads
+    banks = sram_banks(cfg)
+    bits = {k: b.depth * b.width for k, b in banks.items()}
+    ac_bits = sum(v for k, v in bits.items() if k.startswith("ac."))
+    persistent = sum(bits[k] for k in LAD_PERSISTENT) + ac_bits
+    scratch = sum(bits.values()) - persistent
+    d, kvw = cfg.head_dim, cfg.kv_width
+    center_bits = d * kvw + banks["eas.center_recips"].width
+    meta = banks["apid.metadata"].width
+    xw = banks["apid.approx_scores"].width
+    out = []
+    for c in layers:
+        n = c["positions"]                      # the tile's positions (one count for the layer)
+        all_n = n * c["heads"]
+        exact = c.get("exact_steps", 0)
+        # EAS reads every center and its recip; APID reads each position's metadata in pass A and
+        # reads and writes it in pass B; AC reads its caches once (q.A) and updates a row per mode
+        # change; the new key becomes a center and a metadata entry
+        state = (c["centers"] * center_bits + all_n * 3 * meta + c["heads"] * ac_bits
+                 + c["mode_changes"] * 2 * ac_bits / d + c["heads"] * (center_bits + meta))
+        # streamed: each head's centers, metadata and caches in, metadata and caches out, the new center out
+        stream = (c["centers"] * center_bits + all_n * 2 * meta + c["heads"] * 2 * ac_bits
+                  + c["heads"] * center_bits) / 8
+        out.append(LayerStep(
+            cycles=c["tile_cycles"], kv_bytes=c["kv_beats"] * cfg.lanes * kvw / 8,
+            macs=(c["centers"] + c["candidates"] + c["active"]) * d + (2 * c["heads"] + c["mode_changes"]) * d * d
+            + exact * 2 * n * d,
+            sfm_ops=c["active"] + c["heads"] + exact * n,
+            scratch_bits=2 * (c["centers"] + all_n) * xw, state_bits=state, stream_bytes=stream))
+    if any(c.get("exact_steps", 0) for c in layers):
+        notes.append(f"past max_positions ({cfg.max_positions}) the tile makes an exact pass (dense arithmetic)")
+    ge = logic_ge(synth_record("lad-tile"))
+    synth_vpus = synth_record("lad-tile")["config"]["vpus"]
+    vpu_ge = logic_ge(synth_record("vpu", "vpu"))
+    want = vpus or cfg.vpus
+    ge += (want - synth_vpus) * vpu_ge       # the synthesised tile had synth_vpus VPUs
+    return Engine("lad-tile", cfg, context, out, persistent, scratch, ge,
+                  clock_mhz or synth_record("lad-tile")["ecp5"]["fmax_mhz"], record.get("perplexity_delta_pct"),
+                  f"{record_source(record)}, {steps} steps", notes)
+
+
+def mac_engine(shape: ModelShape, context: int, record: dict, clock_mhz: float | None = None) -> Engine:
+    """The MAC decode engine (hdl/mac/decode.py) from its activity record's per-layer counts."""
+    cfg = MacDecodeConfig(**record["config"])
+    layers, steps = layer_means(record)
+    notes = []
+    if "rtl_cycles" not in layers[0]:
+        raise DataError(f"the {context} mac-decode record predates the engine's RTL cycles (rtl_cycles); "
+                        f"record it again with `{record_hint('mac-decode', context)}`")
+    heads = record_heads(layers)
+    if shape is not SHAPES["smollm2"]:
+        notes.append(f"activity transferred: SmolLM2-135M's per-head counts at context {context} applied to "
+                     f"{shape.name} (d {shape.head_dim}, {shape.q_heads} heads, {shape.layers} layers)")
+        layers = _map_layers(layers, shape, heads)
+        cfg = MacDecodeConfig(**{**record["config"], "head_dim": shape.head_dim})
+    d, M = cfg.head_dim, cfg.window
+    filled = min(context - 1, M)
+    out = []
+    for c in layers:
+        engaged = c["hits"] + c["misses"]
+        out.append(LayerStep(
+            cycles=c["rtl_cycles"], kv_bytes=c["kv_bytes"],
+            macs=2 * c["head_kv_keys"] * d + engaged * filled * d + 3 * c["heads"] * d,
+            sfm_ops=c["head_kv_keys"] + 3 * c["heads"],
+            scratch_bits=2 * c["head_kv_keys"] * cfg.score_width,
+            state_bits=8 * c["entry_bytes"], stream_bytes=c["entry_bytes"]))
+    rec = synth_record("mac-decode")
+    per_head = M * (d * cfg.q_width + cfg.entry_bits)
+    return Engine("mac-decode", cfg, context, out, per_head, cfg.max_positions * cfg.score_width,
+                  logic_ge(rec), clock_mhz or rec["ecp5"]["fmax_mhz"],
+                  record.get("perplexity_delta_pct"), f"{record_source(record)}, {steps} steps", notes)
+
+
+def record_heads(layers: list[dict]) -> float:
+    """Query heads per layer in a record's per-step means (its ``heads`` count)."""
+    return layers[0]["heads"]
+
+
+def record_source(record: dict) -> str:
+    return f"activity record ({record.get('engine')}, {record.get('model')}, context {record['windows'][-1]['last_context']})"
