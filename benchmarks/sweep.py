@@ -8,8 +8,9 @@ included: :func:`connect`). Each point's JSON is kept under ``OUT/points/`` keye
 arguments, so an interrupted sweep resumes where it stopped (``--fresh`` recomputes). The sweep writes
 ``OUT/sweep.json``, a Markdown table ``OUT/sweep.md`` and a Pareto plot ``OUT/pareto.png``:
 perplexity change vs keys + values read (% of dense) and, with ``--hardware``, vs the tile's cycles
-(% of the dense baseline's over the last 512 steps, ``golden.lad_tile.schedule_cycles``), coloured by
-the tile's SRAM (with
+(% of the dense baseline's over the last 512 steps, ``golden.lad_tile.schedule_cycles``) and vs the
+whole model's energy per token (``ladmac system``'s model of SmolLM2 on DDR4-3200 with the tiles'
+state streamed, fed by the point's activity record), coloured by the tile's SRAM (with
 ``--hardware``: the bit-accurate LAD tile, whose SRAM banks are sized by
 ``hdl.lad.common.sram_banks``; without: the float reference ``LadConfig``).
 """
@@ -31,6 +32,7 @@ from golden.cli import AtLeast, Parser
 from golden.errors import ConfigError
 
 POINT_FORMAT = 2   # bump when a point's JSON changes meaning (2: the tile's cycles, eas_beats default 1)
+ENERGY_DRAM, ENERGY_RESIDENCY = "ddr4-3200", "streamed"   # the system model's setting for the energy column
 
 
 def grid(pairs: list[str]) -> list[dict[str, str]]:
@@ -57,10 +59,17 @@ def point_config(point: dict[str, str], hardware: bool):
     return base.with_overrides(point)
 
 
-def point_command(point: dict[str, str], args) -> list[str]:
+def activity_path(out: str | Path) -> Path:
+    """Where a hardware point's activity record (``eval --activity``) sits next to its JSON."""
+    return Path(str(out).removesuffix(".json") + ".activity.json")
+
+
+def point_command(point: dict[str, str], args, out: str | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "ladmac_cli", "eval", "lad", "--tokens", str(args.tokens), "--context",
            str(args.context), "--prompts", "0", "--no-progress", "--threads", "1"]
     cmd += ["--hardware", "--variants", "lad-tile"] if args.hardware else ["--variants", "lad"]
+    if args.hardware and out:
+        cmd += ["--activity", str(activity_path(out))]
     for k, v in point.items():
         cmd += ["--set", f"{k}={v}"]
     return cmd
@@ -163,8 +172,23 @@ def connect(address: str | None, workers: int) -> None:
                               f"`ray start --head --port PORT`") from None
 
 
-def summarize(point: dict[str, str], result: dict, hardware: bool) -> dict:
-    """One table row: perplexity and its change, keys/values read, SRAM of the point's tile."""
+def energy_uj(activity: Path) -> float:
+    """SmolLM2's energy per decode token (uJ) with the point's LAD tile: the system model
+    (synth/system) on ENERGY_DRAM, state ENERGY_RESIDENCY, at the record's last context."""
+    from golden.llm.activity import read_activity
+    from synth.system.engines import lad_engine
+    from synth.system.model import decode_step
+    from synth.system.shapes import SHAPES
+    from synth.system.tech import Tech
+    rec = read_activity(activity)
+    shape, tech = SHAPES["smollm2"], Tech()
+    eng = lad_engine(shape, rec["windows"][-1]["last_context"], rec)
+    return 1e6 * decode_step(eng, shape, tech, tech.dram(ENERGY_DRAM), shape.q_heads, ENERGY_RESIDENCY).joules
+
+
+def summarize(point: dict[str, str], result: dict, hardware: bool, out: str | Path | None = None) -> dict:
+    """One table row: perplexity and its change, keys/values read, SRAM of the point's tile and,
+    with its activity record, the whole model's energy per token."""
     row = {"point": point}
     if "error" in result:
         return {**row, "error": result["error"]}
@@ -180,6 +204,8 @@ def summarize(point: dict[str, str], result: dict, hardware: bool) -> dict:
     if hardware:
         from hdl.lad.common import sram_bits
         row["sram_kib"] = sram_bits(point_config(point, True)) / 8192
+        found = out is not None and activity_path(out).is_file()   # points run before records were kept lack it
+        row["energy_uj"] = energy_uj(activity_path(out)) if found else float("nan")
     return row
 
 
@@ -201,7 +227,8 @@ def last_pct(row: dict, key: str) -> str:
 def write_table(rows: list[dict], front: list[bool], path: Path, hardware: bool) -> None:
     names = sorted({k for r in rows for k in r["point"]})
     head = names + ["perplexity", "vs full", "keys read", "values read", "K+V read, last 512 steps", "centers/head"] + \
-        (["cycles vs dense, last 512 steps", "SRAM KiB"] if hardware else []) + ["Pareto"]
+        (["cycles vs dense, last 512 steps", "SRAM KiB",
+          f"energy/token uJ (SmolLM2, {ENERGY_DRAM}, {ENERGY_RESIDENCY})"] if hardware else []) + ["Pareto"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r, f in zip(rows, front):
         cells = [r["point"].get(n, "") for n in names]
@@ -211,7 +238,9 @@ def write_table(rows: list[dict], front: list[bool], path: Path, hardware: bool)
             cells += [f"{r['perplexity']:.3f}", f"{r['delta_pct']:+.2f}%", f"{r['keys_read_pct']:.1f}%",
                       f"{r['values_read_pct']:.1f}%", last_pct(r, "kv_read_last_pct"),
                       f"{r['centers_mean']:.0f}"]
-            cells += [last_pct(r, "cycles_last_pct"), f"{r['sram_kib']:.0f}"] if hardware else []
+            energy = r.get("energy_uj", float("nan"))
+            cells += [last_pct(r, "cycles_last_pct"), f"{r['sram_kib']:.0f}",
+                      "n/a" if energy != energy else f"{energy:.0f}"] if hardware else []
             cells += ["yes" if f else ""]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     path.write_text("\n".join(lines) + "\n")
@@ -293,7 +322,7 @@ def main(argv: list[str]) -> int:
         if out.exists() and not args.fresh:
             results[i] = json.loads(out.read_text())
         else:
-            jobs[i] = (point_command(point, args), str(out))
+            jobs[i] = (point_command(point, args, str(out)), str(out))
     if jobs:   # connect first: a refused --address is then the only line on stderr
         connect(args.address, args.workers)
     print(f"sweep: {len(points)} points, {len(results)} cached, {len(jobs)} to run", file=sys.stderr)
@@ -311,11 +340,14 @@ def main(argv: list[str]) -> int:
                         bar.update(1)
         finally:
             ray.shutdown()
-    rows = [summarize(points[i], results[i], args.hardware) for i in range(len(points))]
+    outs = [args.out / "points" / f"{point_key(point, args)}.json" for point in points]
+    rows = [summarize(points[i], results[i], args.hardware, outs[i]) for i in range(len(points))]
     keys = ("delta_pct", "kv_read_pct") + (("sram_kib",) if args.hardware else ())
     if args.hardware and all(r.get("cycles_last_pct", float("nan")) == r.get("cycles_last_pct") for r in rows
                              if "error" not in r):
         keys += ("cycles_last_pct",)   # every point has its cycles (points cached before they were reported lack them)
+    if args.hardware and all(r["energy_uj"] == r["energy_uj"] for r in rows if "error" not in r):
+        keys += ("energy_uj",)         # every point has its energy (points run before records were kept lack it)
     front = pareto(rows, keys)
     title = (f"LAD {'tile (bit-accurate)' if args.hardware else 'float reference'} in SmolLM2-135M, "
              f"{args.tokens} WikiText-2 tokens" + (f" after {args.context}" if args.context else ""))

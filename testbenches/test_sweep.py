@@ -53,3 +53,17 @@ def test_sweep_runs_points_caches_them_and_plots(tmp_path, capsys):
     capsys.readouterr()
     assert main(argv) == 0   # resumes: both points cached, nothing rerun
     assert "2 cached, 0 to run" in capsys.readouterr().err
+
+
+def test_hardware_sweep_ranks_points_by_the_whole_models_energy(tmp_path):
+    """With --hardware each point keeps its activity record and the table gains the system model's
+    energy per token (SmolLM2, DDR4-3200, state streamed), a Pareto axis."""
+    argv = ["sweep", "lad", "--hardware", "--set", "center_cos=0.9,0.98", "--tokens", "24", "--out", str(tmp_path),
+            "--workers", "2"]
+    assert main(argv) == 0
+    rows = json.loads((tmp_path / "sweep.json").read_text())["rows"]
+    energies = [r["energy_uj"] for r in rows]
+    assert all(math.isfinite(e) and e > 1000 for e in energies), energies   # weights alone: > 10 mJ per token
+    assert energies[0] != energies[1]                                        # the points' activity differs
+    assert len(list((tmp_path / "points").glob("*.activity.json"))) == 2
+    assert "energy/token uJ" in (tmp_path / "sweep.md").read_text()

@@ -15,7 +15,7 @@ from golden.dense import DenseConfig, dense_step_cycles
 from golden.errors import DataError
 from golden.lad_tile import LadTileConfig
 from golden.llm.activity import read_activity
-from golden.mac_decode import MacDecodeConfig
+from golden.mac_decode import MacDecodeConfig, dense_head_cycles
 from golden.paths import PROJECT_ROOT
 from hdl.lad.common import sram_banks
 
@@ -114,14 +114,28 @@ def logic_ge(record: dict) -> float:
 
 
 # -- transfer to another shape -------------------------------------------------------------------
-def _map_layers(layers: list[dict], shape: ModelShape, source_heads: int) -> list[dict]:
-    """SmolLM2's per-layer counts on ``shape``'s layers (the layer at the same depth) and heads
-    (per-head means times the shape's query heads)."""
+def _transfer(layers: list[dict], shape: ModelShape, d_source: int, per_dim: tuple, cycles: str,
+              dense_head_cycles: float) -> list[dict]:
+    """SmolLM2's per-layer counts on ``shape``: each target layer takes the source layer at the same
+    depth, per-head means times the shape's query heads; the counts in ``per_dim`` (bytes, beats)
+    scale with the head dimension; ``cycles`` keeps its recorded ratio to the dense tile's cycles,
+    times the dense tile's cycles of a head at the shape's head dimension."""
     out = []
     for i in range(shape.layers):
         src = layers[min(len(layers) - 1, i * len(layers) // shape.layers)]
-        out.append({k: v / source_heads * shape.q_heads for k, v in src.items()})
+        h = src["heads"]
+        t = {k: v / h * shape.q_heads for k, v in src.items()}
+        for k in per_dim:
+            t[k] *= shape.head_dim / d_source
+        t[cycles] = src[cycles] / src["dense_cycles"] * dense_head_cycles * shape.q_heads
+        t["dense_cycles"] = dense_head_cycles * shape.q_heads
+        out.append(t)
     return out
+
+
+def transfer_note(shape: ModelShape, context: int) -> str:
+    return (f"activity transferred: SmolLM2-135M's per-head counts at context {context} applied to {shape.name} "
+            f"(d {shape.head_dim}, {shape.q_heads} heads, {shape.layers} layers); cycles keep their ratio to dense")
 
 
 # -- the three engines ---------------------------------------------------------------------------
@@ -144,13 +158,12 @@ def lad_engine(shape: ModelShape, context: int, record: dict, clock_mhz: float |
     cfg = LadTileConfig(**record["config"])
     layers, steps = layer_means(record)
     notes = []
-    heads = record_heads(layers)
-    if shape is not SHAPES["smollm2"]:
-        notes.append(f"activity transferred: SmolLM2-135M's per-head counts at context {context} applied to "
-                     f"{shape.name} (d {shape.head_dim}, {shape.q_heads} heads, {shape.layers} layers)")
-        layers = _map_layers(layers, shape, heads)
-        cfg = LadTileConfig(**{**record["config"], "head_dim": shape.head_dim})
-        heads = shape.q_heads
+    if shape.head_dim != cfg.head_dim or shape is not SHAPES["smollm2"]:
+        notes.append(transfer_note(shape, context))
+        d0 = cfg.head_dim
+        eas_beats = max(cfg.eas_beats, shape.head_dim // 64)       # at most 64 EAS lanes
+        cfg = LadTileConfig(**{**record["config"], "head_dim": shape.head_dim, "eas_beats": eas_beats})
+        layers = _transfer(layers, shape, d0, ("kv_beats",), "tile_cycles", dense_step_cycles(cfg, context))
     banks = sram_banks(cfg)
     bits = {k: b.depth * b.width for k, b in banks.items()}
     ac_bits = sum(v for k, v in bits.items() if k.startswith("ac."))
@@ -199,12 +212,12 @@ def mac_engine(shape: ModelShape, context: int, record: dict, clock_mhz: float |
     if "rtl_cycles" not in layers[0]:
         raise DataError(f"the {context} mac-decode record predates the engine's RTL cycles (rtl_cycles); "
                         f"record it again with `{record_hint('mac-decode', context)}`")
-    heads = record_heads(layers)
-    if shape is not SHAPES["smollm2"]:
-        notes.append(f"activity transferred: SmolLM2-135M's per-head counts at context {context} applied to "
-                     f"{shape.name} (d {shape.head_dim}, {shape.q_heads} heads, {shape.layers} layers)")
-        layers = _map_layers(layers, shape, heads)
+    if shape.head_dim != cfg.head_dim or shape is not SHAPES["smollm2"]:
+        notes.append(transfer_note(shape, context))
+        d0 = cfg.head_dim
         cfg = MacDecodeConfig(**{**record["config"], "head_dim": shape.head_dim})
+        layers = _transfer(layers, shape, d0, ("kv_bytes", "entry_bytes"), "rtl_cycles",
+                           dense_head_cycles(cfg, context))
     d, M = cfg.head_dim, cfg.window
     filled = min(context - 1, M)
     out = []
@@ -221,11 +234,6 @@ def mac_engine(shape: ModelShape, context: int, record: dict, clock_mhz: float |
     return Engine("mac-decode", cfg, context, out, per_head, cfg.max_positions * cfg.score_width,
                   logic_ge(rec), clock_mhz or rec["ecp5"]["fmax_mhz"],
                   record.get("perplexity_delta_pct"), f"{record_source(record)}, {steps} steps", notes)
-
-
-def record_heads(layers: list[dict]) -> float:
-    """Query heads per layer in a record's per-step means (its ``heads`` count)."""
-    return layers[0]["heads"]
 
 
 def record_source(record: dict) -> str:
