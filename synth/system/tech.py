@@ -51,14 +51,15 @@ class Tech:
     # -- SRAM -----------------------------------------------------------------------------------
     def sram_pj_per_bit(self, array_bytes: float) -> float:
         """Access energy per bit of an SRAM array of ``array_bytes``: the table's 64-bit access
-        energies interpolated log-log in the array size (clamped to the table's range)."""
+        energies interpolated log-log in the array size; below the smallest point its energy,
+        above the largest the last segment's slope continued (wires grow with the array)."""
         points = sorted(self.raw["sram"]["read_64bit_pj"])
-        x = min(max(array_bytes, points[0][0]), points[-1][0])
+        x = max(array_bytes, points[0][0])
         for (x0, y0), (x1, y1) in zip(points, points[1:]):
-            if x <= x1:
+            if x <= x1 or (x1, y1) == tuple(points[-1]):
                 t = math.log(x / x0) / math.log(x1 / x0)
                 return math.exp(math.log(y0) + t * math.log(y1 / y0)) / 64 * self.energy_factor
-        return points[-1][1] / 64 * self.energy_factor
+        return points[0][1] / 64 * self.energy_factor
 
     def sram_mm2(self, bits: float) -> float:
         return bits / 8 / 2**20 * self.raw["sram"]["area_mm2_per_mib"] * self.area_factor
