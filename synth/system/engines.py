@@ -40,7 +40,6 @@ class LayerStep:
     scratch_bits: float         # on-chip accesses to the tile's per-step buffers (scores)
     state_bits: float           # accesses to the per-head state kept across steps
     stream_bytes: float         # DRAM bytes to bring each head's state in and out when streamed
-    notes: list = field(default_factory=list)
 
 
 @dataclass
@@ -176,22 +175,22 @@ def lad_engine(shape: ModelShape, context: int, record: dict, clock_mhz: float |
     out = []
     for c in layers:
         n = c["positions"]                      # the tile's positions (one count for the layer)
-        all_n = n * c["heads"]
-        exact = c.get("exact_steps", 0)
+        exact = c.get("exact_steps", 0)         # heads past max_positions: an exact pass, state untouched
+        lad = c["heads"] - exact                # heads that made a LAD step (a layer's heads go together)
+        centers = c["centers"] * lad / c["heads"]
         # EAS reads every center and its recip; APID reads each position's metadata in pass A and
         # reads and writes it in pass B; AC reads its caches once (q.A) and updates a row per mode
         # change; the new key becomes a center and a metadata entry
-        state = (c["centers"] * center_bits + all_n * 3 * meta + c["heads"] * ac_bits
-                 + c["mode_changes"] * 2 * ac_bits / d + c["heads"] * (center_bits + meta))
+        state = (centers * center_bits + lad * n * 3 * meta + lad * ac_bits
+                 + c["mode_changes"] * 2 * ac_bits / d + lad * (center_bits + meta))
         # streamed: each head's centers, metadata and caches in, metadata and caches out, the new center out
-        stream = (c["centers"] * center_bits + all_n * 2 * meta + c["heads"] * 2 * ac_bits
-                  + c["heads"] * center_bits) / 8
+        stream = (centers * center_bits + lad * n * 2 * meta + lad * 2 * ac_bits + lad * center_bits) / 8
         out.append(LayerStep(
             cycles=c["tile_cycles"], kv_bytes=c["kv_beats"] * cfg.lanes * kvw / 8,
-            macs=(c["centers"] + c["candidates"] + c["active"]) * d + (2 * c["heads"] + c["mode_changes"]) * d * d
+            macs=(centers + c["candidates"] + c["active"]) * d + (2 * lad + c["mode_changes"]) * d * d
             + exact * 2 * n * d,
-            sfm_ops=c["active"] + c["heads"] + exact * n,
-            scratch_bits=2 * (c["centers"] + all_n) * xw, state_bits=state, stream_bytes=stream))
+            sfm_ops=c["active"] + lad + exact * n,
+            scratch_bits=2 * (centers + lad * n + exact * n) * xw, state_bits=state, stream_bytes=stream))
     if any(c.get("exact_steps", 0) for c in layers):
         notes.append(f"past max_positions ({cfg.max_positions}) the tile makes an exact pass (dense arithmetic)")
     ge = logic_ge(synth_record("lad-tile"))
