@@ -106,6 +106,7 @@ def print_result(res: dict) -> None:
     print(f"{res['model']}: decode step, {res['tiles']} attention tiles, {res['node_nm']} nm")
     for note in res["notes"]:
         print(f"  note: {note}")
+    print("  ppl: the recorded SmolLM2 run's perplexity change against full attention (bit-accurate engine)")
     budget = res["sram_budget_mib"] is not None
     for dram in dict.fromkeys(r["dram"] for r in res["rows"]):
         print(f"\n{dram}")
