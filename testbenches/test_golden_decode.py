@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 
 import pytest
 import torch
@@ -224,25 +223,6 @@ def test_lad_bounded_center_table_rules(rule):
 
 
 # -- inside SmolLM2 ---------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def smollm2():
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    from golden.llm.data import wikitext_ids
-    from golden.llm.hooks import Controller, controller_of
-    from golden.llm.runs import load_model
-    model, tokenizer = load_model()
-    before = model.config._attn_implementation
-    ctl = Controller(model)
-    assert model.config._attn_implementation == ctl.name != before
-    ids = wikitext_ids(tokenizer, 2048 + 64 + 1)
-    yield ctl, ids
-    ctl.detach()
-    assert model.config._attn_implementation == before and controller_of(model) is None
-    torch.set_num_threads(threads)
-
-
 def test_disabled_approximations_equal_full_attention(smollm2):
     from golden.llm.runs import teacher_forced
     ctl, ids = smollm2

@@ -6,7 +6,6 @@ import json
 import os
 
 import pytest
-import torch
 
 from golden.lad_tile import LadTileConfig
 from golden.llm.activity import activity
@@ -15,21 +14,6 @@ from synth.system.engines import dense_engine, lad_engine, mac_engine
 from synth.system.model import decode_step
 from synth.system.shapes import SHAPES, shape_from_config
 from synth.system.tech import Tech
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    from golden.llm.data import wikitext_ids
-    from golden.llm.hooks import Controller
-    from golden.llm.runs import load_model
-    model, tokenizer = load_model()
-    ctl = Controller(model)
-    yield ctl, wikitext_ids(tokenizer, 64)
-    ctl.detach()
-    torch.set_num_threads(threads)
 
 
 def per_layer_means(ctl, key):
