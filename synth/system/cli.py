@@ -147,12 +147,13 @@ def plots(res: dict, folder) -> list[str]:
         ax.legend(fontsize=7)
         out.append(str(save(fig, folder / f"system_energy_{dram}.png")))
         fig, ax = plt.subplots(figsize=(5, 3.5))
-        for eng in dict.fromkeys(r["engine"] for r in sel):
+        for eng, colour in zip(dict.fromkeys(r["engine"] for r in sel), ("#4c72b0", "#c44e52", "#55a868")):
             for res_kind, style in (("resident", "-"), ("streamed", "--")):
                 pts = sorted((r["context"], r["tokens_per_s"]) for r in sel
                              if r["engine"] == eng and r["residency"] == res_kind)
                 if pts:
-                    ax.plot(*zip(*pts), style, marker="o", label=f"{eng} {res_kind}")
+                    ax.plot(*zip(*pts), style, color=colour, marker="o" if res_kind == "resident" else "x",
+                            label=f"{eng} {res_kind}")
         ax.set_xlabel("context (tokens)")
         ax.set_ylabel("tokens/s")
         ax.set_title(f"{res['model']} on {dram}", fontsize=9)
