@@ -20,7 +20,7 @@ from golden.llm.activity import read_activity
 
 from .engines import ENGINES, dense_engine, lad_engine, load_record, mac_engine
 from .model import RESIDENCY, decode_step, tiles_in_budget
-from .shapes import get_shape
+from .shapes import SHAPES, get_shape
 from .tech import Tech
 
 
@@ -75,9 +75,10 @@ def run(args) -> dict:
     drams = [tech.dram(d) for d in _list(args.dram, "dram", tech.drams)]
     engines = _list(args.engines, "engines", ENGINES)
     residencies = _list(args.residency, "residency", RESIDENCY)
-    bad = [c for c in contexts if c < 2 or (shape.max_positions and c > shape.max_positions and shape.name == "SmolLM2-135M")]
+    top = SHAPES["smollm2"].max_positions          # every activity record comes from a SmolLM2 run
+    bad = [c for c in contexts if not 2 <= c <= top]
     if bad:
-        raise ConfigError(f"context {bad[0]} is outside 2..{shape.max_positions} for {shape.name}")
+        raise ConfigError(f"context {bad[0]} is outside 2..{top} (the activity comes from SmolLM2 runs)")
     records = {}
     for path in args.activity:
         rec = read_activity(Path(path))
