@@ -83,8 +83,9 @@ def decode_step(engine: Engine, shape: ModelShape, tech: Tech, dram: Dram, tiles
         dram_bytes = step.kv_bytes + kv_write + (step.stream_bytes if streamed else 0)
         att_s += max(step.cycles / min(tiles, shape.q_heads) / f, dram_bytes / bw)
         att_dram += dram_bytes
+        # the state is read and written in SRAM either way (streamed: in the tile's copy, after DRAM)
         att_sram += (step.scratch_bits * tech.sram_pj_per_bit(scratch_array)
-                     + (0 if streamed else step.state_bits * tech.sram_pj_per_bit(state_array))) * 1e-12
+                     + step.state_bits * tech.sram_pj_per_bit(state_array)) * 1e-12
         att_arith += step.macs * mac + step.sfm_ops * sfm
     # the rest of the model: weights streamed from DRAM through the GEMV
     weights = shape.step_weights
