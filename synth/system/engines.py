@@ -1,4 +1,4 @@
-"""One layer's decode step on each attention engine (docs/system.md, "Engines"): from the counts its
+"""One layer's decode step on each attention engine (docs/system.md, "The model"): from the counts its
 bit-accurate model recorded inside SmolLM2 (an activity record of ``ladmac eval lad|mac --hardware
 --activity``) to cycles, DRAM bytes, SRAM bits, multiply-accumulates and SFM operations. The dense
 tile's counts follow from the context alone. Nothing here re-derives a count the models report:

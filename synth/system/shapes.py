@@ -1,4 +1,4 @@
-"""Model shapes for the system model (docs/system.md, "Model shapes"): what a decode step of a
+"""Model shapes for the system model (docs/system.md, "The model"): what a decode step of a
 whole transformer moves and computes outside attention. A shape is a name in :data:`SHAPES` (the
 published ``config.json`` of each model, values copied with their source) or any transformers
 ``config.json`` (:func:`shape_from_config`)."""

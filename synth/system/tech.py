@@ -1,4 +1,4 @@
-"""The technology the system model prices activity with (docs/system.md, "Constants"): energy per
+"""The technology the system model prices activity with (docs/system.md, "Constants and their sources"): energy per
 operation, SRAM access energy, area and leakage, DRAM bandwidth and energy per bit, the logic
 area of a NAND2 gate equivalent, and node scaling, all read from ``constants.toml`` (one data file,
 every value with its published source)."""
