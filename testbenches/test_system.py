@@ -10,6 +10,7 @@ import pytest
 from golden.lad_tile import LadTileConfig
 from golden.llm.activity import activity
 from golden.mac_decode import MacDecodeConfig
+from synth.system.cli import DEFAULT_CONTEXTS
 from synth.system.engines import dense_engine, lad_engine, mac_engine
 from synth.system.model import decode_step
 from synth.system.shapes import SHAPES, shape_from_config
@@ -62,7 +63,8 @@ def test_smollm2_shape_is_the_models(smollm2):
 def test_whole_model_at_4096_on_the_recorded_activity():
     tech, shape = Tech(), SHAPES["smollm2"]
     dram = tech.dram("ddr4-3200")
-    from synth.system.engines import load_record
+    from synth.system.cli import DEFAULT_CONTEXTS
+from synth.system.engines import load_record
     lad = lad_engine(shape, 4096, load_record("lad-tile", 4096))
     dense = dense_engine(shape, 4096)
     r_dense = decode_step(dense, shape, tech, dram, 9, "resident")
@@ -114,7 +116,7 @@ def test_system_defaults_print_every_engine_and_residency(capsys, tmp_path):
     assert main(["system", "--out", str(out), "--plot", str(tmp_path)]) == 0
     res = json.loads(out.read_text())
     combos = {(r["context"], r["engine"], r["residency"], r["dram"]) for r in res["rows"]}
-    assert len(combos) == 3 * 3 * 2 * 2
+    assert len(combos) == len(DEFAULT_CONTEXTS.split(",")) * 3 * 2 * 2
     assert all(r["tokens_per_s"] > 0 and r["energy_per_token_j"] > 0 for r in res["rows"])
     assert len(res["plots"]) == 4 and all(os.path.getsize(p) > 10_000 for p in res["plots"])
     text = capsys.readouterr().out

@@ -2,7 +2,7 @@
 model's decode step: tokens/s, energy per token (DRAM / SRAM / arithmetic / static), SRAM and
 area, under both residency policies, per DRAM and context (docs/system.md).
 
-    ladmac system [--model smollm2|llama2-7b|CONFIG.json] [--contexts 2048,4096,8192]
+    ladmac system [--model smollm2|llama2-7b|CONFIG.json] [--contexts 2048,4096]
                   [--dram ddr4-3200,hbm2e] [--tiles N] [--residency resident,streamed]
                   [--node NM] [--clock MHZ] [--sram-budget MIB] [--activity FILE ...]
                   [--out JSON] [--plot DIR] [--lad-table3]
@@ -24,6 +24,9 @@ from .shapes import SHAPES, get_shape
 from .tech import Tech
 
 
+DEFAULT_CONTEXTS = "2048,4096"   # the contexts every engine has a repository activity record of
+
+
 def _list(text: str, what: str, known=None, kind=str) -> list:
     try:
         items = [kind(x.strip()) for x in text.split(",") if x.strip()]
@@ -40,7 +43,7 @@ def _list(text: str, what: str, known=None, kind=str) -> list:
 def parser() -> Parser:
     ap = Parser(prog="ladmac system", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2", help="smollm2 (default), llama2-7b or a transformers config.json")
-    ap.add_argument("--contexts", default="2048,4096,8192", help="context lengths (each needs activity records)")
+    ap.add_argument("--contexts", default=DEFAULT_CONTEXTS, help="context lengths (each needs activity records)")
     ap.add_argument("--dram", default="ddr4-3200,hbm2e", help="DRAM standards (ddr4-3200, lpddr5-6400, hbm2e)")
     ap.add_argument("--engines", default=",".join(ENGINES), help="attention engines (dense, lad-tile, mac-decode)")
     ap.add_argument("--tiles", action=AtLeast, help="attention tiles (default: the model's query heads per layer)")
