@@ -11,7 +11,7 @@ from golden.lad_tile import LadTileConfig
 from golden.llm.activity import activity
 from golden.mac_decode import MacDecodeConfig
 from synth.system.cli import DEFAULT_CONTEXTS
-from synth.system.engines import dense_engine, lad_engine, mac_engine
+from synth.system.engines import dense_engine, lad_engine, load_record, mac_engine
 from synth.system.model import decode_step
 from synth.system.shapes import SHAPES, shape_from_config
 from synth.system.tech import Tech
@@ -63,8 +63,6 @@ def test_smollm2_shape_is_the_models(smollm2):
 def test_whole_model_at_4096_on_the_recorded_activity():
     tech, shape = Tech(), SHAPES["smollm2"]
     dram = tech.dram("ddr4-3200")
-    from synth.system.cli import DEFAULT_CONTEXTS
-from synth.system.engines import load_record
     lad = lad_engine(shape, 4096, load_record("lad-tile", 4096))
     dense = dense_engine(shape, 4096)
     r_dense = decode_step(dense, shape, tech, dram, 9, "resident")
