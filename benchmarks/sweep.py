@@ -317,12 +317,12 @@ def main(argv: list[str]) -> int:
     root = str(Path(__file__).resolve().parent.parent)
     jobs = {}
     results: dict[int, dict] = {}
-    for i, point in enumerate(points):
-        out = args.out / "points" / f"{point_key(point, args)}.json"
+    outs = [args.out / "points" / f"{point_key(point, args)}.json" for point in points]
+    for i, out in enumerate(outs):
         if out.exists() and not args.fresh:
             results[i] = json.loads(out.read_text())
         else:
-            jobs[i] = (point_command(point, args, str(out)), str(out))
+            jobs[i] = (point_command(points[i], args, str(out)), str(out))
     if jobs:   # connect first: a refused --address is then the only line on stderr
         connect(args.address, args.workers)
     print(f"sweep: {len(points)} points, {len(results)} cached, {len(jobs)} to run", file=sys.stderr)
@@ -340,7 +340,6 @@ def main(argv: list[str]) -> int:
                         bar.update(1)
         finally:
             ray.shutdown()
-    outs = [args.out / "points" / f"{point_key(point, args)}.json" for point in points]
     rows = [summarize(points[i], results[i], args.hardware, outs[i]) for i in range(len(points))]
     keys = ("delta_pct", "kv_read_pct") + (("sram_kib",) if args.hardware else ())
     if args.hardware and all(r.get("cycles_last_pct", float("nan")) == r.get("cycles_last_pct") for r in rows

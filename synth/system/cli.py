@@ -11,7 +11,6 @@ Activity comes from the recorded bit-accurate runs in benchmarks/results (``acti
 CONTEXT.json``) or ``--activity`` files. Bad input prints one line and returns 2."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from golden.cli import AtLeast, Parser
@@ -167,22 +166,16 @@ def plots(res: dict, folder) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from golden.llm.report import save_outputs, write_json
     args = parser().parse_args(argv)
     if args.lad_table3:
         from .lad_paper import print_table3, table3
         t3 = table3(node_nm=args.node, clock_mhz=args.clock)
         print_table3(t3)
         if args.out:
-            Path(args.out).write_text(json.dumps(t3, indent=1))
+            write_json(args.out, t3)
         return 0
     res = run(args)
     print_result(res)
-    if args.plot:
-        res["plots"] = plots(res, args.plot)
-        print("plots: " + ", ".join(res["plots"]))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(res, indent=1))
-        print(f"wrote {args.out}")
+    save_outputs(res, args, plots)
     return 0
-
