@@ -145,7 +145,11 @@ def dense_step_cycles(cfg: HeadConfig, n: int) -> int:
 
 def score_raw(q: torch.Tensor, k: torch.Tensor, cfg: DenseConfig) -> torch.Tensor:
     """Exact scaled scores of raw q (d,) against raw keys (n, d), in the SFM's x format."""
-    dots = (k * q).sum(-1)  # the VPU's DOT, exact: its accumulator is sized not to saturate
+    return score_from_dots((k * q).sum(-1), cfg)  # the VPU's DOT, exact: its accumulator is sized not to saturate
+
+
+def score_from_dots(dots: torch.Tensor, cfg: HeadConfig) -> torch.Tensor:
+    """Scores of exact dot products ``q.k``: scaled by ``scale_raw``, rounded, in the SFM's x format."""
     return saturate(round_shift(dots * cfg.scale_raw, cfg.score_shift), cfg.sfm.x_format)
 
 

@@ -11,15 +11,19 @@ Vectorization
 -------------
 All heads hold the same number of positions ``n`` (they step together), so the state is
 the per-head model's state with a leading head axis: ``KV (H, P, 2d)`` (k | v of each
-position, int16: kv_width <= 16), ``centers (H, max_centers, d)`` (int32),
+position, int16: kv_width <= 16), ``centers (H, max_centers, d)`` (float64, integer-valued),
 ``center_of, rho, mode (H, P)``, the APID bounds of each position's mode ``mlo, mhi (H, P)``,
 ``counters (H, P, R+1)`` (int16), caches ``A (H, d, d)``, ``BCD (H, 3, d)``, ``EF (H, 2)``
 (int64). Dot products of kv-format vectors are int32 products (``|q k| <= 2**30``) summed
-in int64.
+in int64, or, where one vector meets many (center scores, the exact pass), float64 matrix
+products (``exact_bmm``): every product and partial sum is an integer below ``2**53`` in
+magnitude, so each float64 operation is exact whatever the summation order.
 
 - EAS: ``c.q`` and ``c.k`` for every center slot of every head in one product
-  (``(H, C, 2)``); first argmax of ``t`` over the valid slots (invalid ones get ``t = -1``),
+  (``(H, C, 2)``, ``exact_bmm``); first argmax of ``t`` over the valid slots (invalid ones get ``t = -1``),
   the join rule and the new-center writes as masked tensor updates.
+- Exact pass past ``max_positions``: the dense baseline for every head at once over a float64
+  copy of the KV memory (scores and ``sum p v`` by ``exact_bmm``).
 - s^, m, APID: ``(H, n)`` gathers and compares.
 - MD: every candidate of every head is one row of a flat list (``cand.nonzero()``: head
   major, positions in increasing order, the per-head model's order), with its k | v row
@@ -66,19 +70,21 @@ round half up, ``floor((x + 2**(s-1)) / 2**s)``, golden/fixedpoint.py), by one o
   ``s1 = min(s, 31)`` needs no clamp.
 
 The constructor checks every bound these rely on (and that all other products and sums fit
-int64) from the config's formats and raises ``ValueError`` for a config that would break
-one. No float is used.
+int64, and every float64 product below ``2**53``) from the config's formats and raises
+``ValueError`` for a config that would break one. Floats hold integers only.
 """
 from __future__ import annotations
 
 import torch
 
-from .dense import dense_attention_bits
+from .dense import score_from_dots
 from .fixedpoint import FixedFormat, round_shift, saturate
+from .sfm import exp_pwl, recip
 from .lad_tile import COS_FRAC, LadTileConfig, StepPath, mode_bounds, sat_add_sequence
 
 LIMB = 31
 LOW = (1 << LIMB) - 1
+EXACT_F64 = 1 << 53         # float64 holds every integer below this magnitude exactly
 WIDE_LIM = 1 << 62          # round_shift_wide's results are exact up to this magnitude, clamped beyond
 STAT_KEYS = ("position", "candidates", "active", "false_alarms", "mode_changes", "path", "m", "z",
              "centers", "new_center", "kv_beats")
@@ -90,6 +96,12 @@ def mul_wide(a: torch.Tensor, b) -> tuple[torch.Tensor, torch.Tensor]:
     a1, a0 = a >> LIMB, a & LOW
     p0 = a0 * b
     return a1 * b + (p0 >> LIMB), p0 & LOW
+
+
+def exact_bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` of integer-valued float64 batches as int64, exact when ``sum |a_ij b_jk|`` stays
+    below ``2**53`` (then no product or partial sum is ever rounded; the caller proves the bound)."""
+    return torch.bmm(a, b).long()
 
 
 def round_shift_wide(hi: torch.Tensor, lo: torch.Tensor, s) -> torch.Tensor:
@@ -167,8 +179,8 @@ class LadTileBatch:
         # main memory and the center table hold kv-format values: int16; dot products are
         # int32 products (|q k| <= 2**30) summed in int64
         self.KV = torch.zeros(H, P, 2 * d, dtype=torch.int16)      # k | v of each position (LAD steps)
-        self.KV_past: list[torch.Tensor] = []                      # (H, 2d) of positions past max_positions
-        self.centers = torch.zeros(H, cfg.max_centers, d, dtype=torch.int32)
+        self.KV_exact: torch.Tensor | None = None                  # (H, kv_positions, 2d) float64 (exact pass)
+        self.centers = torch.zeros(H, cfg.max_centers, d, dtype=torch.float64)
         self.center_rm = torch.zeros(H, cfg.max_centers, **i64)   # RECIP(|c|^2): mantissa
         self.center_re = torch.zeros(H, cfg.max_centers, **i64)   # and exponent
         self.n_centers = torch.zeros(H, **i64)
@@ -182,6 +194,7 @@ class LadTileBatch:
         self.BCD = torch.zeros(H, 3, d, **i64)     # B, C, D (one saturating sequence: same format)
         self.EF = torch.zeros(H, 2, **i64)         # E, F
         self._heads = torch.arange(H)
+        self.fallback = cfg.fallback()                             # the exact pass's dense config (kept: its tables)
         self._check_widths()
 
     K = property(lambda self: self.KV[:, :, :self.cfg.head_dim])
@@ -212,6 +225,8 @@ class LadTileBatch:
                 raise ValueError(f"LadTileBatch: {what} does not fit its int64 method for this config")
 
         need(kv * kv < 1 << 31 and dot * S < L62, "score dot * scale")
+        fb = cfg.fallback().sfm
+        need(dot < EXACT_F64 and fb.out_format.max_raw * kv * cfg.kv_positions < EXACT_F64, "float64 dot products")
         need(2 * dot + 2 < L62 and (1 << (mf + cfg.kk_width + 1)) < L62, "EAS t")
         need(dot * rc < L62 and ((dot >> LIMB) + 1) * dot * rc < L62, "EAS dot**2 * rc")
         need(S < 1 << LIMB and rc < 1 << LIMB and xm < 1 << LIMB and acc < L62, "wide multiplier")
@@ -234,8 +249,7 @@ class LadTileBatch:
     # -- pieces ----------------------------------------------------------------------------------------
     def _score(self, dots: torch.Tensor) -> torch.Tensor:
         """golden.dense.score_raw from exact dot products."""
-        cfg = self.cfg
-        return saturate(round_shift(dots * cfg.scale_raw, cfg.score_shift), cfg.sfm.x_format)
+        return score_from_dots(dots, self.cfg)
 
     def _interval(self, x: torch.Tensor) -> torch.Tensor:
         """golden.sfm.exp_interval: the number of boundaries ``e_k`` with ``x < e_k``."""
@@ -262,7 +276,7 @@ class LadTileBatch:
         zero = z == 0
         return torch.where(zero, sfm.mantissa_format.max_raw, m), torch.where(zero, 0, k)
 
-    def _center_update(self, dots: torch.Tensor, k32: torch.Tensor, kk: torch.Tensor, Cm: int):
+    def _center_update(self, dots: torch.Tensor, k: torch.Tensor, kk: torch.Tensor, Cm: int):
         """EAS for the new keys: (center index, rho, new-center mask); updates the center table."""
         cfg = self.cfg
         mf = cfg.sfm.mantissa_frac
@@ -298,7 +312,7 @@ class LadTileBatch:
         if hn.numel():
             slot = C[hn]
             m_, e_ = self._recip(kk[hn])
-            self.centers[hn, slot] = k32[hn]
+            self.centers[hn, slot] = k[hn].double()
             self.center_rm[hn, slot] = m_
             self.center_re[hn, slot] = e_
             self.n_centers = C + (~join).long()
@@ -414,12 +428,20 @@ class LadTileBatch:
         if n >= cfg.kv_positions:
             stats["path"] = torch.full((H,), int(StepPath.BEYOND), dtype=torch.int64)
             return torch.zeros(H, d, dtype=torch.int64), stats
-        self.KV_past.append(torch.cat([k, v], 1).to(torch.int16))
-        kv = torch.cat([self.KV, torch.stack(self.KV_past, 1)], 1).long()        # (H, n + 1, 2d)
-        o = torch.zeros(H, d, dtype=torch.int64)
-        for h in range(H):
-            o[h], m, z = dense_attention_bits(q[h], kv[h, :, :d], kv[h, :, d:], cfg.fallback())
-            stats["m"][h], stats["z"][h] = m, z
+        if self.KV_exact is None:
+            self.KV_exact = torch.zeros(H, cfg.kv_positions, 2 * d, dtype=torch.float64)
+            self.KV_exact[:, :n] = self.KV
+        self.KV_exact[:, n, :d], self.KV_exact[:, n, d:] = k, v
+        kv = self.KV_exact[:, :n + 1]
+        fb = self.fallback           # golden.dense.dense_attention_bits, every head at once
+        s = score_from_dots(exact_bmm(kv[:, :, :d], q.double()[:, :, None])[:, :, 0], fb)
+        m = s.amax(1)
+        p, _ = exp_pwl(saturate(s - m[:, None], fb.sfm.x_format), fb.sfm)
+        z = p.sum(1)
+        N = exact_bmm(p.double()[:, None, :], kv[:, :, d:])[:, 0]
+        r, e = recip(z, fb.sfm)
+        o = saturate(round_shift(N * r[:, None], fb.sfm.mantissa_frac + e[:, None]), fb.kv_format)
+        stats["m"], stats["z"] = m, z
         self.n = n + 1
         stats["path"] = torch.full((H,), int(StepPath.EXACT), dtype=torch.int64)
         stats["kv_beats"] = torch.full((H,), 2 * (n + 1) * cfg.beats, dtype=torch.int64)
@@ -437,15 +459,14 @@ class LadTileBatch:
             return self._exact_step(q, k, v)
         xf = sfm.x_format
         heads = self._heads
-        q32, k32 = q.to(torch.int32), k.to(torch.int32)
+        q32 = q.to(torch.int32)
         KVf = self.KV.view(H * P, 2 * d)
         # 1-2. EAS: center scores, the new key's center, approximate scores, m
         Cm = int(self.n_centers.max())
-        qk = torch.stack([q32, k32], 1)[:, None]                                # (H, 1, 2, d)
-        cdots = (self.centers[:, :Cm, None, :] * qk).sum(-1, dtype=torch.int64)   # (H, Cm, 2): c.q, c.k
+        cdots = exact_bmm(self.centers[:, :Cm], torch.stack([q, k], 2).double())  # (H, Cm, 2): c.q, c.k
         qcs = self._score(cdots[:, :, 0])
         kk = (k * k).sum(-1)
-        center, rho, new_center = self._center_update(cdots[:, :, 1], k32, kk, Cm)
+        center, rho, new_center = self._center_update(cdots[:, :, 1], k, kk, Cm)
         s_new = self._score((q * k).sum(-1))
         if n:
             s_hat = saturate(round_shift(qcs.gather(1, self.center_of[:, :n]) * self.rho[:, :n], cfg.rho_frac), xf)

@@ -134,6 +134,7 @@ class Controller:
         if method == "mac-decode" and not isinstance(self.mac, MacDecodeConfig):
             raise ConfigError("mac-decode runs on a MacDecodeConfig")
         self.tile = tile or LadTileConfig()
+        self.prefill_bar = None      # a tqdm bar the tile's decode of a prefill advances (positions x layers)
         self.totals, self.steps, self.layer_steps = {}, [], []
         self.reset()
         return self
@@ -179,6 +180,8 @@ class Controller:
                 k, v = key[0].repeat_interleave(g, 0), value[0].repeat_interleave(g, 0)
                 for t in range(Sq):
                     st.step(query[0, :, t], k[:, t], v[:, t])
+                if self.prefill_bar is not None:
+                    self.prefill_bar.update(Sq)
             if self.method in ("mac", "mac-decode") and Sq == key.shape[2]:  # a prefill from 0: fill the ring
                 st = self.states.setdefault(module.layer_idx, self._mac_state(Hq, key.shape[1], D, scale))
                 q_pre = self.q_pre[module.layer_idx].view(Sq, Hq, D).transpose(0, 1)

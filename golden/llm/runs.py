@@ -50,7 +50,12 @@ def teacher_forced(ctl: Controller, ids: torch.Tensor, method: str, context: int
     ids = ids.reshape(1, -1)
     cache = DynamicCache()
     if context > 0:
+        if method == "lad-tile":   # the tile decodes the prefill position by position: the slow part
+            ctl.prefill_bar = _tqdm(range(context * len(model.model.layers)), f"{desc or method} prefill", progress)
         model(ids[:, :context], past_key_values=cache, use_cache=True)
+        if ctl.prefill_bar is not None:
+            ctl.prefill_bar.close()
+            ctl.prefill_bar = None
     nll, logits_all = [], []
     for t in _tqdm(range(context, ids.shape[1] - 1), desc or f"{method} ppl", progress):
         out = model(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
