@@ -55,6 +55,9 @@ def build_parser(method: str) -> Parser:
     p.add_argument("--tokens", action=AtLeast, default=d["tokens"], help="teacher-forced tokens scored")
     p.add_argument("--context", action=AtLeast, minimum=0, default=d["context"],
                    help="tokens prefilled with full attention before the scored ones")
+    p.add_argument("--offset", action=AtLeast, minimum=0, default=0,
+                   help="token of the text the teacher-forced sequence starts at (runs at several offsets "
+                        "measure the spread)")
     p.add_argument("--prompts", action=AtLeast, minimum=0, default=d["prompts"], help="greedy-generation prompts")
     p.add_argument("--new-tokens", action=AtLeast, default=d["new_tokens"], help="tokens generated per prompt")
     p.add_argument("--prompt-len", action=AtLeast, default=d["prompt_len"], help="prompt length in tokens")
@@ -177,7 +180,7 @@ def main(method: str, argv: list[str]) -> int:
     model, tokenizer = load_model(args.model)
     ctl = Controller(model)
     stride = max(64, args.prompt_len // 8)  # prompt i starts at token i * stride
-    need = max(args.context + args.tokens + 1, (args.prompts - 1) * stride + args.prompt_len)
+    need = max(args.offset + args.context + args.tokens + 1, (args.prompts - 1) * stride + args.prompt_len)
     if args.threads:
         torch.set_num_threads(args.threads)
     ids = wikitext_ids(tokenizer, need, args.data, text=text)
@@ -186,7 +189,7 @@ def main(method: str, argv: list[str]) -> int:
                "data": describe_text(args.data), "config": cfg.to_dict(),
                **({("engine_config" if method == "mac" else "tile_config"): tile_cfg.to_dict()} if tile_cfg else {}),
                "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
-    seq = ids[:args.context + args.tokens + 1]
+    seq = ids[args.offset:args.offset + args.context + args.tokens + 1]
     nll_full, _ = full_parallel(ctl, seq, args.context)
     ppl = {"full": perplexity(nll_full)}
     stats = {}

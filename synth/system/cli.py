@@ -23,7 +23,7 @@ from .shapes import SHAPES, get_shape
 from .tech import Tech
 
 
-DEFAULT_CONTEXTS = "2048,4096"   # the contexts every engine has a repository activity record of
+DEFAULT_CONTEXTS = "2048,4096,8192"   # the contexts every engine has a repository activity record of
 
 
 def _list(text: str, what: str, known=None, kind=str) -> list:

@@ -1,0 +1,134 @@
+"""MAC reuse rules inside SmolLM2: perplexity against KV skipped per query head, over text offsets.
+
+Each variant is a set of ``MacConfig`` overrides (``--set`` syntax, ``;`` between variants,
+``default`` for none); each runs teacher-forced over the same tokens at every ``--offsets``
+start (``--tokens`` scored after a ``--context`` prefill), against the full-attention baseline
+of that offset. A variant's figure is the mean (and the spread) over the offsets: the reuse
+chain makes single runs differ by a few tenths of a percent. The JSON is rewritten after every
+run, so a stopped run keeps what it finished; ``--plot`` draws the Pareto plot (the default
+marked). ``--hardware`` runs the decode engine's bit-accurate model (``MacDecodeConfig``).
+
+    python -m benchmarks.mac_rules --context 8191 --tokens 512 --offsets 0,40000,80000 \\
+        --variants 'default;max_age=256;tau=0.6' --out build/results/mac_rules_8192.json --plot docs/img
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from golden.cli import configure
+from golden.llm.plots import pyplot, save
+
+
+def parse_variants(text: str) -> list[list[str]]:
+    """``'default;a=1,b=2'`` -> ``[[], ['a=1', 'b=2']]``."""
+    out = []
+    for v in text.split(";"):
+        v = v.strip()
+        if v:
+            out.append([] if v == "default" else [p.strip() for p in v.split(",") if p.strip()])
+    return out
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Mean, min and max over offsets of the perplexity change and the KV skipped per query head."""
+    out = {}
+    for key in ("perplexity_delta_pct", "head_skip_pct", "hit_pct"):
+        xs = [r[key] for r in runs]
+        out[key] = {"mean": statistics.fmean(xs), "min": min(xs), "max": max(xs)}
+    return out
+
+
+def plot(res: dict, folder: Path) -> Path:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for v in res["variants"]:
+        if not v["runs"]:
+            continue
+        s = v["summary"]
+        x, y = s["head_skip_pct"]["mean"], s["perplexity_delta_pct"]["mean"]
+        default = not v["overrides"]
+        ax.errorbar(x, y, yerr=[[y - s["perplexity_delta_pct"]["min"]], [s["perplexity_delta_pct"]["max"] - y]],
+                    fmt="*" if default else "o", ms=12 if default else 5, color="C3" if default else "C0", capsize=2)
+        ax.annotate("default" if default else ",".join(v["overrides"]), (x, y), fontsize=6,
+                    xytext=(3, 3), textcoords="offset points")
+    ax.axhline(1.0, color="gray", lw=0.6, ls="--")
+    ax.axvline(50, color="gray", lw=0.6, ls=":")
+    ax.set_xlabel("KV skipped per query head (%)")
+    ax.set_ylabel("perplexity vs full attention (%)")
+    ax.set_title(f"MAC in SmolLM2-135M, {res['tokens']} scored after {res['context']} "
+                 f"({'bit-accurate' if res['hardware'] else 'float'}, {len(res['offsets'])} offsets)", fontsize=9)
+    return save(fig, folder / f"decode_mac_rules_{res['context'] + 1}.png")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--context", type=int, default=4095)
+    p.add_argument("--tokens", type=int, default=256)
+    p.add_argument("--offsets", default="0,40000,80000", help="text offsets (tokens) of the runs")
+    p.add_argument("--variants", default="default", help="';'-separated override sets ('default': none)")
+    p.add_argument("--hardware", action="store_true")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--plot", type=Path, default=None)
+    p.add_argument("--progress", action="store_true")
+    args = p.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch.set_num_threads(1)
+    from golden.llm.data import wikitext_ids
+    from golden.llm.hooks import Controller
+    from golden.llm.metrics import perplexity
+    from golden.llm.runs import full_parallel, load_model, teacher_forced
+    from golden.mac_decode import MacDecodeConfig
+    from golden.mac_ref import MacConfig
+
+    offsets = [int(o) for o in args.offsets.split(",") if o.strip()]
+    base, method = (MacDecodeConfig(), "mac-decode") if args.hardware else (MacConfig(), "mac")
+    variants = [(ov, configure(base, ov)) for ov in parse_variants(args.variants)]   # bad names fail first
+    t0 = time.time()
+    model, tokenizer = load_model()
+    ctl = Controller(model)
+    n = args.context + args.tokens + 1
+    ids = wikitext_ids(tokenizer, max(offsets) + n)
+    res = {"command": "python -m benchmarks.mac_rules " + " ".join(argv or os.sys.argv[1:]),
+           "context": args.context, "tokens": args.tokens, "offsets": offsets, "hardware": args.hardware,
+           "full": {}, "variants": [{"overrides": ov, "config": cfg.to_dict(), "runs": []} for ov, cfg in variants]}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    for off in offsets:
+        seq = ids[off:off + n]
+        nll_full, _ = full_parallel(ctl, seq, args.context)
+        p_full = perplexity(nll_full)
+        res["full"][str(off)] = p_full
+        for (ov, cfg), row in zip(variants, res["variants"]):
+            t = time.time()
+            nll, _, st = teacher_forced(ctl, seq, method, args.context, mac=cfg, progress=args.progress,
+                                        desc=f"{','.join(ov) or 'default'} @{off}")
+            p_mac = perplexity(nll)
+            row["runs"].append({"offset": off, "perplexity": p_mac, "perplexity_delta_pct": 100 * (p_mac / p_full - 1),
+                                "head_skip_pct": 100 * st["head_skip_ratio"], "hit_pct": 100 * st["hit_rate"],
+                                "stats": st, "seconds": time.time() - t})
+            row["summary"] = summarize(row["runs"])
+            res["seconds"] = time.time() - t0
+            args.out.write_text(json.dumps(res, indent=1))
+            r = row["runs"][-1]
+            print(f"{','.join(ov) or 'default':<40} @{off:>6}: ppl {r['perplexity_delta_pct']:+.2f}%, "
+                  f"skip/head {r['head_skip_pct']:.1f}%, hits {r['hit_pct']:.1f}% ({r['seconds']:.0f} s)", flush=True)
+    print(f"\n{'variant':<40}{'ppl mean':>10}{'min':>8}{'max':>8}{'skip/head':>11}")
+    for row in res["variants"]:
+        s = row["summary"]
+        print(f"{','.join(row['overrides']) or 'default':<40}{s['perplexity_delta_pct']['mean']:>+9.2f}%"
+              f"{s['perplexity_delta_pct']['min']:>+7.2f}%{s['perplexity_delta_pct']['max']:>+7.2f}%"
+              f"{s['head_skip_pct']['mean']:>10.1f}%")
+    if args.plot:
+        args.plot.mkdir(parents=True, exist_ok=True)
+        print(f"wrote {plot(res, args.plot)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
