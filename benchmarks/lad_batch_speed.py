@@ -3,7 +3,7 @@ golden.lad_tile.LadTileModel per head, on the same steps (H = 9 query heads of o
 layer, d = 64, default tile config), one CPU thread.
 
     .venv/bin/python -m benchmarks.lad_batch_speed [--quick] [--contexts 512 1024 2048]
-        [--source smollm2|random] [--layer 12] [--window 32]
+        [--source smollm2|random] [--layer 12] [--window 32] [--max-positions P]
 
 Both models run the same sequence from position 0 to the largest context; each step is timed
 (CPU time of this process, which other load on the machine does not inflate, and wall time);
@@ -11,7 +11,8 @@ the table gives the mean ms/step over the ``window`` steps ending at each contex
 and whether the outputs and statistics were identical on every step. The projection is the
 time of ``ladmac eval lad --hardware --tokens 2048`` spent in the tile models: 30 layers, one
 step per layer and token, per-step time interpolated linearly in the position from the
-measured windows (the eval also runs the float model; not counted).
+measured windows (the eval also runs the float model; not counted). ``--max-positions P`` (with
+``max_centers = P``) times the exact pass past the table at contexts above ``P``.
 
 ``--source smollm2`` records post-RoPE q and the KV head's k, v of all 9 query heads of
 ``--layer`` over WikiText-2 (benchmarks/record_lad_trace.py; needs the local SmolLM2 files),
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 
 import torch
 
@@ -62,14 +64,19 @@ def main() -> None:
     parser.add_argument("--source", choices=("smollm2", "random"), default="smollm2")
     parser.add_argument("--layer", type=int, default=12)
     parser.add_argument("--heads", type=int, default=9)
+    parser.add_argument("--max-positions", type=int, default=None,
+                        help="the tile's table size (and max_centers): contexts above it time the exact pass")
     args = parser.parse_args()
     if args.quick:
         args.contexts, args.window = [128, 256, 512], 16
     torch.set_num_threads(1)
     cfg = PRESETS["default"]
+    if args.max_positions:
+        cfg = replace(cfg, max_positions=args.max_positions, max_centers=args.max_positions)
     H, steps = args.heads, max(args.contexts)
     (q, k, v), what = sequences(args.source, args.layer, H, steps, cfg)
-    print(f"{what}; H = {H}, d = {cfg.head_dim}, default LAD tile config, {steps} steps, 1 thread")
+    table = f"max_positions {args.max_positions}" if args.max_positions else "default LAD tile config"
+    print(f"{what}; H = {H}, d = {cfg.head_dim}, {table}, {steps} steps, 1 thread")
 
     batch = LadTileBatch(cfg, H)
     tiles = [LadTileModel(cfg) for _ in range(H)]

@@ -7,9 +7,10 @@ of that offset. A variant's figure is the mean (and the spread) over the offsets
 chain makes single runs differ by a few tenths of a percent. The JSON is rewritten after every
 run, so a stopped run keeps what it finished; ``--plot`` draws the Pareto plot (the default
 marked). ``--hardware`` runs the decode engine's bit-accurate model (``MacDecodeConfig``).
+``--merge A.json B.json`` joins runs made in parallel (one offset per process) into ``--out``.
 
-    python -m benchmarks.mac_rules --context 8191 --tokens 512 --offsets 0,40000,80000 \\
-        --variants 'default;max_age=256;tau=0.6' --out build/results/mac_rules_8192.json --plot docs/img
+    python -m benchmarks.mac_rules --context 7679 --tokens 512 --offsets 0,40000,80000 \\
+        --variants 'default;tau=0.55;tau=0.6' --out build/results/mac_rules_8192.json --plot docs/img
 """
 from __future__ import annotations
 
@@ -64,7 +65,40 @@ def plot(res: dict, folder: Path) -> Path:
     ax.set_ylabel("perplexity vs full attention (%)")
     ax.set_title(f"MAC in SmolLM2-135M, {res['tokens']} scored after {res['context']} "
                  f"({'bit-accurate' if res['hardware'] else 'float'}, {len(res['offsets'])} offsets)", fontsize=9)
-    return save(fig, folder / f"decode_mac_rules_{res['context'] + 1}.png")
+    return save(fig, folder / f"decode_mac_rules_{res['context'] + res['tokens'] + 1}.png")
+
+
+def merge(paths: list[Path]) -> dict:
+    """One result of several runs of the same context, tokens and engine (variants matched by overrides)."""
+    parts = [json.loads(Path(q).read_text()) for q in paths]
+    res = {k: parts[0][k] for k in ("context", "tokens", "hardware")}
+    if any((r["context"], r["tokens"], r["hardware"]) != (res["context"], res["tokens"], res["hardware"]) for r in parts):
+        raise SystemExit("--merge: the files differ in context, tokens or engine")
+    res.update(command=[r["command"] for r in parts], offsets=[], full={}, variants=[])
+    rows: dict[tuple, dict] = {}
+    for r in parts:
+        res["offsets"] += [o for o in r["offsets"] if o not in res["offsets"]]
+        res["full"].update(r["full"])
+        for v in r["variants"]:
+            row = rows.setdefault(tuple(v["overrides"]), {"overrides": v["overrides"], "config": v["config"], "runs": []})
+            row["runs"] += [run for run in v["runs"] if run["offset"] not in {x["offset"] for x in row["runs"]}]
+    for row in rows.values():
+        row["runs"].sort(key=lambda run: run["offset"])
+        if row["runs"]:
+            row["summary"] = summarize(row["runs"])
+    res["variants"] = list(rows.values())
+    return res
+
+
+def print_summary(res: dict) -> None:
+    print(f"\n{'variant':<40}{'runs':>5}{'ppl mean':>10}{'min':>8}{'max':>8}{'skip/head':>11}{'hits':>7}")
+    for row in res["variants"]:
+        if not row["runs"]:
+            continue
+        s = row["summary"]
+        print(f"{','.join(row['overrides']) or 'default':<40}{len(row['runs']):>5}"
+              f"{s['perplexity_delta_pct']['mean']:>+9.2f}%{s['perplexity_delta_pct']['min']:>+7.2f}%"
+              f"{s['perplexity_delta_pct']['max']:>+7.2f}%{s['head_skip_pct']['mean']:>10.1f}%{s['hit_pct']['mean']:>6.1f}%")
 
 
 def main(argv=None) -> int:
@@ -77,7 +111,18 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--plot", type=Path, default=None)
     p.add_argument("--progress", action="store_true")
+    p.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON",
+                   help="join these result files into --out (and --plot) instead of running")
     args = p.parse_args(argv)
+    if args.merge:
+        res = merge(args.merge)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(res, indent=1))
+        print_summary(res)
+        if args.plot:
+            args.plot.mkdir(parents=True, exist_ok=True)
+            print(f"wrote {plot(res, args.plot)}")
+        return 0
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(1)
     from golden.llm.data import wikitext_ids
@@ -118,12 +163,7 @@ def main(argv=None) -> int:
             r = row["runs"][-1]
             print(f"{','.join(ov) or 'default':<40} @{off:>6}: ppl {r['perplexity_delta_pct']:+.2f}%, "
                   f"skip/head {r['head_skip_pct']:.1f}%, hits {r['hit_pct']:.1f}% ({r['seconds']:.0f} s)", flush=True)
-    print(f"\n{'variant':<40}{'ppl mean':>10}{'min':>8}{'max':>8}{'skip/head':>11}")
-    for row in res["variants"]:
-        s = row["summary"]
-        print(f"{','.join(row['overrides']) or 'default':<40}{s['perplexity_delta_pct']['mean']:>+9.2f}%"
-              f"{s['perplexity_delta_pct']['min']:>+7.2f}%{s['perplexity_delta_pct']['max']:>+7.2f}%"
-              f"{s['head_skip_pct']['mean']:>10.1f}%")
+    print_summary(res)
     if args.plot:
         args.plot.mkdir(parents=True, exist_ok=True)
         print(f"wrote {plot(res, args.plot)}")

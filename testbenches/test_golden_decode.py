@@ -354,6 +354,7 @@ def data_files(tmp_path):
     ("mac", ["--set", "window=0"], "window must be >= 1"),
     ("lad", ["--tokens", "0"], "--tokens must be positive"),
     ("lad", ["--threads", "-1"], "--threads must be >= 0"),
+    ("mac", ["--offset", "-1"], "--offset must be >= 0"),
     ("lad", ["--set", "vpus=5"], "unknown parameter 'vpus' for LadConfig"),
     ("lad", ["--hardware", "--set", "exact_scores=true"], "unknown parameter 'exact_scores' for LadTileConfig"),
     ("lad", ["--hardware", "--set", "lanes=7"], "must be a multiple of lanes"),
