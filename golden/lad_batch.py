@@ -176,8 +176,8 @@ class LadTileBatch:
         self.recip_c1 = torch.tensor(sfm.recip_c1_raw, **i64)
         self.pow2 = torch.tensor([1 << i for i in range(63)], **i64)
         self.n = 0
-        # main memory and the center table hold kv-format values: int16; dot products are
-        # int32 products (|q k| <= 2**30) summed in int64
+        # main memory holds kv-format values as int16, the center table as integer-valued float64
+        # (its scores are exact_bmm products)
         self.KV = torch.zeros(H, P, 2 * d, dtype=torch.int16)      # k | v of each position (LAD steps)
         self.KV_exact: torch.Tensor | None = None                  # (H, kv_positions, 2d) float64 (exact pass)
         self.centers = torch.zeros(H, cfg.max_centers, d, dtype=torch.float64)
