@@ -225,7 +225,7 @@ class LadTileBatch:
                 raise ValueError(f"LadTileBatch: {what} does not fit its int64 method for this config")
 
         need(kv * kv < 1 << 31 and dot * S < L62, "score dot * scale")
-        fb = cfg.fallback().sfm
+        fb = self.fallback.sfm
         need(dot < EXACT_F64 and fb.out_format.max_raw * kv * cfg.kv_positions < EXACT_F64, "float64 dot products")
         need(2 * dot + 2 < L62 and (1 << (mf + cfg.kk_width + 1)) < L62, "EAS t")
         need(dot * rc < L62 and ((dot >> LIMB) + 1) * dot * rc < L62, "EAS dot**2 * rc")
