@@ -8,7 +8,12 @@ table gives, per layer, the hit rate, the mean and 90th-percentile error of hits
 match distance and the correlation of distance and error; then the error by distance band over
 all layers. This separates what a threshold on the distance can fix from what it cannot.
 
-    python -m benchmarks.mac_hit_error --context 7679 --tokens 512 --out build/results/mac_hit_error_8192.json
+It also calibrates ``MacConfig.full_layers``: ``--full-top K`` prints the ``K`` layers of highest
+mean hit error as a ``full_layers`` value, measured on a slice of the text that no evaluation
+scores (docs/results_decode.md, "The reuse rule"):
+
+    python -m benchmarks.mac_hit_error --context 7679 --tokens 256 --offset 160000 --set full_layers= \
+        --full-top 10 --out build/results/mac_hit_error_cal.json
 """
 from __future__ import annotations
 
@@ -20,6 +25,19 @@ from pathlib import Path
 import torch
 
 from golden.cli import configure
+
+
+def layer_list(layers: list[int]) -> str:
+    """``[6, 7, 8, 17]`` -> ``'6-8,17'`` (a ``full_layers`` value)."""
+    out, run = [], []
+    for x in sorted(layers):
+        if run and x != run[-1] + 1:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = []
+        run.append(x)
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
 
 
 def table(rows: list[dict]) -> dict:
@@ -52,6 +70,8 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=512)
     p.add_argument("--offset", type=int, default=0)
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a MacConfig parameter")
+    p.add_argument("--full-top", type=int, default=None, metavar="K",
+                   help="print the K layers of highest mean hit error as a full_layers value")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -101,6 +121,9 @@ def main(argv=None) -> int:
     ctl.detach()
     res = {"command": "python -m benchmarks.mac_hit_error " + " ".join(argv or os.sys.argv[1:]),
            "config": cfg.to_dict(), **table(rows)}
+    if args.full_top is not None:
+        worst = sorted(res["layers"], key=lambda r: -r["err_mean"])[:args.full_top]
+        res["full_layers"] = layer_list([r["layer"] for r in worst])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=1))
     print(f"{'layer':>5}{'hits':>7}{'err mean':>10}{'err p90':>9}{'dist p50':>10}{'corr':>7}")
@@ -111,6 +134,8 @@ def main(argv=None) -> int:
     for b in res["bands"]:
         hi = f"{b['dist_hi']:.1f}" if b["dist_hi"] is not None else ""
         print(f"{b['dist_lo']:>5.1f}-{hi:<6}{b['hits']:>8}{b['err_mean']:>10.3f}{b['err_median']:>8.3f}")
+    if "full_layers" in res:
+        print(f"\nthe {args.full_top} layers of highest mean hit error: full_layers={res['full_layers']}")
     return 0
 
 

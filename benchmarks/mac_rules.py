@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import time
 from pathlib import Path
@@ -28,12 +29,13 @@ from golden.llm.plots import pyplot, save
 
 
 def parse_variants(text: str) -> list[list[str]]:
-    """``'default;a=1,b=2'`` -> ``[[], ['a=1', 'b=2']]``."""
+    """``'default;a=1,b=2,c=3-4,7'`` -> ``[[], ['a=1', 'b=2', 'c=3-4,7']]`` (a comma starts a new
+    override only where ``NAME=`` follows, so a value may be a list)."""
     out = []
     for v in text.split(";"):
         v = v.strip()
         if v:
-            out.append([] if v == "default" else [p.strip() for p in v.split(",") if p.strip()])
+            out.append([] if v == "default" else [p.strip() for p in re.split(r",(?=\s*\w+=)", v) if p.strip()])
     return out
 
 

@@ -36,14 +36,14 @@ tensors and is bit-exact with one ``MacDecodeHead`` per head (testbenches/test_m
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import torch
 
 from .config import param
 from .fixedpoint import FixedFormat, round_shift, saturate
-from .mac_ref import MacConfig
+from .mac_ref import MacConfig, layer_set
 from .mac_unit import MacUnitConfig, MatchModel, MergeOp, merge_bits
 from .sfm import exp2, exp2_relative_bound, recip, recip_relative_bound
 
@@ -56,6 +56,8 @@ class MacDecodeConfig(MacUnitConfig):
     min_context: int = param(2048, "match is attempted only when the step sees at least this many keys")
     sinks: int = param(0, "F: the first F keys are always attended with the current query")
     reuse: bool = param(True, "ablation: False makes every step a miss (entries still written)")
+    full_layers: str = param("", "layers of a model run with reuse off (their steps all miss), e.g. '14,17-18'; "
+                                 "the engine serves one layer, so this is for the model's runs")
     kv_width: int = param(16, "bits of a signed post-RoPE query, key or value element")
     kv_frac: int = param(8, "fraction bits of q, k, v")
     max_positions: int = param(8192, "largest context (KV memory positions)")
@@ -65,6 +67,8 @@ class MacDecodeConfig(MacUnitConfig):
         self.require(self.band >= 0, f"band must be >= 0, got {self.band}")
         self.require(self.min_context >= 1, f"min_context must be >= 1, got {self.min_context}")
         self.require(self.sinks >= 0, f"sinks must be >= 0, got {self.sinks}")
+        self.require(layer_set(self.full_layers) is not None,
+                     f"full_layers must be layer numbers and ranges like '3,5-7', got {self.full_layers!r}")
         self.require(4 <= self.kv_width <= 16, f"kv_width must be 4..16, got {self.kv_width}")
         self.require(0 <= self.kv_frac < self.kv_width, f"kv_frac must be 0..kv_width-1, got {self.kv_frac}")
         self.require(2 <= self.max_positions <= 1 << 16, f"max_positions must be 2..65536, got {self.max_positions}")
@@ -110,7 +114,12 @@ class MacDecodeConfig(MacUnitConfig):
     def reference(self) -> MacConfig:
         """The float reference (``golden.mac_ref.MacConfig``) with this engine's algorithm parameters."""
         return MacConfig(window=self.window, tau=self.tau, band=self.band, min_context=self.min_context,
-                         sinks=self.sinks, cancel_bound=2.0 ** -self.cancel_bits, reuse=self.reuse)
+                         sinks=self.sinks, cancel_bound=2.0 ** -self.cancel_bits, reuse=self.reuse,
+                         full_layers=self.full_layers)
+
+    def for_layer(self, layer: int) -> "MacDecodeConfig":
+        """The config layer ``layer`` runs: ``reuse`` off in ``full_layers``."""
+        return replace(self, reuse=False) if layer in layer_set(self.full_layers) else self
 
 
 PRESETS = {

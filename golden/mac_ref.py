@@ -12,13 +12,24 @@ hit (entry written before the tail merge), full attention with entry = full ⊖ 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from .config import BlockConfig, param
 
 NEG_INF = -math.inf
+
+
+def layer_set(text: str) -> frozenset[int] | None:
+    """``'14,17-18'`` -> ``{14, 17, 18}`` (``''``: none); None when ``text`` is not such a list."""
+    out = set()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()) or (hi and int(hi) < int(lo)):
+            return None
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return frozenset(out)
 
 
 @dataclass(frozen=True)
@@ -32,6 +43,8 @@ class MacConfig(BlockConfig):
     cancel_bound: float = param(1.0 / 64, "a removal is flagged (full recompute) when 1 - t < this")
     reuse: bool = param(True, "ablation: False makes every step a miss (full attention, entries still kept)")
     exact_prefix: bool = param(False, "ablation: on a hit recompute the prefix with the current query")
+    full_layers: str = param("", "layers whose steps all miss (full attention; entries still kept), e.g. "
+                                 "'14,17-18': the layers whose hits cost the most")
 
     def validate(self):
         self.require(self.window >= 1, f"window must be >= 1, got {self.window}")
@@ -40,6 +53,12 @@ class MacConfig(BlockConfig):
         self.require(self.min_context >= 1, f"min_context must be >= 1, got {self.min_context}")
         self.require(self.sinks >= 0, f"sinks must be >= 0, got {self.sinks}")
         self.require(0.0 < self.cancel_bound < 1.0, f"cancel_bound must be in (0, 1), got {self.cancel_bound}")
+        self.require(layer_set(self.full_layers) is not None,
+                     f"full_layers must be layer numbers and ranges like '3,5-7', got {self.full_layers!r}")
+
+    def for_layer(self, layer: int) -> "MacConfig":
+        """The config layer ``layer`` runs: ``reuse`` off in ``full_layers``."""
+        return replace(self, reuse=False) if layer in layer_set(self.full_layers) else self
 
     def threshold(self, head_dim: int) -> float:
         return math.sqrt(2 * head_dim) * (1 - self.tau)

@@ -245,6 +245,11 @@ def test_disabled_approximations_equal_full_attention(smollm2):
     _, mac, st = teacher_forced(ctl, seq, "mac", context=8, mac=MacConfig(**small), keep_logits=True,
                                 progress=False)
     assert (mac - ref).abs().max() > 1e-2 and st["hit_rate"] > 0.2
+    # full_layers: those layers' steps all miss, the others still hit
+    _, _, st = teacher_forced(ctl, seq, "mac", context=8, mac=MacConfig(full_layers="0,2-29", **small),
+                              progress=False)
+    hits = {layer: sum(step["layers"][layer]["hits"] for step in ctl.layer_steps) for layer in range(30)}
+    assert hits[1] > 0 and all(hits[layer] == 0 for layer in hits if layer != 1), hits
 
 
 def test_lad_perplexity_within_1pct_on_512_tokens(smollm2):

@@ -161,10 +161,11 @@ class Controller:
             self.layer_steps.append({"context": context, "layers": self._layers})
         self._step, self._layers = {}, {}
 
-    def _mac_state(self, hq: int, hkv: int, d: int, scale: float):
-        """A layer's MAC state: the float reference (``mac``) or the decode engine's model (``mac-decode``)."""
+    def _mac_state(self, layer: int, hq: int, hkv: int, d: int, scale: float):
+        """Layer ``layer``'s MAC state: the float reference (``mac``) or the decode engine's model
+        (``mac-decode``), at the config that layer runs (``full_layers``)."""
         cls = MacDecodeLayer if self.method == "mac-decode" else MacLayerState
-        return cls(self.mac, hq, hkv, d, scale)
+        return cls(self.mac.for_layer(layer), hq, hkv, d, scale)
 
     # -- the attention function (transformers' AttentionInterface signature) ------------------------
     def attention(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):
@@ -183,7 +184,8 @@ class Controller:
                 if self.prefill_bar is not None:
                     self.prefill_bar.update(Sq)
             if self.method in ("mac", "mac-decode") and Sq == key.shape[2]:  # a prefill from 0: fill the ring
-                st = self.states.setdefault(module.layer_idx, self._mac_state(Hq, key.shape[1], D, scale))
+                layer = module.layer_idx
+                st = self.states.setdefault(layer, self._mac_state(layer, Hq, key.shape[1], D, scale))
                 q_pre = self.q_pre[module.layer_idx].view(Sq, Hq, D).transpose(0, 1)
                 st.prefill(q_pre, query[0], key[0], value[0])
             return out
@@ -210,7 +212,7 @@ class Controller:
                                  value[0, :, -1].repeat_interleave(g, 0))
         else:
             if st is None:
-                st = self.states[layer] = self._mac_state(Hq, Hkv, D, scale)
+                st = self.states[layer] = self._mac_state(layer, Hq, Hkv, D, scale)
             q_pre = self.q_pre[layer].view(-1, Hq, D)[-1]
             out, stats = st.decode_step(q_pre, query[0, :, 0], key[0], value[0], L - 1)
         self.add(stats, layer)
