@@ -57,8 +57,10 @@ def plot(res: dict, folder: Path) -> Path:
         s = v["summary"]
         x, y = s["head_skip_pct"]["mean"], s["perplexity_delta_pct"]["mean"]
         default = not v["overrides"]
+        color = "C3" if default else "C0"
         ax.errorbar(x, y, yerr=[[y - s["perplexity_delta_pct"]["min"]], [s["perplexity_delta_pct"]["max"] - y]],
-                    fmt="*" if default else "o", ms=12 if default else 5, color="C3" if default else "C0", capsize=2)
+                    fmt="*" if default else "o", ms=12 if default else 5, color=color, capsize=2,
+                    mfc=color if len(v["runs"]) == len(res["offsets"]) else "none")   # hollow: not every offset
         ax.annotate("default" if default else ",".join(v["overrides"]), (x, y), fontsize=6,
                     xytext=(3, 3), textcoords="offset points")
     ax.axhline(1.0, color="gray", lw=0.6, ls="--")
@@ -66,7 +68,8 @@ def plot(res: dict, folder: Path) -> Path:
     ax.set_xlabel("KV skipped per query head (%)")
     ax.set_ylabel("perplexity vs full attention (%)")
     ax.set_title(f"MAC in SmolLM2-135M, {res['tokens']} scored after {res['context']} "
-                 f"({'bit-accurate' if res['hardware'] else 'float'}, {len(res['offsets'])} offsets)", fontsize=9)
+                 f"({'bit-accurate' if res['hardware'] else 'float'}, mean of {len(res['offsets'])} offsets; "
+                 f"hollow: fewer)", fontsize=9)
     return save(fig, folder / f"decode_mac_rules_{res['context'] + res['tokens'] + 1}.png")
 
 
