@@ -25,8 +25,8 @@ def layer_set(text: str) -> frozenset[int] | None:
     """``'14,17-18'`` -> ``{14, 17, 18}`` (``''``: none); None when ``text`` is not such a list."""
     out = set()
     for part in filter(None, (p.strip() for p in text.split(","))):
-        lo, _, hi = part.partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()) or (hi and int(hi) < int(lo)):
+        lo, dash, hi = part.partition("-")
+        if not lo.isdigit() or (dash and (not hi.isdigit() or int(hi) < int(lo))):
             return None
         out.update(range(int(lo), int(hi or lo) + 1))
     return frozenset(out)

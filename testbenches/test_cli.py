@@ -52,6 +52,8 @@ def test_verilog_with_overrides_changes_the_design(tmp_path):
     (["eval", "lad", "--prompts", "-1"], "--prompts must be >= 0, got -1"),
     (["eval", "mac", "--new-tokens", "0"], "--new-tokens must be positive, got 0"),
     (["eval", "mac", "--set", "full_layers=20-14"], "full_layers must be layer numbers and ranges"),
+    (["eval", "mac", "--set", "full_layers=3-"], "full_layers must be layer numbers and ranges"),
+    (["eval", "mac", "--hardware", "--set", "full_layers=29-30"], "SmolLM2 has layers 0..29"),
     (["eval", "lad", "--context", "-3"], "--context must be >= 0, got -3"),
 ])
 def test_bad_input_exits_2_with_one_line(argv, fragment, capsys):

@@ -31,7 +31,7 @@ from ..errors import ConfigError
 from ..lad_ref import LadConfig
 from ..lad_tile import LadTileConfig
 from ..mac_decode import MacDecodeConfig
-from ..mac_ref import MacConfig
+from ..mac_ref import MacConfig, layer_set
 from .activity import activity
 from .data import describe_text, read_wikitext, wikitext_ids
 from .hooks import Controller
@@ -46,6 +46,7 @@ BASE_CONFIGS = {"lad": LadConfig(), "mac": MacConfig()}
 HARDWARE = ("lad-tile", "mac-decode")   # the variants that run an engine's bit-accurate model
 MODEL_FIELDS = ("head_dim", "scale")  # LadConfig fields the model fixes (set per layer from the model)
 MODEL_HEAD_DIM = 64                   # SmolLM2's head dimension (the tile's head_dim must match)
+MODEL_LAYERS = 30                     # SmolLM2's layers (full_layers must name some of them)
 
 
 def build_parser(method: str) -> Parser:
@@ -108,6 +109,13 @@ def check_lengths(args) -> None:
 
 def method_configs(method: str, args):
     """``(config of the method, LadTileConfig / MacDecodeConfig or None)`` from the defaults and ``--set``."""
+    cfg, engine = _method_configs(method, args)
+    if method == "mac" and layer_set(cfg.full_layers) and max(layer_set(cfg.full_layers)) >= MODEL_LAYERS:
+        raise ConfigError(f"full_layers: SmolLM2 has layers 0..{MODEL_LAYERS - 1}, got {cfg.full_layers!r}")
+    return cfg, engine
+
+
+def _method_configs(method: str, args):
     if method == "mac" and getattr(args, "hardware", False):
         eng = configure(MacDecodeConfig(), args.set)
         if eng.head_dim != MODEL_HEAD_DIM:
