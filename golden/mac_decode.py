@@ -36,7 +36,7 @@ tensors and is bit-exact with one ``MacDecodeHead`` per head (testbenches/test_m
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
@@ -116,10 +116,6 @@ class MacDecodeConfig(MacUnitConfig):
         return MacConfig(window=self.window, tau=self.tau, band=self.band, min_context=self.min_context,
                          sinks=self.sinks, cancel_bound=2.0 ** -self.cancel_bits, reuse=self.reuse,
                          full_layers=self.full_layers)
-
-    def for_layer(self, layer: int) -> "MacDecodeConfig":
-        """The config layer ``layer`` runs: ``reuse`` off in ``full_layers``."""
-        return replace(self, reuse=False) if layer in layer_set(self.full_layers) else self
 
 
 PRESETS = {

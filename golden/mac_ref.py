@@ -32,6 +32,12 @@ def layer_set(text: str) -> frozenset[int] | None:
     return frozenset(out)
 
 
+def layer_config(cfg, layer: int):
+    """The config (a ``MacConfig`` or ``MacDecodeConfig``) layer ``layer`` runs: ``reuse`` off in
+    ``cfg.full_layers``."""
+    return replace(cfg, reuse=False) if layer in layer_set(cfg.full_layers) else cfg
+
+
 @dataclass(frozen=True)
 class MacConfig(BlockConfig):
     window: int = param(512, "M: ring window of past pre-RoPE queries per query head")
@@ -55,10 +61,6 @@ class MacConfig(BlockConfig):
         self.require(0.0 < self.cancel_bound < 1.0, f"cancel_bound must be in (0, 1), got {self.cancel_bound}")
         self.require(layer_set(self.full_layers) is not None,
                      f"full_layers must be layer numbers and ranges like '3,5-7', got {self.full_layers!r}")
-
-    def for_layer(self, layer: int) -> "MacConfig":
-        """The config layer ``layer`` runs: ``reuse`` off in ``full_layers``."""
-        return replace(self, reuse=False) if layer in layer_set(self.full_layers) else self
 
     def threshold(self, head_dim: int) -> float:
         return math.sqrt(2 * head_dim) * (1 - self.tau)

@@ -25,7 +25,7 @@ from ..lad_ref import LadConfig, LadHead
 from ..lad_batch import LadTileBatch
 from ..lad_tile import LadTileConfig, StepPath, schedule_cycles
 from ..mac_decode import MacDecodeConfig, MacDecodeLayer
-from ..mac_ref import MacConfig, MacLayerState
+from ..mac_ref import MacConfig, MacLayerState, layer_config
 
 METHODS = ("full", "lad", "lad-tile", "mac", "mac-decode")
 _CONTROLLERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # model -> its attached Controller
@@ -165,7 +165,7 @@ class Controller:
         """Layer ``layer``'s MAC state: the float reference (``mac``) or the decode engine's model
         (``mac-decode``), at the config that layer runs (``full_layers``)."""
         cls = MacDecodeLayer if self.method == "mac-decode" else MacLayerState
-        return cls(self.mac.for_layer(layer), hq, hkv, d, scale)
+        return cls(layer_config(self.mac, layer), hq, hkv, d, scale)
 
     # -- the attention function (transformers' AttentionInterface signature) ------------------------
     def attention(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):
