@@ -29,15 +29,13 @@ from golden.cli import configure
 
 def layer_list(layers: list[int]) -> str:
     """``[6, 7, 8, 17]`` -> ``'6-8,17'`` (a ``full_layers`` value)."""
-    out, run = [], []
+    runs: list[list[int]] = []
     for x in sorted(layers):
-        if run and x != run[-1] + 1:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-            run = []
-        run.append(x)
-    if run:
-        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ",".join(out)
+        if runs and x == runs[-1][-1] + 1:
+            runs[-1].append(x)
+        else:
+            runs.append([x])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 def table(rows: list[dict]) -> dict:

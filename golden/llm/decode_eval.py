@@ -110,7 +110,8 @@ def check_lengths(args) -> None:
 def method_configs(method: str, args):
     """``(config of the method, LadTileConfig / MacDecodeConfig or None)`` from the defaults and ``--set``."""
     cfg, engine = _method_configs(method, args)
-    if method == "mac" and layer_set(cfg.full_layers) and max(layer_set(cfg.full_layers)) >= MODEL_LAYERS:
+    full = layer_set(cfg.full_layers) if method == "mac" else None
+    if full and max(full) >= MODEL_LAYERS:
         raise ConfigError(f"full_layers: SmolLM2 has layers 0..{MODEL_LAYERS - 1}, got {cfg.full_layers!r}")
     return cfg, engine
 
