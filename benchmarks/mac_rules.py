@@ -39,11 +39,21 @@ def parse_variants(text: str) -> list[list[str]]:
     return out
 
 
+def each_layer(variants: list[list[str]], layers: int) -> list[list[str]]:
+    """Per variant, one variant per layer with reuse on in that layer only (``full_layers`` = the
+    others): what each layer's reuse costs by itself (``benchmarks.mac_layers`` ranks them)."""
+    from benchmarks.mac_hit_error import layer_list
+    return [ov + [f"full_layers={layer_list([x for x in range(layers) if x != lay])}"]
+            for ov in variants for lay in range(layers)]
+
+
 def summarize(runs: list[dict]) -> dict:
     """Mean, min and max over offsets of the perplexity change and the KV skipped per query head."""
     out = {}
-    for key in ("perplexity_delta_pct", "head_skip_pct", "hit_pct"):
-        xs = [r[key] for r in runs]
+    for key in ("perplexity_delta_pct", "head_skip_pct", "hit_pct", "kl_mnats"):
+        xs = [r[key] for r in runs if key in r]
+        if not xs:
+            continue
         out[key] = {"mean": statistics.fmean(xs), "min": min(xs), "max": max(xs)}
     return out
 
@@ -96,14 +106,15 @@ def merge(paths: list[Path]) -> dict:
 
 
 def print_summary(res: dict) -> None:
-    print(f"\n{'variant':<40}{'runs':>5}{'ppl mean':>10}{'min':>8}{'max':>8}{'skip/head':>11}{'hits':>7}")
+    print(f"\n{'variant':<40}{'runs':>5}{'ppl mean':>10}{'min':>8}{'max':>8}{'KL mnat':>9}{'skip/head':>11}{'hits':>7}")
     for row in res["variants"]:
         if not row["runs"]:
             continue
         s = row["summary"]
         print(f"{','.join(row['overrides']) or 'default':<40}{len(row['runs']):>5}"
               f"{s['perplexity_delta_pct']['mean']:>+9.2f}%{s['perplexity_delta_pct']['min']:>+7.2f}%"
-              f"{s['perplexity_delta_pct']['max']:>+7.2f}%{s['head_skip_pct']['mean']:>10.1f}%{s['hit_pct']['mean']:>6.1f}%")
+              f"{s['perplexity_delta_pct']['max']:>+7.2f}%{s.get('kl_mnats', {}).get('mean', float('nan')):>9.2f}"
+              f"{s['head_skip_pct']['mean']:>10.1f}%{s['hit_pct']['mean']:>6.1f}%")
 
 
 def main(argv=None) -> int:
@@ -112,6 +123,8 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--offsets", default="0,40000,80000", help="text offsets (tokens) of the runs")
     p.add_argument("--variants", default="default", help="';'-separated override sets ('default': none)")
+    p.add_argument("--each-layer", action="store_true",
+                   help="run each variant once per layer, reuse on in that layer only")
     p.add_argument("--hardware", action="store_true")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--plot", type=Path, default=None)
@@ -139,7 +152,11 @@ def main(argv=None) -> int:
 
     offsets = [int(o) for o in args.offsets.split(",") if o.strip()]
     base, method = (MacDecodeConfig(), "mac-decode") if args.hardware else (MacConfig(), "mac")
-    variants = [(ov, configure(base, ov)) for ov in parse_variants(args.variants)]   # bad names fail first
+    from golden.llm.decode_eval import MODEL_LAYERS
+    overrides = parse_variants(args.variants)
+    if args.each_layer:
+        overrides = each_layer(overrides, MODEL_LAYERS)
+    variants = [(ov, configure(base, ov)) for ov in overrides]   # bad names fail first
     t0 = time.time()
     model, tokenizer = load_model()
     ctl = Controller(model)
@@ -151,23 +168,26 @@ def main(argv=None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for off in offsets:
         seq = ids[off:off + n]
-        nll_full, _ = full_parallel(ctl, seq, args.context)
+        nll_full, logits_full = full_parallel(ctl, seq, args.context, keep_logits=True)
+        logp_full = torch.log_softmax(logits_full, -1)
         p_full = perplexity(nll_full)
         res["full"][str(off)] = p_full
         for (ov, cfg), row in zip(variants, res["variants"]):
             t = time.time()
-            nll, _, st = teacher_forced(ctl, seq, method, args.context, mac=cfg, progress=args.progress,
-                                        desc=f"{','.join(ov) or 'default'} @{off}")
+            nll, logits, st = teacher_forced(ctl, seq, method, args.context, mac=cfg, keep_logits=True,
+                                             progress=args.progress, desc=f"{','.join(ov) or 'default'} @{off}")
             p_mac = perplexity(nll)
+            kl = torch.nn.functional.kl_div(torch.log_softmax(logits, -1), logp_full, log_target=True,
+                                            reduction="batchmean")
             row["runs"].append({"offset": off, "perplexity": p_mac, "perplexity_delta_pct": 100 * (p_mac / p_full - 1),
                                 "head_skip_pct": 100 * st["head_skip_ratio"], "hit_pct": 100 * st["hit_rate"],
-                                "stats": st, "seconds": time.time() - t})
+                                "kl_mnats": 1000 * float(kl), "stats": st, "seconds": time.time() - t})
             row["summary"] = summarize(row["runs"])
             res["seconds"] = time.time() - t0
             args.out.write_text(json.dumps(res, indent=1))
             r = row["runs"][-1]
             print(f"{','.join(ov) or 'default':<40} @{off:>6}: ppl {r['perplexity_delta_pct']:+.2f}%, "
-                  f"skip/head {r['head_skip_pct']:.1f}%, hits {r['hit_pct']:.1f}% ({r['seconds']:.0f} s)", flush=True)
+                  f"KL {r['kl_mnats']:.2f} mnat, skip/head {r['head_skip_pct']:.1f}%, hits {r['hit_pct']:.1f}% ({r['seconds']:.0f} s)", flush=True)
     print_summary(res)
     if args.plot:
         args.plot.mkdir(parents=True, exist_ok=True)

@@ -42,8 +42,9 @@ from functools import cached_property
 import torch
 
 from .config import param
+from .errors import ConfigError
 from .fixedpoint import FixedFormat, round_shift, saturate
-from .mac_ref import MacConfig, layer_set
+from .mac_ref import MacConfig
 from .mac_unit import MacUnitConfig, MatchModel, MergeOp, merge_bits
 from .sfm import exp2, exp2_relative_bound, recip, recip_relative_bound
 
@@ -64,11 +65,10 @@ class MacDecodeConfig(MacUnitConfig):
 
     def validate(self):
         super().validate()
-        self.require(self.band >= 0, f"band must be >= 0, got {self.band}")
-        self.require(self.min_context >= 1, f"min_context must be >= 1, got {self.min_context}")
-        self.require(self.sinks >= 0, f"sinks must be >= 0, got {self.sinks}")
-        self.require(layer_set(self.full_layers) is not None,
-                     f"full_layers must be layer numbers and ranges like '3,5-7', got {self.full_layers!r}")
+        try:   # band, min_context, sinks, full_layers: the float reference's checks, under this name
+            self.reference()
+        except ConfigError as e:
+            raise ConfigError(f"{type(self).__name__}: {str(e).partition(': ')[2]}") from None
         self.require(4 <= self.kv_width <= 16, f"kv_width must be 4..16, got {self.kv_width}")
         self.require(0 <= self.kv_frac < self.kv_width, f"kv_frac must be 0..kv_width-1, got {self.kv_frac}")
         self.require(2 <= self.max_positions <= 1 << 16, f"max_positions must be 2..65536, got {self.max_positions}")
