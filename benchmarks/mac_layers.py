@@ -6,8 +6,8 @@ layer only), at one or more contexts, on text no evaluation scores. A layer's co
 divergence of the model's next-token distribution from full attention's (mean over the scored
 tokens, millinats), summed over the files; its gain is the KV it skips per query head at the
 longest context. Layers are taken in order of cost per gain until their skip reaches
-``--skip``; the others are printed as ``full_layers`` (docs/results_decode.md, "Choosing the
-layers"):
+``--skip``; the others are printed as ``full_layers`` (docs/results_decode.md, "The reuse
+rule"):
 
     python -m benchmarks.mac_rules --context 3839 --tokens 256 --offsets 160000 --each-layer \\
         --variants sinks=4 --out build/results/layers_4096.json
@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 from benchmarks.mac_hit_error import layer_list
+from golden.llm.decode_eval import MODEL_LAYERS
 from golden.mac_ref import layer_set
 
 
@@ -38,9 +39,15 @@ def per_layer(res: dict, layers: int) -> dict[int, dict]:
     return out
 
 
+def per_skip(costs: dict[int, float], skips: dict[int, float]) -> dict[int, float]:
+    """Cost per skipped share of each layer."""
+    return {x: costs[x] / max(skips[x], 1e-9) for x in costs}
+
+
 def choose(costs: dict[int, float], skips: dict[int, float], target: float) -> list[int]:
     """Layers in order of cost per skipped share until their skips sum to ``target``."""
-    order = sorted(costs, key=lambda x: costs[x] / max(skips[x], 1e-9))
+    ratio = per_skip(costs, skips)
+    order = sorted(costs, key=ratio.get)
     kept, total = [], 0.0
     for x in order:
         if total >= target:
@@ -54,7 +61,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("results", type=Path, nargs="+", help="mac_rules --each-layer JSON files")
     p.add_argument("--skip", type=float, default=55.0, help="KV skipped per query head to keep (%%, longest context)")
-    p.add_argument("--layers", type=int, default=30)
+    p.add_argument("--layers", type=int, default=MODEL_LAYERS)
     args = p.parse_args(argv)
     runs = [json.loads(f.read_text()) for f in args.results]
     tables = [per_layer(r, args.layers) for r in runs]
@@ -64,9 +71,10 @@ def main(argv=None) -> int:
     skips = {x: tables[longest][x]["skip"] for x in common}
     heads = "".join(f"{'KL@' + str(r['context'] + r['tokens'] + 1):>11}{'ppl':>8}" for r in runs)
     print(f"{'layer':>5}{heads}{'skip':>8}{'KL/skip':>9}")
-    for x in sorted(common, key=lambda x: costs[x] / max(skips[x], 1e-9)):
+    ratio = per_skip(costs, skips)
+    for x in sorted(common, key=ratio.get):
         cols = "".join(f"{t[x]['kl']:>11.2f}{t[x]['ppl']:>+7.2f}%" for t in tables)
-        print(f"{x:>5}{cols}{skips[x]:>7.2f}%{costs[x] / max(skips[x], 1e-9):>9.2f}")
+        print(f"{x:>5}{cols}{skips[x]:>7.2f}%{ratio[x]:>9.2f}")
     kept = choose(costs, skips, args.skip)
     print(f"\nreuse in {len(kept)} layers ({layer_list(kept)}): skip {sum(skips[x] for x in kept):.1f}% "
           f"(sum of one-layer runs), KL sum {sum(costs[x] for x in kept):.2f} mnat")

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.mac_hit_error import layer_list
 from golden.cli import configure
 from golden.llm.plots import pyplot, save
 
@@ -42,7 +43,6 @@ def parse_variants(text: str) -> list[list[str]]:
 def each_layer(variants: list[list[str]], layers: int) -> list[list[str]]:
     """Per variant, one variant per layer with reuse on in that layer only (``full_layers`` = the
     others): what each layer's reuse costs by itself (``benchmarks.mac_layers`` ranks them)."""
-    from benchmarks.mac_hit_error import layer_list
     return [ov + [f"full_layers={layer_list([x for x in range(layers) if x != lay])}"]
             for ov in variants for lay in range(layers)]
 
