@@ -12,6 +12,8 @@ rule"):
     python -m benchmarks.mac_rules --context 3839 --tokens 256 --offsets 160000 --each-layer \\
         --variants sinks=4 --out build/results/layers_4096.json
     python -m benchmarks.mac_layers build/results/layers_4096.json build/results/layers_8192.json --skip 55
+
+``--plot DIR`` draws each layer's KL per file and marks the layers chosen.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from pathlib import Path
 
 from benchmarks.mac_hit_error import layer_list
 from golden.llm.decode_eval import MODEL_LAYERS
+from golden.llm.plots import pyplot, save
 from golden.mac_ref import layer_set
 
 
@@ -57,11 +60,33 @@ def choose(costs: dict[int, float], skips: dict[int, float], target: float) -> l
     return kept
 
 
+def plot(runs: list[dict], tables: list[dict], kept: list[int], folder: Path) -> Path:
+    """Bars of each layer's KL (one colour per file), the layers kept for reuse starred."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.2, 3.6))
+    layers = sorted(set().union(*tables))
+    width = 0.8 / len(tables)
+    for i, (r, t) in enumerate(zip(runs, tables)):
+        xs = [x for x in layers if x in t]
+        ax.bar([x + (i - (len(tables) - 1) / 2) * width for x in xs], [t[x]["kl"] for x in xs], width,
+               label=f"{r['context'] + r['tokens'] + 1} tokens")
+    top = max(t[x]["kl"] for t in tables for x in t)
+    ax.plot(kept, [top * 1.05] * len(kept), "k*", ms=5, label="reuse kept")
+    ax.set_xticks(layers)
+    ax.tick_params(axis="x", labelsize=6)
+    ax.set_xlabel("layer (reuse on in this layer only)")
+    ax.set_ylabel("KL(full || MAC), millinats")
+    ax.legend(fontsize=7)
+    ax.set_title("MAC in SmolLM2-135M: what each layer's reuse costs", fontsize=9)
+    return save(fig, folder / "decode_mac_layers.png")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("results", type=Path, nargs="+", help="mac_rules --each-layer JSON files")
     p.add_argument("--skip", type=float, default=55.0, help="KV skipped per query head to keep (%%, longest context)")
     p.add_argument("--layers", type=int, default=MODEL_LAYERS)
+    p.add_argument("--plot", type=Path, default=None, help="folder for decode_mac_layers.png")
     args = p.parse_args(argv)
     runs = [json.loads(f.read_text()) for f in args.results]
     tables = [per_layer(r, args.layers) for r in runs]
@@ -81,6 +106,9 @@ def main(argv=None) -> int:
     print(f"full_layers={layer_list([x for x in range(args.layers) if x not in kept])}")
     if len(common) < args.layers:
         print(f"(only {len(common)} of {args.layers} layers measured in every file)")
+    if args.plot:
+        args.plot.mkdir(parents=True, exist_ok=True)
+        print(f"wrote {plot(runs, tables, kept, args.plot)}")
     return 0
 
 
