@@ -5,7 +5,8 @@
 Per query head and step ``n`` (context ``L = n + 1`` keys, ``F`` sinks, band ``S``,
 ``lo_tail = max(F, n + 1 - S)``):
 
-1. **Match** (only when ``L >= min_context`` and ``reuse``): the pre-RoPE query (``q_format``)
+1. **Match** (only when ``L >= min_context`` and ``reuse``, the config's and the step's: a layer in
+   ``full_layers`` runs with it off): the pre-RoPE query (``q_format``)
    against the head's ring of the last ``window`` queries, exact squared L2 distance, minimum,
    ties to the lower position, hit iff ``dist < threshold_raw`` (``golden.mac_unit.MatchModel``).
 2. **Scores** of the post-RoPE query against the keys it needs (KV memory, ``kv_format``):
@@ -285,12 +286,14 @@ class MacDecodeHead:
         self._combines.append("cancelled" if r.flagged else "merge")
         return (r.m, r.s, torch.tensor(r.o, dtype=torch.int64)), r.flagged
 
-    def step(self, q_pre: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n: int):
-        """Raw ``q_pre, q (d,)``, keys/values ``k, v (n+1, d)`` -> raw output ``o (d,)`` and a :class:`HeadStep`."""
+    def step(self, q_pre: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n: int,
+             reuse: bool = True):
+        """Raw ``q_pre, q (d,)``, keys/values ``k, v (n+1, d)`` -> raw output ``o (d,)`` and a :class:`HeadStep`.
+        ``reuse`` is the step's bit (the RTL query's): False makes it a miss, as ``full_layers`` does."""
         cfg = self.cfg
         self._passes, self._combines = [], []
         F, lo_tail, L = step_ranges(cfg, n)
-        engaged = cfg.reuse and L >= cfg.min_context
+        engaged = cfg.reuse and reuse and L >= cfg.min_context
         if engaged:
             res = self.match.query(0, q_pre)
         else:  # no match: the query is only written into the ring

@@ -3,7 +3,7 @@ golden.mac_decode.MacDecodeHead, per head, on every output beat (m, s, o) and st
 (engaged, hit, matched position and distance, fallback, keys read): random sequences at ``tiny``
 (two heads, 30 steps = 3.75 windows: steps before min_context, hits, misses, cancelled removals
 with their fallback, ring and entry-store wrap) with band-0 and (two sinks, band 3, min_context 1)
-variants, a band longer than the context (at one beat per vector and the guard and output formats
+variants and with a third of the steps' ``reuse`` bit off (a layer in ``full_layers``), a band longer than the context (at one beat per vector and the guard and output formats
 where one LSB of the numerator shows in o), and real SmolLM2 decode steps; random latency and back-pressure on every stream (tb_mac_decode). Also the
 RTL's cycles of every step == golden.mac_decode.engine_step_cycles (its FSM's schedule) with no
 stalls but back-pressure on ``out``."""
@@ -34,16 +34,19 @@ def _summary(name, r):
           f"planned schedule {sum(model) / len(model):.0f}")
 
 
-@pytest.mark.parametrize("variant, seed", [("tiny", 2025), ("tiny", 2026), ("band0", 2026), ("early", 2026)])
-def test_mac_decode_rtl_equals_model_on_random_sequences(variant, seed):
+@pytest.mark.parametrize("variant, seed, reuse_off", [("tiny", 2025, 0.0), ("tiny", 2026, 0.0), ("band0", 2026, 0.0),
+                                                     ("early", 2026, 0.0), ("early", 2028, 0.33)])
+def test_mac_decode_rtl_equals_model_on_random_sequences(variant, seed, reuse_off):
     cfg = VARIANTS[variant]
     steps, heads = 30, 2
-    r = simulate("mac-decode", cfg, seed=seed, name=variant,
-                 params={"steps": steps, "heads_used": heads, "seq_seed": seed})
+    r = simulate("mac-decode", cfg, seed=seed, name=f"{variant}-reuse-off" if reuse_off else variant,
+                 params={"steps": steps, "heads_used": heads, "seq_seed": seed, "reuse_off": reuse_off})
     _summary(f"{variant} seed {seed}", r)
     assert r["mismatches"] == 0 and r["steps"] == steps * heads
     assert r["beats"] == steps * heads * (cfg.beats + 1)
-    assert r["idle"] == heads * (cfg.min_context - 1)           # no match below min_context
+    assert (r["reuse_off"] >= 10) == (reuse_off > 0), r["reuse_off"]
+    # no match below min_context, nor on a step with reuse off
+    assert r["idle"] == heads * (cfg.min_context - 1) + r["reuse_off"]
     assert r["hits"] >= 5 and r["misses"] >= 5, r               # both paths, many times
     if variant != "band0":                                      # band 0: no tail to remove
         assert r["fallbacks"] >= 1, r

@@ -1,7 +1,8 @@
 """MAC decode engine: one MAC-Attention decode step of one query head (docs/mac-unit.md,
 "Decode engine"; docs/algorithms.md §2), bit for bit ``golden.mac_decode.MacDecodeHead``.
 
-Streams: ``query`` (``d/L`` beats of head, position n, pre-RoPE and post-RoPE query lanes);
+Streams: ``query`` (``d/L`` beats of head, position n, the step's ``reuse`` bit, pre-RoPE and
+post-RoPE query lanes; ``reuse = 0``, a layer in ``full_layers``, makes the step a miss);
 ``kv_req`` (head, K or V, first position, count) / ``kv_resp`` (``count·d/L`` beats of
 ``lanes`` elements, in order); ``es_req`` (write bit, head, slot, beat and, for a write, the
 beat's m, s, o lanes) / ``es_resp`` (m, s, o lanes of a read beat; a write has no response);
@@ -13,7 +14,7 @@ A step, in order (one thing at a time; the schedule ``golden.mac_decode.head_ste
 models is the target, not yet reached):
 
 1. The pre-RoPE query beats go straight into the :class:`~hdl.mac.match.MatchUnit` (its ring is
-   written on every step; while ``L < min_context`` or ``reuse`` is off the step goes on without
+   written on every step; while ``L < min_context`` or ``reuse`` (the config's or the step's) is off the step goes on without
    waiting and the result is dropped),
    the post-RoPE beats into a query buffer. Then ``F``, ``lo_tail``, ``lo_band`` and the keys read.
 2. **K pass**: one KV burst for the sinks ``[0, F)`` and one for ``[lo, L)`` (``lo = lo_band`` on a
@@ -85,6 +86,7 @@ def attend_vpu(cfg: MacDecodeConfig) -> VpuConfig:
 def query_layout(cfg: MacDecodeConfig) -> data.StructLayout:
     return data.StructLayout({
         "head": unsigned(index_width(cfg.heads)), "position": unsigned(cfg.position_width),
+        "reuse": unsigned(1),       # 0: the step misses (its layer is one of full_layers)
         "q_pre": data.ArrayLayout(signed(cfg.q_width), cfg.lanes),
         "q": data.ArrayLayout(signed(cfg.kv_width), cfg.lanes),
     })
@@ -148,6 +150,7 @@ class _Step(NamedTuple):
     query_buf: Array
     head: Signal
     position: Signal
+    reuse: Signal
     write_slots: Array
     load_beat: Signal
     r_hit: Signal
@@ -310,6 +313,7 @@ class MacDecodeEngine(wiring.Component):
         query_buf = Array(Signal(lanes * cfg.kv_width, name=f"q_beat{b}") for b in range(nb))
         head = Signal(index_width(cfg.heads))
         position = Signal(pos_t)
+        reuse = Signal()
         write_slots = Array(Signal(range(cfg.window), name=f"entry_slot{h}") for h in range(cfg.heads))
         load_beat = Signal(range(nb))
         # match result
@@ -333,7 +337,7 @@ class MacDecodeEngine(wiring.Component):
         m_sink, m_mid, m_tail = (Signal(signed(sw), name=n) for n in ("m_sink", "m_mid", "m_tail"))
         # result pointers of the combines: E, E ⊕ tail, output
         ptrs = Array(Signal(3, name=f"ptr{i}") for i in range(3))
-        return _Step(query_buf, head, position, write_slots, load_beat, r_hit, r_slot, r_pos, r_dist,
+        return _Step(query_buf, head, position, reuse, write_slots, load_beat, r_hit, r_slot, r_pos, r_dist,
                      L, F, lo_tail, lo_band, lo_mid, keys, engaged, hit, fallback, cycles, counting,
                      m_arr, s_arr, m_sink, m_mid, m_tail, ptrs)
 
@@ -437,7 +441,7 @@ class MacDecodeEngine(wiring.Component):
             with m.If(self.query.valid & self.query.ready):
                 m.d.sync += [query_buf[load_beat].eq(p.q), load_beat.eq(incr(load_beat, nb))]
                 with m.If(load_beat == 0):
-                    m.d.sync += [st.head.eq(p.head), st.position.eq(p.position)]
+                    m.d.sync += [st.head.eq(p.head), st.position.eq(p.position), st.reuse.eq(p.reuse)]
                 with m.If(load_beat == nb - 1):
                     m.next = "MATCH"
 
@@ -454,10 +458,10 @@ class MacDecodeEngine(wiring.Component):
         position, L, F, engaged, hit = st.position, st.L, st.F, st.engaged, st.hit
         lo_tail, r_pos = st.lo_tail, st.r_pos
         with m.State("MATCH"):
-            # below min_context (or without reuse) the step does not wait for the match: the
+            # below min_context (or without reuse, the config's or the step's) the step does not wait for the match: the
             # MatchUnit scans and writes its ring meanwhile, and its result is dropped (``ready``
             # is high in every state; the next query is taken only after that result)
-            engage = int(cfg.reuse) & (position + 1 >= cfg.min_context)
+            engage = int(cfg.reuse) & st.reuse & (position + 1 >= cfg.min_context)
             m.d.sync += [L.eq(position + 1), F.eq(Mux(position + 1 > cfg.sinks, cfg.sinks, position + 1)),
                          engaged.eq(engage)]
             with m.If(~engage):

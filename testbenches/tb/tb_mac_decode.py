@@ -11,8 +11,11 @@ Params: ``steps`` (positions per head), ``heads_used``, ``seq_seed`` (the random
 testbenches/tb/mac_decode_steps.py: clustered and repeated pre-RoPE queries, queries aligned with the
 newest key so removals cancel), ``trace`` (real SmolLM2 layer-12 head-0 steps instead; one head),
 ``gap`` / ``stall`` / ``latency`` (0 / 0 / [1, 1] for the cycle measurement), ``out_stall``
-(back-pressure on ``out`` alone, whose stalled cycles the statistic leaves out)."""
+(back-pressure on ``out`` alone, whose stalled cycles the statistic leaves out), ``reuse_off``
+(the share of steps whose query carries ``reuse = 0``, drawn per step from ``seed + 1``)."""
 from __future__ import annotations
+
+import random
 
 import cocotb
 
@@ -61,15 +64,18 @@ async def mac_decode_matches_golden(dut):
                       (1, 6), burst=True)
 
     heads = [MacDecodeHead(cfg) for _ in range(H)]
+    reuse_rng, reuse_off = random.Random(bench.seed + 1), p.get("reuse_off", 0.0)
     kv_want, es_want = [], []   # (request, its step) in order, from the model's program
-    count = dict(hits=0, misses=0, fallbacks=0, idle=0, steps=0)
+    count = dict(hits=0, misses=0, fallbacks=0, idle=0, steps=0, reuse_off=0)
     model_cycles, engine_cycles, keys_list, kinds, total_keys = [], [], [], [], 0
     for n in range(N):
         F, lo_tail, L = step_ranges(cfg, n)
         for h in range(H):
-            src.put(*({"head": h, "position": n, "q_pre": a, "q": b}
+            reuse = not (reuse_off and reuse_rng.random() < reuse_off)
+            src.put(*({"head": h, "position": n, "reuse": int(reuse), "q_pre": a, "q": b}
                       for a, b in zip(split_beats(q_pre[n, h], lanes), split_beats(q[n, h], lanes))))
-            o, st = heads[h].step(q_pre[n, h], q[n, h], k[0, :n + 1], v[0, :n + 1], n)
+            o, st = heads[h].step(q_pre[n, h], q[n, h], k[0, :n + 1], v[0, :n + 1], n, reuse)
+            count["reuse_off"] += cfg.reuse and L >= cfg.min_context and not reuse
             where = f"step {n} head {h}"
             lo_mid = L + F - st.kv_keys                      # the K pass: the sinks, then [lo_mid, L)
             reads = [(0, 0, F), (0, lo_mid, L)] + [(1, lo, hi) for lo, hi in st.passes]
