@@ -29,7 +29,7 @@ TRACE_CFG = MacDecodeConfig(window=32, band=8, min_context=40, heads=1, lanes=8,
 def _summary(name, r):
     rtl, model = r["rtl_cycles"], r["model_cycles"]
     print(f"\n{name}: {r['steps']} head-steps, {r['beats']} beats compared, {r['mismatches']} mismatches; "
-          f"{r['hits']} hits, {r['misses']} misses, {r['fallbacks']} fallbacks, {r['idle']} before min_context; "
+          f"{r['hits']} hits, {r['misses']} misses, {r['fallbacks']} fallbacks, {r['idle']} not engaged (before min_context or reuse off); "
           f"cycles/step RTL {sum(rtl) / len(rtl):.0f}, engine schedule {sum(r['engine_cycles']) / len(rtl):.0f}, "
           f"planned schedule {sum(model) / len(model):.0f}")
 
