@@ -14,8 +14,8 @@ A step, in order (one thing at a time; the schedule ``golden.mac_decode.head_ste
 models is the target, not yet reached):
 
 1. The pre-RoPE query beats go straight into the :class:`~hdl.mac.match.MatchUnit` (its ring is
-   written on every step; while ``L < min_context`` or ``reuse`` (the config's or the step's) is off the step goes on without
-   waiting and the result is dropped),
+   written on every step; while ``L < min_context`` or ``reuse`` (the config's or the step's) is off
+   the step goes on without waiting and the result is dropped),
    the post-RoPE beats into a query buffer. Then ``F``, ``lo_tail``, ``lo_band`` and the keys read.
 2. **K pass**: one KV burst for the sinks ``[0, F)`` and one for ``[lo, L)`` (``lo = lo_band`` on a
    hit, ``F`` on a miss); the VPU's DOT gives each exact ``q·k``, three registered stages give
@@ -458,9 +458,9 @@ class MacDecodeEngine(wiring.Component):
         position, L, F, engaged, hit = st.position, st.L, st.F, st.engaged, st.hit
         lo_tail, r_pos = st.lo_tail, st.r_pos
         with m.State("MATCH"):
-            # below min_context (or without reuse, the config's or the step's) the step does not wait for the match: the
-            # MatchUnit scans and writes its ring meanwhile, and its result is dropped (``ready``
-            # is high in every state; the next query is taken only after that result)
+            # below min_context (or without reuse, the config's or the step's) the step does not
+            # wait for the match: the MatchUnit scans and writes its ring meanwhile, and its result
+            # is dropped (``ready`` is high in every state; the next query is taken only after it)
             engage = int(cfg.reuse) & st.reuse & (position + 1 >= cfg.min_context)
             m.d.sync += [L.eq(position + 1), F.eq(Mux(position + 1 > cfg.sinks, cfg.sinks, position + 1)),
                          engaged.eq(engage)]
