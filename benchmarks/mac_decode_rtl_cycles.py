@@ -28,7 +28,7 @@ NO_STALLS = {"gap": 0.0, "stall": 0.0, "latency": [1, 1]}
 def runs(quick: bool):
     yield "tiny random", PRESETS["tiny"], {"steps": 30, "heads_used": 2, "seq_seed": 2025}
     if not quick:
-        cfg = MacDecodeConfig(window=32, band=8, min_context=40, heads=1, lanes=8, max_positions=128)
+        cfg = MacDecodeConfig(window=32, band=8, min_context=40, sinks=0, heads=1, lanes=8, max_positions=128)
         yield "SmolLM2 L12 H0", cfg, {"trace": str(TRACE), "steps": 80}
 
 

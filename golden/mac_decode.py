@@ -45,7 +45,7 @@ import torch
 from .config import param
 from .errors import ConfigError
 from .fixedpoint import FixedFormat, round_shift, saturate
-from .mac_ref import MacConfig
+from .mac_ref import SMOLLM2_FULL_LAYERS, MacConfig
 from .mac_unit import MacUnitConfig, MatchModel, MergeOp, merge_bits
 from .sfm import exp2, exp2_relative_bound, recip, recip_relative_bound
 
@@ -56,10 +56,10 @@ SCALE_FRAC = 16  # 1/sqrt(d) as a raw constant with this many fraction bits (as 
 class MacDecodeConfig(MacUnitConfig):
     band: int = param(256, "S: an entry of position p covers keys [sinks, p+1-S); the last S keys are the tail")
     min_context: int = param(2048, "match is attempted only when the step sees at least this many keys")
-    sinks: int = param(0, "F: the first F keys are always attended with the current query")
+    sinks: int = param(4, "F: the first F keys are always attended with the current query")
     reuse: bool = param(True, "ablation: False makes every step a miss (entries still written)")
-    full_layers: str = param("", "layers of a model run with reuse off (their steps all miss), e.g. '14,17-18'; "
-                                 "the engine serves one layer, so this is for the model's runs")
+    full_layers: str = param(SMOLLM2_FULL_LAYERS, "layers of a model run whose steps all miss (the query's "
+                             "reuse bit off), e.g. '14,17-18'; the default: SmolLM2-135M's costliest")
     kv_width: int = param(16, "bits of a signed post-RoPE query, key or value element")
     kv_frac: int = param(8, "fraction bits of q, k, v")
     max_positions: int = param(8192, "largest context (KV memory positions)")
@@ -121,7 +121,7 @@ class MacDecodeConfig(MacUnitConfig):
 
 PRESETS = {
     "default": MacDecodeConfig(heads=9, lanes=8),
-    "tiny": MacDecodeConfig(window=8, head_dim=8, heads=2, lanes=4, band=4, min_context=10, max_positions=64),
+    "tiny": MacDecodeConfig(window=8, head_dim=8, heads=2, lanes=4, band=4, min_context=10, sinks=0, max_positions=64),
     "smollm2-layer": MacDecodeConfig(window=512, head_dim=64, heads=9, lanes=16),
 }
 

@@ -19,6 +19,9 @@ import torch
 from .config import BlockConfig, param
 
 NEG_INF = -math.inf
+# SmolLM2-135M's layers whose hits cost the most KL per KV skipped, measured one layer at a time on
+# text no evaluation scores (benchmarks.mac_layers; docs/results_decode.md, "Choosing the layers")
+SMOLLM2_FULL_LAYERS = "5,14-21,23-24,28-29"
 
 
 def layer_set(text: str) -> frozenset[int] | None:
@@ -45,12 +48,12 @@ class MacConfig(BlockConfig):
     band: int = param(256, "S: an entry of position p covers keys [sinks, p+1-S); the last S keys are the tail "
                            "(the rectification distance; 0: no amend, the entry covers [sinks, p+1))")
     min_context: int = param(2048, "MAC is attempted only when the step sees at least this many keys")
-    sinks: int = param(0, "F: the first F keys are always recomputed exactly with the current query")
+    sinks: int = param(4, "F: the first F keys are always recomputed exactly with the current query")
     cancel_bound: float = param(1.0 / 64, "a removal is flagged (full recompute) when 1 - t < this")
     reuse: bool = param(True, "ablation: False makes every step a miss (full attention, entries still kept)")
     exact_prefix: bool = param(False, "ablation: on a hit recompute the prefix with the current query")
-    full_layers: str = param("", "layers whose steps all miss (full attention; entries still kept), e.g. "
-                                 "'14,17-18': the layers whose hits cost the most")
+    full_layers: str = param(SMOLLM2_FULL_LAYERS, "layers whose steps all miss (full attention; entries still "
+                             "kept), e.g. '14,17-18'; the default: SmolLM2-135M's costliest ('' : reuse everywhere)")
 
     def validate(self):
         self.require(self.window >= 1, f"window must be >= 1, got {self.window}")

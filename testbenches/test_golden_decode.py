@@ -233,7 +233,7 @@ def test_disabled_approximations_equal_full_attention(smollm2):
                                 keep_logits=True, progress=False)
     assert (lad - ref).abs().max() < 2e-3
     assert st["layer_steps"] == 20 * 30
-    small = dict(min_context=16, window=16, band=8)
+    small = dict(min_context=16, window=16, band=8, sinks=0, full_layers="")
     _, mac, st = teacher_forced(ctl, seq, "mac", context=8, mac=MacConfig(exact_prefix=True, **small),
                                 keep_logits=True, progress=False)
     assert (mac - ref).abs().max() < 2e-3
@@ -246,7 +246,7 @@ def test_disabled_approximations_equal_full_attention(smollm2):
                                 progress=False)
     assert (mac - ref).abs().max() > 1e-2 and st["hit_rate"] > 0.2
     # full_layers: those layers' steps all miss, the others still hit
-    _, _, st = teacher_forced(ctl, seq, "mac", context=8, mac=MacConfig(full_layers="0,2-29", **small),
+    _, _, st = teacher_forced(ctl, seq, "mac", context=8, mac=MacConfig(**{**small, "full_layers": "0,2-29"}),
                               progress=False)
     hits = {layer: sum(step["layers"][layer]["hits"] for step in ctl.layer_steps) for layer in range(30)}
     assert hits[1] > 0 and all(hits[layer] == 0 for layer in hits if layer != 1), hits

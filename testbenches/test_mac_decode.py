@@ -62,7 +62,7 @@ def test_layer_model_equals_head_models_on_random_sequences(seed, variant):
 
 
 def test_layer_model_equals_head_model_on_real_trace():
-    cfg = MacDecodeConfig(window=32, band=8, min_context=48, lanes=8, max_positions=1024)
+    cfg = MacDecodeConfig(window=32, band=8, min_context=48, sinks=0, lanes=8, max_positions=1024)
     c = run_both(cfg, 1, 1, real_trace(cfg, 160))
     assert c["hits"] > 30 and c["misses"] > 30 and c["idle"] == 47, c
 
@@ -122,7 +122,7 @@ STEP_BOUND = 2.0 ** -8
 
 
 def test_decode_step_within_stated_bound_of_float_on_real_trace():
-    cfg = MacDecodeConfig(window=128, band=32, min_context=96, lanes=8, max_positions=1024)
+    cfg = MacDecodeConfig(window=128, band=32, min_context=96, sinks=0, lanes=8, max_positions=1024)
     q_pre, q, k, v = real_trace(cfg, 400)
     f = cfg.kv_format
     layer, ref = MacDecodeLayer(cfg, 1, 1), MacLayerState(cfg.reference(), 1, 1, 64)
@@ -154,7 +154,7 @@ def test_mac_decode_inside_smollm2():
         model, tokenizer = load_model()
         ctl = Controller(model)
         seq = wikitext_ids(tokenizer, 8 + 24 + 1)
-        eng = MacDecodeConfig(window=16, band=8, min_context=16)
+        eng = MacDecodeConfig(window=16, band=8, min_context=16, sinks=0, full_layers="")
         nll_f, lg_f, st_f = teacher_forced(ctl, seq, "mac", 8, mac=eng.reference(), keep_logits=True, progress=False)
         nll_b, lg_b, st_b = teacher_forced(ctl, seq, "mac-decode", 8, mac=eng, keep_logits=True, progress=False)
         ctl.detach()

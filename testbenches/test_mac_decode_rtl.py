@@ -23,7 +23,7 @@ VARIANTS = {"tiny": TINY, "band0": replace(TINY, band=0),
             "early": replace(TINY, min_context=1, sinks=2, band=3)}
 TRACE = Path(__file__).parent / "data" / "smollm2_mac_trace.pt"
 # a trace config small enough for the bench: M = 32, S = 8, d = 64 in 8 beats of 8 lanes, 80 steps
-TRACE_CFG = MacDecodeConfig(window=32, band=8, min_context=40, heads=1, lanes=8, max_positions=128)
+TRACE_CFG = MacDecodeConfig(window=32, band=8, min_context=40, sinks=0, heads=1, lanes=8, max_positions=128)
 
 
 def _summary(name, r):

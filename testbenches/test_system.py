@@ -39,7 +39,7 @@ def test_lad_counts_are_the_bit_accurate_models(smollm2):
 def test_mac_counts_are_the_bit_accurate_models(smollm2):
     from golden.llm.runs import teacher_forced
     ctl, ids = smollm2
-    cfg = MacDecodeConfig(window=16, band=4, min_context=20, max_positions=256)
+    cfg = MacDecodeConfig(window=16, band=4, min_context=20, sinks=0, full_layers="", max_positions=256)
     teacher_forced(ctl, ids[:49], "mac-decode", 8, mac=cfg, progress=False)
     rec = activity(ctl.layer_steps, 16, engine="mac-decode", config=cfg.to_dict())
     eng = mac_engine(SHAPES["smollm2"], 48, rec)
