@@ -13,11 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
+from golden.cli import add_overrides, configure
+from golden.errors import ConfigError
 from golden.llm.plots import pyplot, save
 
 
@@ -65,6 +69,7 @@ def main(argv=None) -> int:
     p.add_argument("--bands", default="0,16,32,64,256")
     p.add_argument("--windows", default="512,1024,2048,4096")
     p.add_argument("--hardware", action="store_true")
+    add_overrides(p, "a MacConfig (--hardware: MacDecodeConfig) parameter every variant starts from")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--plot", type=Path, default=None)
     p.add_argument("--progress", action="store_true")
@@ -78,6 +83,11 @@ def main(argv=None) -> int:
     from golden.mac_decode import MacDecodeConfig
     from golden.mac_ref import MacConfig
 
+    try:   # bad names fail before the model loads
+        base = configure(MacDecodeConfig() if args.hardware else MacConfig(), args.set)
+    except ConfigError as err:
+        print(f"mac_decode_ablation: error: {err}", file=sys.stderr)
+        return 2
     t0 = time.time()
     model, tokenizer = load_model()
     ctl = Controller(model)
@@ -90,10 +100,7 @@ def main(argv=None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for v in variants([int(b) for b in args.bands.split(",") if b], [int(w) for w in args.windows.split(",") if w]):
         t = time.time()
-        if args.hardware:
-            cfg, method = MacDecodeConfig(**v), "mac-decode"
-        else:
-            cfg, method = MacConfig(**v), "mac"
+        cfg, method = replace(base, **v), "mac-decode" if args.hardware else "mac"
         nll, _, st = teacher_forced(ctl, seq, method, args.context, mac=cfg, progress=args.progress,
                                     desc=f"S={v['band']} M={v['window']}")
         p_mac = perplexity(nll)

@@ -31,7 +31,7 @@ def per_layer(res: dict, layers: int) -> dict[int, dict]:
     """layer -> {kl, ppl, skip} (means over offsets) of the variants that reuse in one layer only."""
     out = {}
     for v in res["variants"]:
-        full = next((o.partition("=")[2] for o in v["overrides"] if o.startswith("full_layers=")), None)
+        full = v["config"].get("full_layers")
         if full is None or not v["runs"]:
             continue
         on = set(range(layers)) - layer_set(full)

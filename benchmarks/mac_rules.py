@@ -19,6 +19,7 @@ import json
 import os
 import re
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -26,7 +27,10 @@ import torch
 
 from benchmarks.mac_hit_error import layer_list
 from golden.cli import configure
+from golden.errors import ConfigError
 from golden.llm.plots import pyplot, save
+from golden.mac_decode import MacDecodeConfig
+from golden.mac_ref import MacConfig
 
 
 def parse_variants(text: str) -> list[list[str]]:
@@ -45,6 +49,14 @@ def each_layer(variants: list[list[str]], layers: int) -> list[list[str]]:
     others): what each layer's reuse costs by itself (``benchmarks.mac_layers`` ranks them)."""
     return [ov + [f"full_layers={layer_list([x for x in range(layers) if x != lay])}"]
             for ov in variants for lay in range(layers)]
+
+
+def label(config: dict, hardware: bool) -> str:
+    """A variant's config as overrides of today's defaults (``default``: none), so that records
+    taken under earlier defaults read the same."""
+    base = (MacDecodeConfig() if hardware else MacConfig()).to_dict()
+    return ",".join(f"{k}={v if v != '' else repr(v)}" for k, v in config.items()
+                    if k in base and v != base[k]) or "default"
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -66,12 +78,13 @@ def plot(res: dict, folder: Path) -> Path:
             continue
         s = v["summary"]
         x, y = s["head_skip_pct"]["mean"], s["perplexity_delta_pct"]["mean"]
-        default = not v["overrides"]
+        name = label(v["config"], res["hardware"])
+        default = name == "default"
         color = "C3" if default else "C0"
         ax.errorbar(x, y, yerr=[[y - s["perplexity_delta_pct"]["min"]], [s["perplexity_delta_pct"]["max"] - y]],
                     fmt="*" if default else "o", ms=12 if default else 5, color=color, capsize=2,
                     mfc=color if len(v["runs"]) == len(res["offsets"]) else "none")   # hollow: not every offset
-        ax.annotate("default" if default else ",".join(v["overrides"]), (x, y), fontsize=6,
+        ax.annotate(name, (x, y), fontsize=6,
                     xytext=(3, 3), textcoords="offset points")
     ax.axhline(1.0, color="gray", lw=0.6, ls="--")
     ax.axvline(50, color="gray", lw=0.6, ls=":")
@@ -84,7 +97,7 @@ def plot(res: dict, folder: Path) -> Path:
 
 
 def merge(paths: list[Path]) -> dict:
-    """One result of several runs of the same context, tokens and engine (variants matched by overrides)."""
+    """One result of several runs of the same context, tokens and engine (variants matched by config)."""
     parts = [json.loads(Path(q).read_text()) for q in paths]
     res = {k: parts[0][k] for k in ("context", "tokens", "hardware")}
     if any((r["context"], r["tokens"], r["hardware"]) != (res["context"], res["tokens"], res["hardware"]) for r in parts):
@@ -95,7 +108,8 @@ def merge(paths: list[Path]) -> dict:
         res["offsets"] += [o for o in r["offsets"] if o not in res["offsets"]]
         res["full"].update(r["full"])
         for v in r["variants"]:
-            row = rows.setdefault(tuple(v["overrides"]), {"overrides": v["overrides"], "config": v["config"], "runs": []})
+            row = rows.setdefault(json.dumps(v["config"], sort_keys=True),
+                                  {"overrides": v["overrides"], "config": v["config"], "runs": []})
             row["runs"] += [run for run in v["runs"] if run["offset"] not in {x["offset"] for x in row["runs"]}]
     for row in rows.values():
         row["runs"].sort(key=lambda run: run["offset"])
@@ -111,7 +125,7 @@ def print_summary(res: dict) -> None:
         if not row["runs"]:
             continue
         s = row["summary"]
-        print(f"{','.join(row['overrides']) or 'default':<40}{len(row['runs']):>5}"
+        print(f"{label(row['config'], res['hardware']):<40}{len(row['runs']):>5}"
               f"{s['perplexity_delta_pct']['mean']:>+9.2f}%{s['perplexity_delta_pct']['min']:>+7.2f}%"
               f"{s['perplexity_delta_pct']['max']:>+7.2f}%{s.get('kl_mnats', {}).get('mean', float('nan')):>9.2f}"
               f"{s['head_skip_pct']['mean']:>10.1f}%{s['hit_pct']['mean']:>6.1f}%")
@@ -147,8 +161,6 @@ def main(argv=None) -> int:
     from golden.llm.hooks import Controller
     from golden.llm.metrics import perplexity
     from golden.llm.runs import full_parallel, load_model, teacher_forced
-    from golden.mac_decode import MacDecodeConfig
-    from golden.mac_ref import MacConfig
 
     offsets = [int(o) for o in args.offsets.split(",") if o.strip()]
     base, method = (MacDecodeConfig(), "mac-decode") if args.hardware else (MacConfig(), "mac")
@@ -156,7 +168,11 @@ def main(argv=None) -> int:
     overrides = parse_variants(args.variants)
     if args.each_layer:
         overrides = each_layer(overrides, MODEL_LAYERS)
-    variants = [(ov, configure(base, ov)) for ov in overrides]   # bad names fail first
+    try:   # bad names fail before the model loads
+        variants = [(ov, configure(base, ov)) for ov in overrides]
+    except ConfigError as err:
+        print(f"mac_rules: error: {err}", file=sys.stderr)
+        return 2
     t0 = time.time()
     model, tokenizer = load_model()
     ctl = Controller(model)
