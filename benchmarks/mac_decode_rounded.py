@@ -9,11 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
 import torch
 
+from golden.cli import add_overrides, configure
+from golden.errors import ConfigError
 from golden.mac_decode import MacDecodeConfig
 from golden.mac_ref import MacLayerState
 
@@ -41,7 +44,14 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=2048)
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--out", type=Path, required=True)
+    add_overrides(p, "a MacDecodeConfig parameter (the engine whose inputs are rounded)")
     args = p.parse_args(argv)
+    try:   # bad names fail before the model loads
+        engine = configure(MacDecodeConfig(), args.set)
+    except ConfigError as err:
+        print(f"mac_decode_rounded: error: {err}", file=sys.stderr)
+        return 2
+    RoundedMacLayerState.engine = engine
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(1)
     import golden.llm.hooks as hooks
@@ -54,7 +64,7 @@ def main(argv=None) -> int:
     seq = wikitext_ids(tokenizer, args.context + args.tokens + 1)
     nll_full, _ = full_parallel(ctl, seq, args.context)
     hooks.MacLayerState = RoundedMacLayerState          # this script's process only
-    nll, _, st = teacher_forced(ctl, seq, "mac", args.context, mac=MacDecodeConfig().reference(), progress=False)
+    nll, _, st = teacher_forced(ctl, seq, "mac", args.context, mac=engine.reference(), progress=False)
     res = {"command": "python -m benchmarks.mac_decode_rounded " + " ".join(argv or os.sys.argv[1:]),
            "perplexity_full": perplexity(nll_full), "perplexity_twin_rounded": perplexity(nll), "stats": st,
            "seconds": time.time() - t0}
