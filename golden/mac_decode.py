@@ -526,8 +526,7 @@ class MacDecodeLayer:
                                info["fallback"].long() * (lo_tail - F))
         stats.update(engine_cycles=float(cyc.sum()), rtl_cycles=float(info["rtl_cycles"].sum()),
                      dense_cycles=float(H * dense_head_cycles(cfg, L)),
-                     head_kv_keys=int(info["kv_keys"].sum()),
-                     # each query head's own keys, as the float reference counts them
+                     # each query head's own keys read, as the float reference counts them
                      head_kv_read=int(info["kv_keys"].sum()), head_kv_total=int(H * L))
         return cfg.out_format.to_float(o), stats
 

@@ -224,9 +224,9 @@ def mac_engine(shape: ModelShape, context: int, record: dict, clock_mhz: float |
         engaged = c["hits"] + c["misses"]
         out.append(LayerStep(
             cycles=c["rtl_cycles"], kv_bytes=c["kv_bytes"],
-            macs=2 * c["head_kv_keys"] * d + engaged * filled * d + 3 * c["heads"] * d,
-            sfm_ops=c["head_kv_keys"] + 3 * c["heads"],
-            scratch_bits=2 * c["head_kv_keys"] * cfg.score_width,
+            macs=2 * c["head_kv_read"] * d + engaged * filled * d + 3 * c["heads"] * d,
+            sfm_ops=c["head_kv_read"] + 3 * c["heads"],
+            scratch_bits=2 * c["head_kv_read"] * cfg.score_width,
             state_bits=8 * c["entry_bytes"], stream_bytes=c["entry_bytes"]))
     rec = synth_record("mac-decode")
     per_head = M * (d * cfg.q_width + cfg.entry_bits)
