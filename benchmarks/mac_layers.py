@@ -102,7 +102,7 @@ def main(argv=None) -> int:
         print(f"{x:>5}{cols}{skips[x]:>7.2f}%{ratio[x]:>9.2f}")
     kept = choose(costs, skips, args.skip)
     print(f"\nreuse in {len(kept)} layers ({layer_list(kept)}): skip {sum(skips[x] for x in kept):.1f}% "
-          f"(sum of one-layer runs), KL sum {sum(costs[x] for x in kept):.2f} mnat")
+          f"(sum of one-layer runs), KL {sum(costs[x] for x in kept):.2f} mnat (summed over the files)")
     print(f"full_layers={layer_list([x for x in range(args.layers) if x not in kept])}")
     if len(common) < args.layers:
         print(f"(only {len(common)} of {args.layers} layers measured in every file)")
