@@ -16,14 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
 import torch
 
 from benchmarks.record_lad_trace import record_heads
-from golden.cli import add_overrides, configure
-from golden.errors import ConfigError
+from golden.cli import add_overrides, configure_or_exit
 from golden.lad_batch import LadTileBatch
 from golden.lad_ref import LadHead, full_attention
 from golden.lad_tile import LadTileConfig
@@ -39,11 +37,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("build/results/lad_twin_replay.json"))
     add_overrides(parser, "a LadTileConfig parameter")
     args = parser.parse_args()
-    try:
-        cfg = configure(LadTileConfig(), args.set)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    cfg = configure_or_exit("lad_twin_replay", LadTileConfig(), args.set)
     pairs = tuple(tuple(int(x) for x in s.split(":")) for s in args.heads)
     t = record_heads(args.tokens, pairs)
     f, H, T = cfg.kv_format, len(pairs), args.tokens

@@ -13,15 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from golden.cli import add_overrides, configure
-from golden.errors import ConfigError
+from golden.cli import add_overrides, configure_or_exit
 from golden.llm.plots import pyplot, save
 
 
@@ -83,11 +81,7 @@ def main(argv=None) -> int:
     from golden.mac_decode import MacDecodeConfig
     from golden.mac_ref import MacConfig
 
-    try:   # bad names fail before the model loads
-        base = configure(MacDecodeConfig() if args.hardware else MacConfig(), args.set)
-    except ConfigError as err:
-        print(f"mac_decode_ablation: error: {err}", file=sys.stderr)
-        return 2
+    base = configure_or_exit("mac_decode_ablation", MacDecodeConfig() if args.hardware else MacConfig(), args.set)
     t0 = time.time()
     model, tokenizer = load_model()
     ctl = Controller(model)

@@ -9,14 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-from golden.cli import add_overrides, configure
-from golden.errors import ConfigError
+from golden.cli import add_overrides, configure_or_exit
 from golden.mac_decode import MacDecodeConfig
 from golden.mac_ref import MacLayerState
 
@@ -46,11 +44,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, required=True)
     add_overrides(p, "a MacDecodeConfig parameter (the engine whose inputs are rounded)")
     args = p.parse_args(argv)
-    try:   # bad names fail before the model loads
-        engine = configure(MacDecodeConfig(), args.set)
-    except ConfigError as err:
-        print(f"mac_decode_rounded: error: {err}", file=sys.stderr)
-        return 2
+    engine = configure_or_exit("mac_decode_rounded", MacDecodeConfig(), args.set)
     RoundedMacLayerState.engine = engine
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(1)

@@ -6,11 +6,11 @@ layer only), at one or more contexts, on text no evaluation scores. A layer's co
 divergence of the model's next-token distribution from full attention's (mean over the scored
 tokens, millinats), summed over the files; its gain is the KV it skips per query head at the
 longest context. Layers are taken in order of cost per gain until their skip reaches
-``--skip``; the others are printed as ``full_layers`` (docs/results_decode.md, "The reuse
-rule"):
+``--skip``; the others are printed as ``full_layers`` (docs/results_decode.md, "Choosing the
+layers"):
 
     python -m benchmarks.mac_rules --context 3839 --tokens 256 --offsets 160000 --each-layer \\
-        --variants sinks=4 --out build/results/layers_4096.json
+        --variants default --out build/results/layers_4096.json
     python -m benchmarks.mac_layers build/results/layers_4096.json build/results/layers_8192.json --skip 55
 
 ``--plot DIR`` draws each layer's KL per file and marks the layers chosen.

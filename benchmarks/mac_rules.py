@@ -19,15 +19,13 @@ import json
 import os
 import re
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
 from benchmarks.mac_hit_error import layer_list
-from golden.cli import configure
-from golden.errors import ConfigError
+from golden.cli import configure_or_exit
 from golden.llm.plots import pyplot, save
 from golden.mac_decode import MacDecodeConfig
 from golden.mac_ref import MacConfig
@@ -168,11 +166,7 @@ def main(argv=None) -> int:
     overrides = parse_variants(args.variants)
     if args.each_layer:
         overrides = each_layer(overrides, MODEL_LAYERS)
-    try:   # bad names fail before the model loads
-        variants = [(ov, configure(base, ov)) for ov in overrides]
-    except ConfigError as err:
-        print(f"mac_rules: error: {err}", file=sys.stderr)
-        return 2
+    variants = [(ov, configure_or_exit("mac_rules", base, ov)) for ov in overrides]   # before the model loads
     t0 = time.time()
     model, tokenizer = load_model()
     ctl = Controller(model)

@@ -5,6 +5,7 @@ edits any :class:`golden.config.BlockConfig`."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from .errors import ConfigError
 
@@ -53,3 +54,13 @@ def configure(base, pairs: list[str] | None):
     """``base`` (a config instance) with the ``--set`` pairs applied, validated; unknown names or
     bad values raise ConfigError naming the parameter."""
     return base.with_overrides(parse_overrides(pairs))
+
+
+def configure_or_exit(prog: str, base, pairs: list[str] | None):
+    """:func:`configure` for a script's ``main``: a bad override prints ``prog: error: ...`` (one
+    line) and exits 2, before any slow start-up."""
+    try:
+        return configure(base, pairs)
+    except ConfigError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None

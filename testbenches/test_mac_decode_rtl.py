@@ -3,7 +3,8 @@ golden.mac_decode.MacDecodeHead, per head, on every output beat (m, s, o) and st
 (engaged, hit, matched position and distance, fallback, keys read): random sequences at ``tiny``
 (two heads, 30 steps = 3.75 windows: steps before min_context, hits, misses, cancelled removals
 with their fallback, ring and entry-store wrap) with band-0 and (two sinks, band 3, min_context 1)
-variants and with a third of the steps' ``reuse`` bit off (a layer in ``full_layers``), a band longer than the context (at one beat per vector and the guard and output formats
+variants and with a third of the steps' ``reuse`` bit off (a layer in ``full_layers``), a band
+longer than the context (at one beat per vector and the guard and output formats
 where one LSB of the numerator shows in o), and real SmolLM2 decode steps; random latency and back-pressure on every stream (tb_mac_decode). Also the
 RTL's cycles of every step == golden.mac_decode.engine_step_cycles (its FSM's schedule) with no
 stalls but back-pressure on ``out``."""
