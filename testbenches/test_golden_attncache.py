@@ -545,6 +545,42 @@ def test_mmlu_loader_and_errors(tmp_path, monkeypatch):
     monkeypatch.setattr("golden.llm.smollm2.load_smollm2", no_model)
     for argv, fragment in ((["--shots", "7"], "--shots"), (["--subjects", "astrology"], "unknown MMLU subject"),
                            (["--model", "minilm"], "smollm2"), (["--limit", "0"], "--limit"),
-                           (["--diagnose", "all"], "stsb only")):
+                           (["--diagnose", "all"], "stsb only"), (["--reuse", "nearest"], "--reuse must be"),
+                           (["--reuse", "similar", "--shots", "5"], "--shots 0"),
+                           (["--reuse", "similar", "--set", "index=lsh"], "index must be")):
         with pytest.raises(ConfigError, match=fragment):
             ev.main(["--task", "mmlu", *argv, "--no-progress"])
+
+
+def test_mmlu_similar_split_and_sweep():
+    """``--reuse similar``: per subject the store, calibration and scored questions are disjoint and
+    cover the subject; a theta sweep composes hits from the forced candidate and misses from the full
+    model (time: the miss pays the lookup)."""
+    import torch
+    from golden.llm.attncache_mmlu_similar import split_questions, sweep, totals
+    items = {"a": [(torch.tensor([i, 7]), "ABCD"[i % 4]) for i in range(20)],
+             "b": [(torch.tensor([100 + i]), "A") for i in range(10)]}
+    data = [(s, "", torch.tensor([1, 2]), it) for s, it in items.items()]
+    stored, calib, scored = split_questions(data, seed=3)
+    assert (len(stored), len(calib), len(scored)) == (8 + 4, 2 + 1, 10 + 5)
+    keys = [tuple(ids.tolist()) for part in (stored, calib, scored) for _, ids, _ in part]
+    assert len(set(keys)) == 30 and all(k[:2] == (1, 2) for k in keys)
+    assert split_questions(data, seed=3)[2][0][1].tolist() == scored[0][1].tolist()  # seeded
+
+    def row(gold, full, forced, sim, t_full=1.0, t_hit=0.5):
+        return {"gold": gold, "off": {"pred": full, "t": t_full, "attn_s": 0.3, "lookup_s": 0.0, "fetch_s": 0.0,
+                                      "hit": False},
+                "force": {"pred": forced, "t": t_hit, "attn_s": 0.1, "lookup_s": 0.01, "fetch_s": 0.0, "hit": True,
+                          "sim": sim},
+                "lookup": {"pred": forced if sim >= 0.9 else full, "t": t_hit if sim >= 0.9 else t_full + 0.01,
+                           "attn_s": 0.1 if sim >= 0.9 else 0.3, "lookup_s": 0.01, "fetch_s": 0.0,
+                           "hit": sim >= 0.9}}
+    rows = [row("A", "A", "B", 0.95), row("B", "A", "B", 0.5), row("C", "C", "C", 0.92), row("D", "A", "A", 0.1)]
+    by = {r["theta"]: r for r in sweep(rows, [1.0, 0.9, 0.0])}
+    assert by[1.0]["hit_rate"] == 0 and by[1.0]["delta"] == 0 and by[1.0]["e2e_speedup"] == pytest.approx(4 / 4.04)
+    assert by[0.9]["hit_rate"] == 0.5 and by[0.9]["accuracy"] == 25.0 and by[0.9]["predictions_changed"] == 1
+    assert by[0.9]["e2e_speedup"] == pytest.approx(4 / (0.5 + 0.5 + 1.01 + 1.01))
+    assert by[0.0]["accuracy"] == 50.0 and by[0.0]["delta"] == 0.0 and by[0.0]["predictions_changed"] == 2
+    tot = totals(rows, "lookup")
+    assert tot["hit_rate"] == 0.5 and tot["e2e_speedup"] == pytest.approx(4 / 3.02)
+    assert tot["authors_e2e_speedup"] == pytest.approx(2 / (0.49 + 0.49))

@@ -27,7 +27,8 @@ class AttnCacheConfig(BlockConfig):
     pool_cols: int = param(96, "columns after adaptive max-pooling (<= hidden size)")
     alpha: float = param(0.2, "weight of the attention-map distance in the training label (paper: 0.2)")
     theta: float = param(0.99, "hit when 1 - squared L2 between raw features >= theta (paper 0.99)")
-    index: str = param("hnsw", "faiss index: hnsw (paper) or ivf (IVF-Flat, public code)")
+    index: str = param("hnsw", "faiss index: hnsw (paper), ivf (IVF-Flat, public code) or flat "
+                                         "(exact; a store of hundreds)")
     hnsw_m: int = param(32, "HNSW graph degree M")
     hnsw_ef: int = param(64, "HNSW efSearch")
     ivf_nlist: int = param(32, "IVF lists (capped at n/39 of the stored inputs)")
@@ -52,7 +53,7 @@ class AttnCacheConfig(BlockConfig):
         self.require(self.pool_cols >= 1, "pool_cols must be >= 1")
         self.require(self.alpha >= 0, "alpha must be >= 0")
         self.require(-1e6 < self.theta <= 1.0, "theta must be <= 1 (similarity is 1 - squared L2)")
-        self.require(self.index in ("hnsw", "ivf"), f"index must be hnsw or ivf, got '{self.index}'")
+        self.require(self.index in ("hnsw", "ivf", "flat"), f"index must be hnsw, ivf or flat, got '{self.index}'")
         self.require(self.hnsw_m >= 2 and self.hnsw_ef >= 1, "hnsw_m must be >= 2 and hnsw_ef >= 1")
         self.require(self.ivf_nlist >= 1 and self.ivf_nprobe >= 1, "ivf_nlist and ivf_nprobe must be >= 1")
         self.require(self.k >= 1, "k must be >= 1")

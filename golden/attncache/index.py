@@ -1,5 +1,5 @@
 """AttnCache's faiss index (docs/algorithms.md section 3): ONE record per stored input, HNSW (the
-paper) or IVF-Flat (the public code)."""
+paper), IVF-Flat (the public code) or flat (exact search, for a store small enough to scan)."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,7 +11,9 @@ def build_index(features: np.ndarray, cfg: AttnCacheConfig):
     import faiss
     features = np.ascontiguousarray(features, dtype=np.float32)
     d = features.shape[1]
-    if cfg.index == "hnsw":
+    if cfg.index == "flat":
+        index = faiss.IndexFlatL2(d)
+    elif cfg.index == "hnsw":
         index = faiss.IndexHNSWFlat(d, cfg.hnsw_m)
         index.hnsw.efSearch = cfg.hnsw_ef
     else:

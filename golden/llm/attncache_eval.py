@@ -8,6 +8,8 @@ the task it runs: STS-B dev (``--task stsb``, the default) and SST-2 dev (``--ta
 Results: docs/results_attncache.md."""
 from __future__ import annotations
 
+import dataclasses
+
 import os
 
 from ..attncache import AttnCacheConfig, parse_layers
@@ -27,6 +29,9 @@ MODEL_CONFIGS = {"minilm": AttnCacheConfig(layers="0-4", label="map", similarity
 MODELS = tuple(MODEL_CONFIGS)
 # MMLU: the store's entries are the shared prompt prefixes; their rows are exact in every layer
 MMLU_CONFIG = AttnCacheConfig(layers="all", label="map", similarity="dist", theta=1.0)
+# MMLU --reuse similar: SmolLM2's projector route with every layer reused on a hit, theta calibrated; an
+# exact scan of the few hundred stored questions, deep enough (k) that an equal-length one is found
+MMLU_SIMILAR_CONFIG = dataclasses.replace(MODEL_CONFIGS["smollm2"], layers="all", index="flat", k=512)
 NUM_LAYERS = {"minilm": 6, "smollm2": 30}  # checked against the loaded model by AttnCache
 
 
@@ -45,6 +50,12 @@ def build_parser() -> Parser:
                                                                  "(points) theta may cost (default 0.5)")
     p.add_argument("--db-extra", default=None, help="sst2: 'stsb' adds the STS-B dev sentences to the database")
     p.add_argument("--subjects", default=None, help="mmlu: comma list of subjects (default: all in data/mmlu)")
+    p.add_argument("--reuse", default="prefix", help="mmlu: what the store holds: prefix (default: each subject's "
+                                                    "shared prompt prefix, its rows exact), repeat (the scored "
+                                                    "prompts themselves: every hit reuses all rows of all layers, "
+                                                    "the fastest a hit can be) or similar (other test questions: "
+                                                    "a scored question reuses the maps of a different one; "
+                                                    "0-shot)")
     add_overrides(p, "an AttnCacheConfig parameter (theta, epochs, pairs, index, seed, ...; "
                      "base: the model's entry of MODEL_CONFIGS)")
     p.add_argument("--thetas", default=",".join(f"{t:g}" for t in DEFAULT_THETAS), help="comma list for the sweep")
@@ -102,7 +113,8 @@ def main(argv: list[str]) -> int:
         if args.diagnose is not None:
             raise ConfigError("--diagnose runs on stsb only")
         from .attncache_mmlu import run_mmlu
-        return run_mmlu(args, argv, configure(MMLU_CONFIG, args.set))
+        base = MMLU_SIMILAR_CONFIG if args.reuse == "similar" else MMLU_CONFIG
+        return run_mmlu(args, argv, configure(base, args.set), thetas)
     if args.task == "sst2":
         if args.diagnose is not None:
             raise ConfigError("--diagnose runs on stsb only")

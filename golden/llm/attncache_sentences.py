@@ -187,8 +187,8 @@ def calibrated_theta(calibration: dict, thetas, max_drop: float, n: int, what: s
         if r["delta"] < -max_drop:
             break
         theta = r["theta"]
-    print(f"calibration ({n} {what}): theta {theta:g} = the smallest with a {calibration['metric']} drop <= "
-          f"{max_drop:g} there and at every larger theta")
+    print(f"calibration ({n} {what}): theta {theta:g} = the smallest whose {calibration['metric']} drops by at "
+          f"most {max_drop:g} there and at every larger theta")
     return theta
 
 
