@@ -390,7 +390,11 @@ def test_label_and_config_rules():
     ivf = build_index(feats, AttnCacheConfig(feature_dim=16, index="ivf", ivf_nlist=8, ivf_nprobe=8))
     dist, idx = ivf.search(feats[:5], 1)
     assert list(idx[:, 0]) == [0, 1, 2, 3, 4] and np.allclose(dist[:, 0], 0)
-    for bad in ({"index": "flat"}, {"theta": 1.5}, {"pool_rows": 100}, {"map_dtype": "int8"}, {"layers": "2-1"},
+    flat = build_index(feats, AttnCacheConfig(feature_dim=16, index="flat"))
+    dist, idx = flat.search(feats[:5] + 0.01, 400)  # exact: every stored feature, nearest first
+    want = ((feats[None, :5] + 0.01 - feats[:, None]) ** 2).sum(-1).T
+    assert (idx[:, 0] == [0, 1, 2, 3, 4]).all() and np.allclose(np.sort(want, 1), dist, rtol=1e-4, atol=1e-4)
+    for bad in ({"index": "lsh"}, {"theta": 1.5}, {"pool_rows": 100}, {"map_dtype": "int8"}, {"layers": "2-1"},
                 {"layers": "a"}, {"similarity": "cos"}):
         with pytest.raises(ConfigError):
             AttnCacheConfig(**bad)
