@@ -9,7 +9,6 @@ Results: docs/results_attncache.md."""
 from __future__ import annotations
 
 import dataclasses
-
 import os
 
 from ..attncache import AttnCacheConfig, parse_layers

@@ -1,6 +1,8 @@
-"""``ladmac eval attncache --task mmlu`` (docs/results_attncache.md section 2.4): MMLU 0-5-shot with
-SmolLM2 and a prefix store (per subject the shared prompt prefix, whose map serves the prompt's
-first P rows exactly), full model and AttnCache side by side, accuracy, speedups, time breakdown."""
+"""``ladmac eval attncache --task mmlu`` (docs/results_attncache.md section 4): MMLU 0-5-shot with
+SmolLM2, full model and AttnCache side by side: accuracy, speedups (ours and the authors' way), time
+breakdown. ``--reuse prefix``: per subject the shared prompt prefix, whose map serves the prompt's
+first P rows exactly; ``repeat``: the scored prompts themselves (section 4.1, the fastest a hit can
+be); ``similar``: another question's maps (``attncache_mmlu_similar``, section 4.2)."""
 from __future__ import annotations
 
 import time
@@ -74,10 +76,10 @@ def _speedups(rows) -> dict:
 
 
 def run_mmlu(args, argv, cfg, thetas=()) -> int:
-    """MMLU 0/5-shot with SmolLM2: per subject a prefix store (the header and the ``--shots`` dev
-    exemplars every question of the subject starts with; its map serves the prompt's first P rows
-    exactly), then per test question the full model and AttnCache side by side (order alternating),
-    choice = argmax of the answer-letter logits at the last position; accuracy, hit rate, attention and
+    """MMLU 0/5-shot with SmolLM2: a prefix store (``--reuse prefix``: per subject the header and the
+    ``--shots`` dev exemplars every question of the subject starts with, whose map serves the prompt's
+    first P rows exactly; ``repeat``: every scored prompt whole), then per test question the full model
+    and AttnCache side by side (order alternating), choice = argmax of the answer-letter logits at the last position; accuracy, hit rate, attention and
     end-to-end times (all inputs, then hits only) and the time breakdown."""
     import numpy as np
     import torch
@@ -127,9 +129,9 @@ def run_mmlu(args, argv, cfg, thetas=()) -> int:
             return head(hidden)[0, letters]
 
     cache = AttnCache(base, cfg)
-    result = {"model": args.model, "task": "mmlu", "shots": args.shots, "reuse": args.reuse, "command": "ladmac eval attncache " +
-              " ".join(argv), "config": cfg.to_dict(), "threads": args.threads, "limit_per_subject": args.limit,
-              "load_s": load_s}
+    result = {"model": args.model, "task": "mmlu", "shots": args.shots, "reuse": args.reuse,
+              "command": "ladmac eval attncache " + " ".join(argv), "config": cfg.to_dict(), "threads": args.threads,
+              "limit_per_subject": args.limit, "load_s": load_s}
     rows, per_subject = [], []
     with store_root(args.store, cache) as root:
         t0 = time.perf_counter()

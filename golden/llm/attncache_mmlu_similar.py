@@ -1,4 +1,4 @@
-"""``ladmac eval attncache --task mmlu --reuse similar`` (docs/results_attncache.md section 4.3):
+"""``ladmac eval attncache --task mmlu --reuse similar`` (docs/results_attncache.md section 4.2):
 reuse of a *different* stored question's maps. Per subject the test questions are split (seeded):
 the store holds ``STORE_FRAC`` of them, the next ``CALIB_FRAC`` choose theta, the rest are scored
 (never in the store). The store is the projector route of algorithms.md section 3 (layer-0 input
