@@ -113,11 +113,6 @@ def run_mmlu(args, argv, cfg, thetas=()) -> int:
     if any(len(ids) != 1 for ids in letters):
         raise DataError(f"answer letters are not single tokens: {letters}")
     letters = torch.tensor([ids[0] for ids in letters])
-    if args.reuse == "similar":  # the split takes every test question; --limit caps the scored ones
-        from .attncache_mmlu_similar import run_mmlu_similar
-        data = mmlu_questions(tok, args.shots, subjects, None, cfg.seed)
-        return run_mmlu_similar(args, argv, cfg, thetas, model, tok, data, load_s)
-    data = mmlu_questions(tok, args.shots, subjects, args.limit, cfg.seed)
 
     def run_ids(ids):
         with torch.inference_mode():
@@ -127,6 +122,12 @@ def run_mmlu(args, argv, cfg, thetas=()) -> int:
         with torch.inference_mode():
             hidden = base(input_ids=ids.view(1, -1)).last_hidden_state[:, -1]
             return head(hidden)[0, letters]
+
+    if args.reuse == "similar":  # the split takes every test question; --limit caps the scored ones
+        from .attncache_mmlu_similar import run_mmlu_similar
+        data = mmlu_questions(tok, args.shots, subjects, None, cfg.seed)
+        return run_mmlu_similar(args, argv, cfg, thetas, base, run_ids, answer, data, load_s)
+    data = mmlu_questions(tok, args.shots, subjects, args.limit, cfg.seed)
 
     cache = AttnCache(base, cfg)
     result = {"model": args.model, "task": "mmlu", "shots": args.shots, "reuse": args.reuse,

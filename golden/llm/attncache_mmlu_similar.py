@@ -99,22 +99,10 @@ def totals(rows, mode: str) -> dict:
     return out
 
 
-def run_mmlu_similar(args, argv, cfg, thetas, model, tok, data, load_s: float) -> int:
+def run_mmlu_similar(args, argv, cfg, thetas, base, run_ids, answer, data, load_s: float) -> int:
     """Store / calibration / scored split, projector store, theta from the calibration split, then the
-    scored questions side by side (full, AttnCache at theta, forced candidate)."""
-    import torch
-    from .data import MMLU_CHOICES
-    base, head = model.model, model.lm_head
-    letters = torch.tensor([tok(" " + c).input_ids[0] for c in MMLU_CHOICES])
-
-    def run_ids(ids):
-        with torch.inference_mode():
-            return base(input_ids=ids.view(1, -1)).last_hidden_state
-
-    def answer(ids):
-        with torch.inference_mode():
-            return head(base(input_ids=ids.view(1, -1)).last_hidden_state[:, -1])[0, letters]
-
+    scored questions side by side (full, AttnCache at theta, forced candidate). ``run_ids`` and
+    ``answer`` are run_mmlu's: the model ``base`` on one prompt, and its answer-letter logits."""
     stored, calib, scored = split_questions(data, cfg.seed)
     if args.limit is not None:  # the first --limit scored questions of each subject
         seen, capped = Counter(), []
