@@ -202,9 +202,10 @@ def summarize(point: dict[str, str], result: dict, hardware: bool, out: str | Pa
                                  st.get("values_read_last512_pct", float("nan"))) / 2,
                cycles_last_pct=st.get("cycles_last512_pct", float("nan")))
     if hardware:
-        from hdl.lad.common import sram_bits
-        row["sram_kib"] = sram_bits(point_config(point, True)) / 8192
+        from hdl.lad.common import sram_bits_per_head
+        row["sram_kib"] = sram_bits_per_head(point_config(point, True)) / 8192   # per query head
         found = out is not None and activity_path(out).is_file()   # points run before records were kept lack it
+        found = found and point_config(point, True).group == 1       # the system model has no group tile yet
         row["energy_uj"] = energy_uj(activity_path(out)) if found else float("nan")
     return row
 
@@ -227,7 +228,7 @@ def last_pct(row: dict, key: str) -> str:
 def write_table(rows: list[dict], front: list[bool], path: Path, hardware: bool) -> None:
     names = sorted({k for r in rows for k in r["point"]})
     head = names + ["perplexity", "vs full", "keys read", "values read", "K+V read, last 512 steps", "centers/head"] + \
-        (["cycles vs dense, last 512 steps", "SRAM KiB",
+        (["cycles vs dense, last 512 steps", "SRAM KiB per query head",
           f"energy/token uJ (SmolLM2, {ENERGY_DRAM}, {ENERGY_RESIDENCY})"] if hardware else []) + ["Pareto"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r, f in zip(rows, front):

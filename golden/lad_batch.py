@@ -80,14 +80,18 @@ import torch
 from .dense import score_from_dots
 from .fixedpoint import FixedFormat, round_shift, saturate
 from .sfm import exp_pwl, recip
-from .lad_tile import COS_FRAC, LadTileConfig, StepPath, mode_bounds, sat_add_sequence
+from .lad_tile import COS_FRAC, LadTileConfig, StepPath, center_value, mode_bounds, sat_add_sequence
 
 LIMB = 31
 LOW = (1 << LIMB) - 1
 EXACT_F64 = 1 << 53         # float64 holds every integer below this magnitude exactly
 WIDE_LIM = 1 << 62          # round_shift_wide's results are exact up to this magnitude, clamped beyond
 STAT_KEYS = ("position", "candidates", "active", "false_alarms", "mode_changes", "path", "m", "z",
-             "centers", "new_center", "kv_beats")
+             "centers", "new_center", "kv_beats",
+             "group_candidates", "group_active")
+# group_candidates / group_active: positions that are a candidate / active for any query head of the
+# head's group (cfg.group consecutive heads share the keys): the keys / values a group's tile reads
+# once for all its heads. With group 1 they equal candidates / active.
 
 
 # -- exact wide arithmetic in int64 ---------------------------------------------------------------
@@ -160,6 +164,8 @@ class LadTileBatch:
     def __init__(self, cfg: LadTileConfig, heads: int):
         if cfg.kv_width > 16:
             raise ValueError("LadTileBatch stores q, k, v as int16 (kv_width <= 16)")
+        if heads % cfg.group:
+            raise ValueError(f"LadTileBatch: {heads} heads are not whole groups of {cfg.group}")
         self.cfg, self.heads = cfg, heads
         sfm = cfg.sfm
         H, d, P, R1 = heads, cfg.head_dim, cfg.max_positions, cfg.n_intervals
@@ -311,8 +317,9 @@ class LadTileBatch:
         hn = (~join).nonzero().flatten()
         if hn.numel():
             slot = C[hn]
-            m_, e_ = self._recip(kk[hn])
-            self.centers[hn, slot] = k[hn].double()
+            c = center_value(k[hn], cfg)
+            m_, e_ = self._recip((c * c).sum(-1))
+            self.centers[hn, slot] = c.double()
             self.center_rm[hn, slot] = m_
             self.center_re[hn, slot] = e_
             self.n_centers = C + (~join).long()
@@ -526,8 +533,17 @@ class LadTileBatch:
         self.n = n + 1
         nc = torch.bincount(hc, minlength=H)
         na = torch.bincount(hc[act], minlength=H)
+        g = cfg.group
+        if g > 1:
+            union = torch.zeros(2, H, n, dtype=torch.bool)
+            union[0, hc, ic] = True
+            union[1, hc[act], ic[act]] = True
+            gc, ga = union.view(2, H // g, g, n).any(2).sum(-1).repeat_interleave(g, 1)
+        else:
+            gc, ga = nc, na
         stats = {"position": torch.full((H,), n, dtype=torch.int64), "candidates": nc, "active": na,
                  "false_alarms": nc - na, "mode_changes": torch.bincount(sc.seg, minlength=H),
                  "path": zero, "m": m, "z": Z, "centers": self.n_centers.clone(),
-                 "new_center": new_center.long(), "kv_beats": cfg.beats * (nc + na)}
+                 "new_center": new_center.long(), "kv_beats": cfg.beats * (nc + na),
+                 "group_candidates": gc, "group_active": ga}
         return o, stats

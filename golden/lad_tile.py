@@ -85,6 +85,11 @@ class LadTileConfig(HeadConfig):
     max_centers: int = param(4096, "center table entries (default: one per position, so the table cannot "
                                    "fill; when full, keys join their best center)")
     center_cos: float = param(0.98, "a key joins its best center when |cos| >= this")
+    center_bits: int = param(16, "bits of a stored center element: a new center is its key in block floating "
+                                 "point, center_bits-bit mantissas and one exponent per center "
+                                 "(compact_center); kv_width stores the key itself")
+    group: int = param(1, "query heads one tile serves (a KV group): they share the keys, so one center table, "
+                          "its reciprocals and each position's center and rho serve them all")
     counter_bits: int = param(4, "bits of each per-position, per-interval saturating mode counter")
     guard_margin: float = param(0.0, "APID widens each mode interval by this much on both sides")
     rho_width: int = param(20, "bits of the signed center ratio rho")
@@ -108,6 +113,9 @@ class LadTileConfig(HeadConfig):
         self.require(1 <= self.max_centers <= self.max_positions,
                      f"max_centers must be 1..max_positions ({self.max_positions}), got {self.max_centers}")
         self.require(0.0 < self.center_cos <= 1.0, f"center_cos must be in (0, 1], got {self.center_cos}")
+        self.require(2 <= self.center_bits <= self.kv_width,
+                     f"center_bits must be 2..kv_width ({self.kv_width}), got {self.center_bits}")
+        self.require(1 <= self.group <= 16, f"group must be 1..16 query heads, got {self.group}")
         self.require(1 <= self.counter_bits <= 8, f"counter_bits must be 1..8, got {self.counter_bits}")
         self.require(self.guard_margin >= 0, f"guard_margin must be >= 0, got {self.guard_margin}")
         self.require(8 <= self.kv_width <= 16, f"kv_width must be 8..16, got {self.kv_width}")
@@ -159,6 +167,12 @@ class LadTileConfig(HeadConfig):
     @property
     def center_width(self) -> int:
         return max(1, (self.max_centers - 1).bit_length())
+
+    @property
+    def center_exp_width(self) -> int:
+        """Bits of a center's exponent, 0..kv_width - center_bits + 1 (0 when the center is the key)."""
+        top = self.kv_width - self.center_bits + 1 if self.center_bits < self.kv_width else 0
+        return top.bit_length()
 
     @property
     def kk_width(self) -> int:
@@ -372,6 +386,30 @@ class StepTrace:
 
 
 # -- shared integer helpers (the RTL has one twin of each) -----------------------------------------
+def compact_center(k: torch.Tensor, cfg: LadTileConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """A new center from raw key(s) ``k (..., d)``: ``(mantissas, exponent)`` with the smallest
+    exponent ``e >= 0`` at which every ``round_shift(k_l, e)`` fits ``center_bits`` signed bits; the
+    center is ``mantissas << e`` (|c_l| <= 2**(kv_width - 1), so every bound on keys holds for it).
+    At ``center_bits = kv_width`` it is the key (``e = 0``). docs/lad-tile.md, "Center format"."""
+    b = cfg.center_bits
+    lo, hi = -(1 << (b - 1)), (1 << (b - 1)) - 1
+    e = torch.zeros(k.shape[:-1], dtype=torch.int64)
+    for shift in range(1, cfg.kv_width - b + 2) if b < cfg.kv_width else ():
+        mant = round_shift(k, shift - 1)
+        over = (mant.amin(-1) < lo) | (mant.amax(-1) > hi)
+        e = torch.where(over, shift, e)   # the last shift whose predecessor overflowed: the smallest that fits
+    mant = round_shift(k, e[..., None])
+    return mant, e
+
+
+def center_value(k: torch.Tensor, cfg: LadTileConfig) -> torch.Tensor:
+    """The stored center of raw key(s) ``k``, as the integers EAS multiplies: ``mant << e``."""
+    if cfg.center_bits == cfg.kv_width:
+        return k
+    mant, e = compact_center(k, cfg)
+    return mant << e[..., None]
+
+
 def bump_counters(counters: torch.Tensor, r: torch.Tensor, counter_max: int) -> torch.Tensor:
     """Per row (position): counter ``r`` plus one; if it passes ``counter_max``, every counter
     of that row is halved. ``counters (P, R+1)``, ``r (P,)``; returns the new counters."""
@@ -471,8 +509,9 @@ class LadTileModel:
             rc, e = self.center_recip[best_j]
             rho = saturate(round_shift(best_dot * rc, mf + e - cfg.rho_frac), cfg.rho_format)
             return best_j, rho, False
-        m_, e_ = (int(t) for t in recip(torch.tensor([kk]), cfg.sfm))
-        self.centers[C] = k
+        c = center_value(k, cfg)
+        m_, e_ = (int(t) for t in recip((c * c).sum(-1, keepdim=True), cfg.sfm))
+        self.centers[C] = c
         self.center_recip.append((m_, e_))
         return C, 1 << cfg.rho_frac, True
 

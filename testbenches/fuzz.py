@@ -31,6 +31,9 @@ SIZE_CAPS = {"max_positions": 64, "max_centers": 16, "window": 32, "head_dim": 3
 # log-uniformly): an SRAM bank up to several block-RAM banks deep, at every read latency; a MAC
 # band from one key to far past max_positions (a band past 4 max_positions once wrapped the engine's key addresses).
 FIELD_RANGES = {"depth": (2, 16384), "read_latency": (1, 6), "band": (1, 1024)}
+# Parameters kept at the preset's value: the LAD tile's group and compact centers run in the golden
+# models only (hdl.lad.common.require_built rejects them in the RTL).
+KEPT_FIELDS = {"group", "center_bits"}
 
 
 def families() -> dict[str, list[str]]:
@@ -69,7 +72,7 @@ def draw_raw(block: str, rng: random.Random, keep: float | None = None) -> dict:
     out = {}
     for f in dataclasses.fields(b.config_class):
         value = getattr(base, f.name)
-        out[f.name] = value if rng.random() < keep else _draw(f.name, value, rng)
+        out[f.name] = value if f.name in KEPT_FIELDS or rng.random() < keep else _draw(f.name, value, rng)
     return out
 
 

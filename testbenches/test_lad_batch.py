@@ -14,12 +14,13 @@ import torch
 from golden.dense import dense_attention_bits
 from golden.fixedpoint import round_shift
 from golden.lad_batch import LadTileBatch, mul_wide, round_shift_wide
-from golden.lad_tile import PRESETS, LadTileConfig, LadTileModel, StepPath
+from golden.lad_tile import PRESETS, LadTileConfig, LadTileModel, StepPath, center_value, compact_center
 from golden.sfm import exp_pwl, recip
 
 TRACE = Path(__file__).parent / "data" / "smollm2_lad_trace.pt"
 SMALL = PRESETS["small"]   # d = 32, 64 positions, 8 centers
 SEEDS = (2025, 2026, 2027, 2028)
+GROUP_KEYS = {"group_candidates", "group_active"}   # the batch's alone: unions over a group's heads
 
 
 @dataclass(frozen=True)
@@ -88,19 +89,30 @@ def random_heads(cfg: LadTileConfig, seed: int, heads: int, steps: int, kind: st
 def run_both(cfg: LadTileConfig, q, k, v):
     """Step the batch and per-head models; assert identical o and statistics on every step and the
     same final state. Returns (batch, per-head models, per-step stats of the batch, outputs)."""
-    H, steps = q.shape[0], q.shape[1]
+    H, steps, g = q.shape[0], q.shape[1], cfg.group
     batch = LadTileBatch(cfg, H)
-    tiles = [LadTileModel(cfg) for _ in range(H)]
+    tiles = [LadTileModel(cfg, trace=[] if g > 1 else None) for _ in range(H)]
     stats, outs = [], []
     for i in range(steps):
         o, st = batch.step(q[:, i], k[:, i], v[:, i])
         assert o.shape == (H, cfg.head_dim) and o.dtype == torch.int64
+        union = [[set(), set()] for _ in range(H // g)]     # a group's candidates, actives (from the traces)
         for h, tile in enumerate(tiles):
             oh, sh = tile.step(q[h, i], k[h, i], v[h, i])
             assert torch.equal(o[h], oh), f"step {i} head {h}: o differs"
-            assert set(st) == set(sh), "stat keys differ"
+            assert set(st) == set(sh) | GROUP_KEYS, "stat keys differ"
             for key, val in sh.items():
                 assert int(st[key][h]) == val, f"step {i} head {h}: {key} {int(st[key][h])} != {val}"
+            if g == 1:
+                assert int(st["group_candidates"][h]) == sh["candidates"] and \
+                    int(st["group_active"][h]) == sh["active"]
+            elif sh["path"] == StepPath.LAD:
+                tr = tile.trace[-1]
+                union[h // g][0] |= set(tr.cand)
+                union[h // g][1] |= {c for c, md in zip(tr.cand, tr.md) if md.active}
+        for h in range(H if g > 1 else 0):
+            assert int(st["group_candidates"][h]) == len(union[h // g][0]), f"step {i} head {h}: group candidates"
+            assert int(st["group_active"][h]) == len(union[h // g][1]), f"step {i} head {h}: group actives"
         stats.append(st)
         outs.append(o)
     assert batch.n == tiles[0].n
@@ -210,6 +222,53 @@ def test_batch_equals_per_head_models_when_caches_saturate(monkeypatch):
     assert any(int(st["z"].abs().max()) >= zmax for st in stats)
     assert len(exact_calls) > 50
     assert (o != 0).float().mean() > 0.5 and total(stats, "path") > 0 and total(stats, "mode_changes") > 0
+
+
+def test_compact_center_is_the_narrowest_block_float_of_the_key():
+    """compact_center: every mantissa fits center_bits signed bits, the exponent is the smallest that
+    fits, the center is within half an LSB (2**(e-1)) of the key, |c| <= 2**(kv_width-1); at
+    center_bits = kv_width the center is the key. Random keys of every magnitude plus extremes."""
+    cfg0 = PRESETS["default"]
+    gen = torch.Generator().manual_seed(SEEDS[2])
+    k = torch.randint(-(1 << 15), 1 << 15, (3000, 64), generator=gen) >> torch.randint(0, 16, (3000, 1), generator=gen)
+    k[:4] = torch.tensor([-(1 << 15), (1 << 15) - 1, 0, 1])[:, None]
+    k[4, ::2], k[4, 1::2] = (1 << 15) - 1, -(1 << 15)
+    for b in (2, 4, 6, 8, 12, 15, 16):
+        cfg = dataclasses.replace(cfg0, center_bits=b)
+        mant, e = compact_center(k, cfg)
+        lo, hi = -(1 << (b - 1)), (1 << (b - 1)) - 1
+        assert int(mant.min()) >= lo and int(mant.max()) <= hi
+        assert int(e.max()) < 1 << max(1, cfg.center_exp_width) and int(e.min()) >= 0
+        prev = round_shift(k, (e - 1).clamp(min=0)[:, None])
+        assert bool(((e == 0) | (prev.amin(-1) < lo) | (prev.amax(-1) > hi)).all())   # smallest exponent
+        c = center_value(k, cfg)
+        assert bool(((c - k).abs() <= (1 << e)[:, None] // 2).all()) and int(c.abs().max()) <= 1 << 15
+        assert torch.equal(c, mant << e[:, None])
+        if b == 16:
+            assert torch.equal(c, k) and int(e.max()) == 0
+        else:
+            assert bool((e > 0).any()) and not torch.equal(c, k)
+
+
+def test_batch_equals_per_head_models_compact_centers_and_groups():
+    """6 heads in 2 groups of 3 that share their keys and values (GQA), 8-bit centers (6-bit at the
+    small shape's 16-bit keys): bit-exact with per-head models; each group's candidates and actives
+    are the union of its heads' (from the per-head models' traces), more than any head's alone and
+    fewer than their sum."""
+    cfg = small_with(center_bits=6, group=3, max_centers=64)
+    q, k, v = random_heads(cfg, SEEDS[1], 6, 64)
+    for g0 in (0, 3):
+        k[g0 + 1:g0 + 3], v[g0 + 1:g0 + 3] = k[g0], v[g0]
+    batch, tiles, stats, o = run_both(cfg, q, k, v)
+    assert (o != 0).float().mean() > 0.5
+    c = batch.centers[:, :int(batch.n_centers.min())].long()
+    keys = {tuple(row) for row in k[0].tolist()}
+    assert any(tuple(row) not in keys for row in c[0].tolist())                   # compaction changed centers
+    assert torch.equal(batch.centers[0], batch.centers[1]) and torch.equal(batch.rho[3], batch.rho[5])
+    gc, nc = total(stats, "group_candidates") / 3, total(stats, "candidates")
+    per_head = [sum(int(st["candidates"][h]) for st in stats) for h in range(6)]
+    assert max(per_head[:3]) < sum(int(st["group_candidates"][0]) for st in stats) < sum(per_head[:3])
+    assert nc / 3 < gc < nc and total(stats, "group_active") > 0
 
 
 @pytest.mark.parametrize("kind, kw", [("all_active", {}),

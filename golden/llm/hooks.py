@@ -43,9 +43,12 @@ class TileLayerState:
     quantized to the tile's kv format (saturating; saturated elements are counted), ``o`` comes
     back as float. A step is exactly what the RTL computes for each head."""
 
-    def __init__(self, cfg: LadTileConfig, heads: int, scale: float):
+    def __init__(self, cfg: LadTileConfig, heads: int, scale: float, kv_group: int = 1):
         if abs(scale * math.sqrt(cfg.head_dim) - 1) > 1e-6:
             raise ConfigError(f"the LAD tile scales scores by 1/sqrt(head_dim); the model uses {scale}")
+        if kv_group % cfg.group:
+            raise ConfigError(f"a tile's group ({cfg.group} query heads) must divide the model's query heads "
+                              f"per KV head ({kv_group}): only those share their keys")
         self.cfg = cfg
         self.tiles = LadTileBatch(cfg, heads)
         self.heads = heads
@@ -73,16 +76,23 @@ class TileLayerState:
         exact = int((st["path"] == StepPath.EXACT).sum())     # past max_positions: every key and value read
         tot = {key: int(st[key].sum()) for key in
                ("candidates", "active", "false_alarms", "mode_changes", "centers", "kv_beats")}
-        tot.update(heads=self.heads, saturated=sat, positions=self.length, exact_steps=exact,
-                   keys_read=tot["candidates"] + self.heads + exact * (self.length - 1),
-                   values_read=tot["active"] + self.heads + exact * (self.length - 1))
+        # keys and values read: one KV stream per tile (a group of cfg.group heads reads each position
+        # once for all of them), the new position's included; an exact pass reads every position
+        g = self.cfg.group
+        readers = self.heads // g
+        if g > 1:   # the KV port's beats: a group's tile reads a candidate's key, an active's value once
+            tot["kv_beats"] = self.cfg.beats * int((st["group_candidates"] + st["group_active"]).sum()) // g
+        tot.update(heads=self.heads, readers=readers, saturated=sat, positions=self.length, exact_steps=exact,
+                   keys_read=int(st["group_candidates"].sum()) // g + readers + exact // g * (self.length - 1),
+                   values_read=int(st["group_active"].sum()) // g + readers + exact // g * (self.length - 1))
         # cycles: the schedule's model per head (validated on the RTL by benchmarks/lad_vs_dense.py);
         # an exact pass and the dense baseline read every key and value, 2 n beats each
         n = self.length - 1                                     # positions before this step
         dense = dense_step_cycles(self.cfg, n + 1)
         lad = schedule_cycles(self.cfg, n, st["centers"] - st["new_center"], st["kv_beats"], st["mode_changes"])
         lad = torch.where(st["path"] == StepPath.LAD, lad, float(dense))
-        tot.update(tile_cycles=float(lad.sum()), dense_cycles=float(dense * self.heads))
+        if g == 1:   # a group's tile has no schedule model yet: no cycles rather than one tile's per head
+            tot.update(tile_cycles=float(lad.sum()), dense_cycles=float(dense * self.heads))
         return f.to_float(o), tot
 
 
@@ -177,7 +187,7 @@ class Controller:
                                          dropout=dropout, **kw)
             if self.method == "lad-tile" and Sq == key.shape[2]:  # a prefill from 0: the tile decodes it
                 g = Hq // key.shape[1]
-                st = self.states[module.layer_idx] = TileLayerState(self.tile, Hq, scale)
+                st = self.states[module.layer_idx] = TileLayerState(self.tile, Hq, scale, g)
                 k, v = key[0].repeat_interleave(g, 0), value[0].repeat_interleave(g, 0)
                 for t in range(Sq):
                     st.step(query[0, :, t], k[:, t], v[:, t])
@@ -204,7 +214,7 @@ class Controller:
             out, stats = st.step(query[0, :, 0], k[:, -1], v[:, -1])
         elif self.method == "lad-tile":
             if st is None:
-                st = self.states[layer] = TileLayerState(self.tile, Hq, scale)
+                st = self.states[layer] = TileLayerState(self.tile, Hq, scale, g)
             if st.length != L - 1:
                 raise ConfigError("lad-tile decoding needs every earlier position decoded by the tile "
                                   "(context 0, or a prefill from position 0)")

@@ -46,10 +46,12 @@ LAST_STEPS = 512   # the KV-read figure of issue 12 is averaged over the last 51
 def read_last_steps(steps: list[dict], last: int) -> dict:
     """Keys and values read as % of dense over the last ``last`` decode steps (all layers and heads),
     and for the LAD tile its cycles as % of the dense baseline's (``golden.lad_tile.schedule_cycles``):
-    a step's dense reads are its positions times its heads, summed per layer (each step record sums
-    ``positions`` and ``heads`` over its ``layer_steps`` layers, which all hold the same count)."""
+    a step's dense reads are its positions times its KV readers (``readers``: one per tile, a tile
+    serving ``group`` heads reads a position once for all; ``heads`` where not given), summed per layer
+    (each step record sums ``positions`` and ``readers`` over its ``layer_steps`` layers, which all
+    hold the same count)."""
     tail = [s for s in steps[-last:] if s.get("layer_steps") and "keys_read" in s]
-    dense = sum(s["positions"] * s["heads"] / s["layer_steps"] for s in tail)
+    dense = sum(s["positions"] * s.get("readers", s["heads"]) / s["layer_steps"] for s in tail)
     if not dense:
         return {}
     out = {f"keys_read_last{last}_pct": 100.0 * sum(s["keys_read"] for s in tail) / dense,
@@ -66,6 +68,7 @@ def summarize(ctl) -> dict:
         hp = t["positions"]  # sum over layer-steps of positions (x heads below)
         heads = t["heads"] / max(1, t["layer_steps"])
         pos_heads = hp * heads
+        pos_readers = hp * t.get("readers", t["heads"]) / max(1, t["layer_steps"])   # KV streams: tiles
         centers = [int(s.n_centers.float().mean()) for s in ctl.states.values()]
         lengths = [s.length for s in ctl.states.values()]
         return {
@@ -75,8 +78,8 @@ def summarize(ctl) -> dict:
             **({"missed_pct": 100.0 * t["missed"] / pos_heads} if "missed" in t else {}),
             **({"saturated_elements": t["saturated"]} if "saturated" in t else {}),
             "mode_changes_pct": 100.0 * t["mode_changes"] / pos_heads,
-            "keys_read_pct": 100.0 * t["keys_read"] / pos_heads,
-            "values_read_pct": 100.0 * t["values_read"] / pos_heads,
+            "keys_read_pct": 100.0 * t["keys_read"] / pos_readers,
+            "values_read_pct": 100.0 * t["values_read"] / pos_readers,
             **read_last_steps(ctl.steps, LAST_STEPS),
             "centers_per_head_mean": sum(c for c in centers) / max(1, len(centers)),
             "positions_at_end": max(lengths) if lengths else 0,

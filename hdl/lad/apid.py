@@ -22,7 +22,7 @@ from golden.lad_tile import LadTileConfig
 
 from ..lib.slice import RegisterSlice
 from ..lib.sram import SramBank
-from .common import bump_terms, bumped_counters, candidate_layout, meta_layout, mode_thresholds, sram_banks
+from .common import bump_terms, bumped_counters, candidate_layout, meta_layout, mode_thresholds, require_built, sram_banks
 from .eas import lookup_layout
 
 
@@ -38,7 +38,7 @@ def absorb_layout(cfg: LadTileConfig) -> data.StructLayout:
 
 class Apid(wiring.Component):
     def __init__(self, cfg: LadTileConfig):
-        self.cfg = cfg
+        self.cfg = require_built(cfg)
         xw = cfg.sfm.x_width
         super().__init__({
             "scan": In(stream.Signature(scan_layout(cfg))),

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from amaranth import Array, Cat, Const, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import data, enum, memory, stream
 
+from golden.errors import ConfigError
 from golden.lad_tile import LadTileConfig, mode_bounds
 from golden.sram import SramConfig
 
@@ -100,16 +101,38 @@ def recip_resp_layout(cfg: LadTileConfig) -> data.StructLayout:
                               "exponent": unsigned(cfg.sfm.exponent_width)})
 
 
+def require_built(cfg: LadTileConfig) -> LadTileConfig:
+    """The RTL serves one query head with full-width centers; ``group > 1`` and a compact
+    ``center_bits`` (docs/lad-tile.md, "Group tile and compact centers") are in the golden models and
+    the SRAM map only. Raises ConfigError (one line) for them; returns ``cfg``."""
+    if cfg.group != 1 or cfg.center_bits != cfg.kv_width:
+        raise ConfigError(f"the LAD tile's RTL is built for group 1 and center_bits = kv_width ({cfg.kv_width}); "
+                          f"group {cfg.group}, center_bits {cfg.center_bits} run in the golden models only")
+    return cfg
+
+
+def meta_head_bits(cfg: LadTileConfig) -> int:
+    """Bits of a position's metadata that belong to one query head (mode and counters); its center
+    and rho depend only on the keys, which a group's heads share."""
+    ml = meta_layout(cfg)
+    return ml.size - cfg.center_width - cfg.rho_width
+
+
 def sram_banks(cfg: LadTileConfig) -> dict[str, SramConfig]:
     """Every SRAM bank of the tile, by module: the one sizing that the modules build and that
     reports (``sram_bits``, docs/lad-tile.md's SRAM map, design sweeps) count.
 
-    EAS: centers (``eas_beats`` words of ``eas_lanes`` elements per center), their scores q.c_j and 1/|c_j|^2; APID: each
-    position's metadata (mode, counters, center, rho) and approximate score; AC: cache A, row
-    ``l`` in bank ``l mod (vpus - 3)``, one word per beat of ``ac_acc_width``-bit lanes."""
-    L, nb, d, P = cfg.lanes, cfg.beats, cfg.head_dim, cfg.ac_vpus
+    EAS: centers (``eas_beats`` words of ``eas_lanes`` elements per center, ``center_bits`` each,
+    plus the center's exponent), their scores q.c_j and 1/|c_j|^2; APID: each position's metadata
+    (mode, counters, center, rho) and approximate score; AC: cache A, row ``l`` in bank
+    ``l mod (vpus - 3)``, one word per beat of ``ac_acc_width``-bit lanes. A tile serving a group
+    of ``group`` query heads keeps one center table, its recips and each position's center and rho
+    for all of them; per head: the center scores, modes and counters, approximate scores, cache A
+    and the exact pass's scores (one word holds every head's entry at an address, the A banks one
+    head's rows after another)."""
+    L, nb, d, P, g = cfg.lanes, cfg.beats, cfg.head_dim, cfg.ac_vpus, cfg.group
     xw = cfg.sfm.x_width
-    a_words = max(2, d // P * nb)
+    a_words = max(2, d // P * nb) * g
     return {
         # EAS's banks: registered reads (the block RAM's output register); the centers (up to 128
         # DP16KD across the device) with their read address from a register and their bank mux
@@ -119,26 +142,33 @@ def sram_banks(cfg: LadTileConfig) -> dict[str, SramConfig]:
         # read address from a register too (EAS's FSM is far from them), the recips' word
         # registered once more (its DP16KD -> the output FIFO's LUT RAM was 7.9 ns of routing,
         # lad-eas's 109.8 MHz), hdl/lib/sram.py
-        "eas.centers": SramConfig(depth=max(2, cfg.max_centers * cfg.eas_beats), width=cfg.eas_lanes * cfg.kv_width,
+        "eas.centers": SramConfig(depth=max(2, cfg.max_centers * cfg.eas_beats),
+                                  width=cfg.eas_lanes * cfg.center_bits + cfg.center_exp_width,
                                   read_latency=6, address_register=True),
-        "eas.center_scores": SramConfig(depth=max(2, cfg.max_centers), width=xw, read_latency=4,
+        "eas.center_scores": SramConfig(depth=max(2, cfg.max_centers), width=xw * g, read_latency=4,
                                         address_register=True),
         "eas.center_recips": SramConfig(depth=max(2, cfg.max_centers), width=recip_resp_layout(cfg).size,
                                         read_latency=5, address_register=True),
         # APID's banks: read data registered once more after the RAM (APID's register slices
         # take it from a fabric register next to the RAM, not from the RAM's output pins)
-        "apid.metadata": SramConfig(depth=cfg.max_positions, width=meta_layout(cfg).size, read_latency=2),
-        "apid.approx_scores": SramConfig(depth=cfg.max_positions, width=xw, read_latency=2),
+        "apid.metadata": SramConfig(depth=cfg.max_positions,
+                                    width=meta_layout(cfg).size + (g - 1) * meta_head_bits(cfg), read_latency=2),
+        "apid.approx_scores": SramConfig(depth=cfg.max_positions, width=xw * g, read_latency=2),
         # AC's cache A: the tiles' data registered (the DP16KD's output register), then the bank's
         # word (its bank / read-during-write mux) registered, before AC's rounding carry chain
         **{f"ac.a{p}": SramConfig(depth=a_words, width=L * cfg.ac_acc_width, read_latency=3) for p in range(P)},
-        "exact.scores": SramConfig(depth=cfg.kv_positions, width=xw, read_latency=1),   # the exact pass's score buffer
+        "exact.scores": SramConfig(depth=cfg.kv_positions, width=xw * g, read_latency=1),   # the exact pass's scores
     }
 
 
 def sram_bits(cfg: LadTileConfig) -> int:
     """Total SRAM bits of the tile (all banks of :func:`sram_banks`)."""
     return sum(bank.depth * bank.width for bank in sram_banks(cfg).values())
+
+
+def sram_bits_per_head(cfg: LadTileConfig) -> float:
+    """The tile's SRAM bits per query head it serves (``sram_bits / group``)."""
+    return sram_bits(cfg) / cfg.group
 
 
 def ac_command_layout(cfg: LadTileConfig) -> data.StructLayout:

@@ -29,7 +29,7 @@ from ..lib.pipe import (SCALED_STAGES, delayed, greater, partial_products, place
                         scaled_round, split_add, split_sum)
 from ..lib.sram import SramBank
 from ..lib.vpu import Vpu
-from .common import Wires, beat_copy, beat_load_signature, recip_resp_layout, sram_banks
+from .common import Wires, beat_copy, beat_load_signature, recip_resp_layout, require_built, sram_banks
 
 
 def key_out_layout(cfg: LadTileConfig) -> data.StructLayout:
@@ -50,7 +50,7 @@ class Eas(wiring.Component):
         return sram_banks(cfg)["eas.center_scores"].read_latency + cls.LOOKUP_STAGES
 
     def __init__(self, cfg: LadTileConfig):
-        self.cfg = cfg
+        self.cfg = require_built(cfg)
         super().__init__({
             "q_load": In(beat_load_signature(cfg)),
             "k_load": In(beat_load_signature(cfg)),

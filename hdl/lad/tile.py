@@ -36,7 +36,7 @@ from ..lib.sfm import Sfm, sfm_in_layout
 from ..lib.slice import FifoSlice, RegisterSlice
 from .ac import Ac
 from .apid import Apid
-from .common import AcOp, ac_command_layout, beat_copy, beat_layout, beat_load_signature, coef_width
+from .common import AcOp, ac_command_layout, beat_copy, beat_layout, beat_load_signature, coef_width, require_built
 from .dense import DenseAttention, kv_request_layout
 from .eas import Eas
 from .md import Md
@@ -105,7 +105,7 @@ class LadTile(wiring.Component):
     """``step_in`` -> (``kv_req`` / ``kv_resp``) -> ``out``; one decode step at a time."""
 
     def __init__(self, cfg: LadTileConfig):
-        self.cfg = cfg
+        self.cfg = require_built(cfg)
         super().__init__({
             "step_in": In(stream.Signature(step_layout(cfg))),
             "kv_req": Out(stream.Signature(tile_kv_request_layout(cfg))),

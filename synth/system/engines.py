@@ -155,6 +155,9 @@ def lad_engine(shape: ModelShape, context: int, record: dict, clock_mhz: float |
                vpus: int | None = None) -> Engine:
     """The LAD tile (hdl/lad/tile.py) from its activity record's per-layer counts."""
     cfg = LadTileConfig(**record["config"])
+    if cfg.group != 1:
+        raise DataError(f"the system model prices one LAD tile per query head; this record's tile serves "
+                        f"a group of {cfg.group} (no schedule model for it yet)")
     layers, steps = layer_means(record)
     notes = []
     if shape.head_dim != cfg.head_dim or shape is not SHAPES["smollm2"]:
