@@ -317,9 +317,8 @@ class LadTileBatch:
         hn = (~join).nonzero().flatten()
         if hn.numel():
             slot = C[hn]
-            c = center_value(k[hn], cfg)
-            m_, e_ = self._recip((c * c).sum(-1))
-            self.centers[hn, slot] = c.double()
+            m_, e_ = self._recip(kk[hn])
+            self.centers[hn, slot] = center_value(k[hn], cfg).double()
             self.center_rm[hn, slot] = m_
             self.center_re[hn, slot] = e_
             self.n_centers = C + (~join).long()

@@ -85,9 +85,9 @@ class LadTileConfig(HeadConfig):
     max_centers: int = param(4096, "center table entries (default: one per position, so the table cannot "
                                    "fill; when full, keys join their best center)")
     center_cos: float = param(0.98, "a key joins its best center when |cos| >= this")
-    center_bits: int = param(16, "bits of a stored center element: a new center is its key in block floating "
-                                 "point, center_bits-bit mantissas and one exponent per center "
-                                 "(compact_center); kv_width stores the key itself")
+    center_bits: int = param(0, "bits of a stored center element: a new center is its key in block floating "
+                                "point, center_bits-bit mantissas and one exponent per center "
+                                "(compact_center); 0 = kv_width, the key itself")
     group: int = param(1, "query heads one tile serves (a KV group): they share the keys, so one center table, "
                           "its reciprocals and each position's center and rho serve them all")
     counter_bits: int = param(4, "bits of each per-position, per-interval saturating mode counter")
@@ -113,8 +113,8 @@ class LadTileConfig(HeadConfig):
         self.require(1 <= self.max_centers <= self.max_positions,
                      f"max_centers must be 1..max_positions ({self.max_positions}), got {self.max_centers}")
         self.require(0.0 < self.center_cos <= 1.0, f"center_cos must be in (0, 1], got {self.center_cos}")
-        self.require(2 <= self.center_bits <= self.kv_width,
-                     f"center_bits must be 2..kv_width ({self.kv_width}), got {self.center_bits}")
+        self.require(self.center_bits == 0 or 2 <= self.center_bits <= self.kv_width,
+                     f"center_bits must be 0 (the key) or 2..kv_width ({self.kv_width}), got {self.center_bits}")
         self.require(1 <= self.group <= 16, f"group must be 1..16 query heads, got {self.group}")
         self.require(1 <= self.counter_bits <= 8, f"counter_bits must be 1..8, got {self.counter_bits}")
         self.require(self.guard_margin >= 0, f"guard_margin must be >= 0, got {self.guard_margin}")
@@ -169,10 +169,19 @@ class LadTileConfig(HeadConfig):
         return max(1, (self.max_centers - 1).bit_length())
 
     @property
+    def center_element_bits(self) -> int:
+        """Bits of a stored center element (a mantissa, or the key's own element)."""
+        return self.center_bits or self.kv_width
+
+    @property
+    def compact_centers(self) -> bool:
+        """Centers stored as mantissas and an exponent, not as their keys."""
+        return self.center_element_bits < self.kv_width
+
+    @property
     def center_exp_width(self) -> int:
-        """Bits of a center's exponent, 0..kv_width - center_bits + 1 (0 when the center is the key)."""
-        top = self.kv_width - self.center_bits + 1 if self.center_bits < self.kv_width else 0
-        return top.bit_length()
+        """Bits of a center's exponent, 0..kv_width - center_bits + 1 (none when the center is the key)."""
+        return (self.kv_width - self.center_element_bits + 1).bit_length() if self.compact_centers else 0
 
     @property
     def kk_width(self) -> int:
@@ -294,15 +303,21 @@ PRESETS = {
 # by benchmarks/lad_vs_dense.py, which prints the model's error against them.
 SCHEDULE_FIXED = 254.3          # cycles per step outside the passes: fitted 230.3, + 20.5 measured for AC's pipelines, + 1.5 for AC's stages, + 2.0 for the cache-terms register
 SCHEDULE_PER_MODE_CHANGE = 28.4 # cycles a mode change adds on average (fitted)
+# compact centers (center_bits < kv_width), measured on EAS's RTL: its dots a register later (SELF's
+# and SCAN's end), and a new center's words written two cycles behind their reads
+COMPACT_STEP_CYCLES = 2
+COMPACT_NEW_CENTER_CYCLES = 2
 
 
-def schedule_cycles(cfg: LadTileConfig, position, centers_before, kv_beats, mode_changes):
+def schedule_cycles(cfg: LadTileConfig, position, centers_before, kv_beats, mode_changes, new_center=0):
     """Cycles of one LAD step (``path = LAD``) at ``position`` with the step's statistics (ints or
     tensors): the schedule's model above, fitted on and checked against the RTL."""
     pass_b = torch.maximum(torch.as_tensor(position), torch.as_tensor(kv_beats))
     serial = cfg.eas_beats * torch.as_tensor(centers_before) + torch.as_tensor(position)
     qa_wait = (2 * cfg.ac_update_cycles - serial).clamp_min(0)   # absorption's update + q.A pass
-    return (SCHEDULE_FIXED + serial + qa_wait + pass_b
+    compact = (COMPACT_STEP_CYCLES + COMPACT_NEW_CENTER_CYCLES * torch.as_tensor(new_center)
+               if cfg.compact_centers else 0)
+    return (SCHEDULE_FIXED + serial + qa_wait + pass_b + compact
             + SCHEDULE_PER_MODE_CHANGE * torch.as_tensor(mode_changes, dtype=torch.float64))
 
 
@@ -390,11 +405,13 @@ def compact_center(k: torch.Tensor, cfg: LadTileConfig) -> tuple[torch.Tensor, t
     """A new center from raw key(s) ``k (..., d)``: ``(mantissas, exponent)`` with the smallest
     exponent ``e >= 0`` at which every ``round_shift(k_l, e)`` fits ``center_bits`` signed bits; the
     center is ``mantissas << e`` (|c_l| <= 2**(kv_width - 1), so every bound on keys holds for it).
-    At ``center_bits = kv_width`` it is the key (``e = 0``). docs/lad-tile.md, "Center format"."""
-    b = cfg.center_bits
+    Its stored reciprocal stays RECIP(|k|^2) of the key it came from (EAS has |k|^2 from its SELF
+    pass; |c|^2 would need another): the center test and rho use ``c`` against ``|k|``.
+    Without compact centers it is the key (``e = 0``). docs/lad-tile.md, "Compact centers"."""
+    b = cfg.center_element_bits
     lo, hi = -(1 << (b - 1)), (1 << (b - 1)) - 1
     e = torch.zeros(k.shape[:-1], dtype=torch.int64)
-    for shift in range(1, cfg.kv_width - b + 2) if b < cfg.kv_width else ():
+    for shift in range(1, cfg.kv_width - b + 2) if cfg.compact_centers else ():
         mant = round_shift(k, shift - 1)
         over = (mant.amin(-1) < lo) | (mant.amax(-1) > hi)
         e = torch.where(over, shift, e)   # the last shift whose predecessor overflowed: the smallest that fits
@@ -404,7 +421,7 @@ def compact_center(k: torch.Tensor, cfg: LadTileConfig) -> tuple[torch.Tensor, t
 
 def center_value(k: torch.Tensor, cfg: LadTileConfig) -> torch.Tensor:
     """The stored center of raw key(s) ``k``, as the integers EAS multiplies: ``mant << e``."""
-    if cfg.center_bits == cfg.kv_width:
+    if not cfg.compact_centers:
         return k
     mant, e = compact_center(k, cfg)
     return mant << e[..., None]
@@ -509,9 +526,8 @@ class LadTileModel:
             rc, e = self.center_recip[best_j]
             rho = saturate(round_shift(best_dot * rc, mf + e - cfg.rho_frac), cfg.rho_format)
             return best_j, rho, False
-        c = center_value(k, cfg)
-        m_, e_ = (int(t) for t in recip((c * c).sum(-1, keepdim=True), cfg.sfm))
-        self.centers[C] = c
+        m_, e_ = (int(t) for t in recip(torch.tensor([kk]), cfg.sfm))
+        self.centers[C] = center_value(k, cfg)
         self.center_recip.append((m_, e_))
         return C, 1 << cfg.rho_frac, True
 

@@ -31,9 +31,13 @@ SIZE_CAPS = {"max_positions": 64, "max_centers": 16, "window": 32, "head_dim": 3
 # log-uniformly): an SRAM bank up to several block-RAM banks deep, at every read latency; a MAC
 # band from one key to far past max_positions (a band past 4 max_positions once wrapped the engine's key addresses).
 FIELD_RANGES = {"depth": (2, 16384), "read_latency": (1, 6), "band": (1, 1024)}
-# Parameters kept at the preset's value: the LAD tile's group and compact centers run in the golden
-# models only (hdl.lad.common.require_built rejects them in the RTL).
-KEPT_FIELDS = {"group", "center_bits"}
+# Parameters kept at the preset's value: the LAD tile's group runs in the golden models only
+# (hdl.lad.common.require_built rejects it in the RTL).
+KEPT_FIELDS = {"group"}
+# Parameters drawn from a generator of their own, seeded by the main one's state and leaving it as it
+# was, so that adding them changed no recorded seed's draw of the others: name -> draw(values, rng).
+# center_bits: the key itself half the time, else 2..kv_width-bit compact centers.
+SIDE_DRAWS = {"center_bits": lambda values, rng: 0 if rng.random() < 0.5 else rng.randint(2, max(2, values["kv_width"]))}
 
 
 def families() -> dict[str, list[str]]:
@@ -72,7 +76,12 @@ def draw_raw(block: str, rng: random.Random, keep: float | None = None) -> dict:
     out = {}
     for f in dataclasses.fields(b.config_class):
         value = getattr(base, f.name)
-        out[f.name] = value if f.name in KEPT_FIELDS or rng.random() < keep else _draw(f.name, value, rng)
+        out[f.name] = value if f.name in KEPT_FIELDS | SIDE_DRAWS.keys() or rng.random() < keep else \
+            _draw(f.name, value, rng)
+    side = random.Random(repr(rng.getstate()))
+    for name, draw in SIDE_DRAWS.items():
+        if name in out:
+            out[name] = draw(out, side)
     return out
 
 

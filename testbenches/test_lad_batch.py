@@ -233,10 +233,10 @@ def test_compact_center_is_the_narrowest_block_float_of_the_key():
     k = torch.randint(-(1 << 15), 1 << 15, (3000, 64), generator=gen) >> torch.randint(0, 16, (3000, 1), generator=gen)
     k[:4] = torch.tensor([-(1 << 15), (1 << 15) - 1, 0, 1])[:, None]
     k[4, ::2], k[4, 1::2] = (1 << 15) - 1, -(1 << 15)
-    for b in (2, 4, 6, 8, 12, 15, 16):
+    for b in (2, 4, 6, 8, 12, 15, 16, 0):
         cfg = dataclasses.replace(cfg0, center_bits=b)
         mant, e = compact_center(k, cfg)
-        lo, hi = -(1 << (b - 1)), (1 << (b - 1)) - 1
+        lo, hi = -(1 << (cfg.center_element_bits - 1)), (1 << (cfg.center_element_bits - 1)) - 1
         assert int(mant.min()) >= lo and int(mant.max()) <= hi
         assert int(e.max()) < 1 << max(1, cfg.center_exp_width) and int(e.min()) >= 0
         prev = round_shift(k, (e - 1).clamp(min=0)[:, None])
@@ -244,7 +244,7 @@ def test_compact_center_is_the_narrowest_block_float_of_the_key():
         c = center_value(k, cfg)
         assert bool(((c - k).abs() <= (1 << e)[:, None] // 2).all()) and int(c.abs().max()) <= 1 << 15
         assert torch.equal(c, mant << e[:, None])
-        if b == 16:
+        if b in (0, 16):                    # 0: the key (kv_width bits), as 16 is
             assert torch.equal(c, k) and int(e.max()) == 0
         else:
             assert bool((e > 0).any()) and not torch.equal(c, k)

@@ -20,24 +20,33 @@ TRACE = Path(__file__).parent / "data" / "smollm2_lad_trace.pt"   # real SmolLM2
 WIDE_RHO = replace(SMALL, rho_width=24, rho_frac=22)
 
 
-@pytest.mark.parametrize("kind, steps, seed, eas_beats", [("drift", 40, SEED, 1), ("trace", 24, SEED + 1, 2),
-                                                       ("drift", 40, SEED + 6, 4)])
-def test_lad_eas_rtl_equals_golden(kind, steps, seed, eas_beats):
+@pytest.mark.parametrize("kind, steps, seed, eas_beats, center_bits",
+                         [("drift", 40, SEED, 1, 0), ("trace", 24, SEED + 1, 2, 0), ("drift", 40, SEED + 6, 4, 0),
+                          ("drift", 40, SEED + 11, 1, 6), ("trace", 24, SEED + 12, 2, 8)])
+def test_lad_eas_rtl_equals_golden(kind, steps, seed, eas_beats, center_bits):
     """Drift with the EAS corner keys (first step, zero key, rho saturating both ways, rho < 0,
     full center table, zero key joining, join verdicts that t's rounding decides, a join won by t's
     lowest bit) at rho_frac 22 (a tiny center's rho shifts left, one 4x its norm right by 1), one
     center per cycle and one per 4 cycles (``eas_beats``: each center and q, k_n read in 4 beats),
     and a real SmolLM2 head (every key a new center until the table is full) at the small preset,
     one center per 2 cycles (q and k_n copied as two 16-element words, each written by two load
-    beats: the only run whose copies have more than one word of more than one beat)."""
+    beats: the only run whose copies have more than one word of more than one beat). Compact centers
+    (``center_bits`` 6 and 8 of the 16-bit keys: mantissas and an exponent per center) on both kinds:
+    the dots of mantissas shifted by the exponent, the key's exponent from its extremes as it loads,
+    the rounded mantissas written."""
     params = {"steps": steps, "kind": kind, "eas_corners": kind == "drift", "extra_lookups": 4}
     if kind == "trace":
         params.update(trace=str(TRACE), head=1)
-    cfg = replace(WIDE_RHO if kind == "drift" else SMALL, eas_beats=eas_beats)
-    r = simulate("lad-eas", cfg, "testbenches.tb.tb_lad_eas", seed=seed, name=kind, params=params)
+    cfg = replace(WIDE_RHO if kind == "drift" else SMALL, eas_beats=eas_beats, center_bits=center_bits)
+    name = f"{kind}-c{center_bits}" if center_bits else kind
+    r = simulate("lad-eas", cfg, "testbenches.tb.tb_lad_eas", seed=seed, name=name, params=params)
     assert r["mismatches"] == 0 and r["steps"] == steps, r["mismatch_list"]
     assert r["centers"] == SMALL.max_centers and r["full_joins"] > 0 and r["recips"] == r["new_centers"]
     assert r["nonzero_approx"] > r["lookups"] // 2 and r["extra_lookups"] > 0
+    if cfg.compact_centers:
+        assert r["compact_centers"] > 0, r          # some centers are not their key
+        return
+    assert r["compact_centers"] == 0
     if kind == "drift":
         assert r["zero_keys"] == 2 and r["rho_saturated"] >= 2 and r["rho_negative"] > 0 and r["joins"] > 10
         assert r["rho_left_shift"] > 0 and r["rho_shift_one"] > 0

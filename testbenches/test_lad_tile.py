@@ -17,12 +17,15 @@ TRACE = Path(__file__).parent / "data" / "smollm2_lad_trace.pt"
 SMALL = PRESETS["small"]   # d = 32, 4 beats, 2 AC VPUs, 64 positions (68 in the KV memory), 8 centers
 
 
-def test_lad_tile_rtl_equals_golden_drift_past_the_end_full_centers():
+@pytest.mark.parametrize("center_bits", [0, 6])
+def test_lad_tile_rtl_equals_golden_drift_past_the_end_full_centers(center_bits):
     """Keys along a few directions, drifting queries: approximations, candidates, false alarms,
     mode changes and counter halving; the 8-entry center table fills (later keys join their best
     center); past max_positions = 64 the exact pass (steps 64-67, the dense baseline over the KV
-    memory), past kv_positions = 68 no output."""
-    r = simulate("lad-tile", SMALL, "testbenches.tb.tb_lad_tile", seed=SEED, name="drift",
+    memory), past kv_positions = 68 no output. With the keys' own centers and with 6-bit compact
+    centers."""
+    cfg = replace(SMALL, center_bits=center_bits)
+    r = simulate("lad-tile", cfg, "testbenches.tb.tb_lad_tile", seed=SEED, name=f"drift-c{center_bits}",
                  params={"steps": 70, "kind": "drift"})
     assert r["mismatches"] == 0 and r["steps"] == 70
     assert r["positions"][0] == 0 and r["positions"][-1] == 68

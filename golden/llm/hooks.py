@@ -82,14 +82,18 @@ class TileLayerState:
         readers = self.heads // g
         if g > 1:   # the KV port's beats: a group's tile reads a candidate's key, an active's value once
             tot["kv_beats"] = self.cfg.beats * int((st["group_candidates"] + st["group_active"]).sum()) // g
-        tot.update(heads=self.heads, readers=readers, saturated=sat, positions=self.length, exact_steps=exact,
+        # a step whose Z is clamped to 0 before RECIP returns a saturated o (docs/lad-tile.md, "Z <= 0"): counted
+        z_clamped = int(((st["z"] <= 0) & (st["path"] == StepPath.LAD)).sum())
+        tot.update(heads=self.heads, readers=readers, saturated=sat, z_clamped=z_clamped,
+                   positions=self.length, exact_steps=exact,
                    keys_read=int(st["group_candidates"].sum()) // g + readers + exact // g * (self.length - 1),
                    values_read=int(st["group_active"].sum()) // g + readers + exact // g * (self.length - 1))
         # cycles: the schedule's model per head (validated on the RTL by benchmarks/lad_vs_dense.py);
         # an exact pass and the dense baseline read every key and value, 2 n beats each
         n = self.length - 1                                     # positions before this step
         dense = dense_step_cycles(self.cfg, n + 1)
-        lad = schedule_cycles(self.cfg, n, st["centers"] - st["new_center"], st["kv_beats"], st["mode_changes"])
+        lad = schedule_cycles(self.cfg, n, st["centers"] - st["new_center"], st["kv_beats"], st["mode_changes"],
+                              st["new_center"])
         lad = torch.where(st["path"] == StepPath.LAD, lad, float(dense))
         if g == 1:   # a group's tile has no schedule model yet: no cycles rather than one tile's per head
             tot.update(tile_cycles=float(lad.sum()), dense_cycles=float(dense * self.heads))

@@ -77,6 +77,7 @@ def summarize(ctl) -> dict:
             "false_alarm_pct": 100.0 * t["false_alarms"] / pos_heads,
             **({"missed_pct": 100.0 * t["missed"] / pos_heads} if "missed" in t else {}),
             **({"saturated_elements": t["saturated"]} if "saturated" in t else {}),
+            **({"z_clamped_steps": t["z_clamped"]} if "z_clamped" in t else {}),
             "mode_changes_pct": 100.0 * t["mode_changes"] / pos_heads,
             "keys_read_pct": 100.0 * t["keys_read"] / pos_readers,
             "values_read_pct": 100.0 * t["values_read"] / pos_readers,

@@ -37,6 +37,13 @@ def key_out_layout(cfg: LadTileConfig) -> data.StructLayout:
                               "new_center": unsigned(1), "s_new": signed(cfg.sfm.x_width)})
 
 
+def center_word_layout(cfg: LadTileConfig) -> data.StructLayout:
+    """A word of the centers SRAM: ``eas_lanes`` mantissas of ``center_bits`` and the center's
+    exponent (golden.lad_tile.compact_center; none when the center is the key)."""
+    return data.StructLayout({"mant": data.ArrayLayout(signed(cfg.center_element_bits), cfg.eas_lanes),
+                              "exp": unsigned(cfg.center_exp_width)})
+
+
 def lookup_layout(cfg: LadTileConfig) -> data.StructLayout:
     return data.StructLayout({"center": unsigned(cfg.center_width), "rho": signed(cfg.rho_width)})
 
@@ -88,6 +95,8 @@ class Eas(wiring.Component):
                    smem=smem, rmem=rmem, c_req=c_req, c_resp=c_resp, s_req=s_req, s_resp=s_resp, r_req=r_req,
                    r_resp=r_resp, q_read=q_read, k_read=k_read, k_write_read=k_write_read, count=count)
         self._lookups(m, s)
+        self._dots(m, s)
+        self._key_exponent(m, s)
         self._best_center(m, s)
         self._decision_products(m, s)
         self._scores_and_reads(m, s)
@@ -125,6 +134,61 @@ class Eas(wiring.Component):
                          l_score_in.eq(s_resp.payload), l_rho_in.eq(rho_fifo.r_data), l_score.eq(l_score_in), l_rho.eq(l_rho_in),
                          l_approx.eq(saturate(l_sum >> cfg.rho_frac, signed(xw)))]
         m.d.comb += [self.approx.valid.eq(l_valid[-1]), self.approx.payload.eq(l_approx)]
+
+    def _dots(self, m, s):
+        """The VPUs' dots as the rest of EAS reads them (``dot_valid``, ``dot_q``, ``dot_k``): a
+        compact center's dots are of its mantissas, shifted left by its exponent one register later
+        (exactly the dots of ``mant << e``: golden.lad_tile.center_value); a full-width center's are
+        the VPUs' own."""
+        cfg, vpu_q, vpu_k = s.cfg, s.vpu_q, s.vpu_k
+        if not cfg.compact_centers:
+            s.add(dot_valid=vpu_q.o.valid, dot_q=vpu_q.o.payload.dot, dot_k=vpu_k.o.payload.dot)
+            return
+        # each operand's exponent (SELF's: 0) as deep as the VPUs (which never stall here)
+        exp_in = Signal(cfg.center_exp_width)
+        e = exp_in
+        for i in range(Vpu.LATENCY):
+            e = delayed(m, e, f"dot_exp{i}")
+        w = cfg.eas_vpu.acc_width
+        dot_valid, dot_q, dot_k = Signal(), Signal(signed(w)), Signal(signed(w))
+        m.d.sync += [dot_valid.eq(vpu_q.o.valid), dot_q.eq(vpu_q.o.payload.dot << e), dot_k.eq(vpu_k.o.payload.dot << e)]
+        s.add(dot_valid=dot_valid, dot_q=dot_q, dot_k=dot_k, exp_in=exp_in)
+
+    def _key_exponent(self, m, s):
+        """``k_exp``: the exponent of k_n as a compact center (golden.lad_tile.compact_center), from
+        the largest and smallest element of the step's k beats as they load: k fits at shift ``e``
+        iff ``lo 2^e - h_e <= k_l < (hi + 1) 2^e - h_e`` for every l (``h_e`` the rounding half),
+        constant bounds, so the exponent is the count of shifts at which the extremes do not fit.
+        Each beat's extremes in a registered tree, then running extremes, cleared when the step's
+        result leaves (the next step's beats load after it)."""
+        cfg = s.cfg
+        if not cfg.compact_centers:
+            return
+        kw, b = cfg.kv_width, cfg.center_element_bits
+        kmax, kmin = Signal(signed(kw), init=-(1 << (kw - 1))), Signal(signed(kw), init=(1 << (kw - 1)) - 1)
+        valid = delayed(m, self.k_load.valid, "kx_valid")
+        beat = delayed(m, self.k_load.payload.data.as_value(), "kx_beat")
+        hi_l = lo_l = [beat[i * kw:(i + 1) * kw].as_signed() for i in range(cfg.lanes)]
+        level = 0
+        while len(hi_l) > 1:          # pairs, a register per level (an odd last lane passes on)
+            pairs = [(j, min(j + 1, len(hi_l) - 1)) for j in range(0, len(hi_l), 2)]
+            hi_l = [delayed(m, Mux(hi_l[j] > hi_l[i], hi_l[j], hi_l[i]), f"kx_hi{level}_{j}") for j, i in pairs]
+            lo_l = [delayed(m, Mux(lo_l[j] < lo_l[i], lo_l[j], lo_l[i]), f"kx_lo{level}_{j}") for j, i in pairs]
+            valid = delayed(m, valid, f"kx_valid{level}")
+            level += 1
+        clear = self.key_out.valid & self.key_out.ready
+        with m.If(clear):
+            m.d.sync += [kmax.eq(Mux(valid, hi_l[0], kmax.init)), kmin.eq(Mux(valid, lo_l[0], kmin.init))]
+        with m.Elif(valid):
+            m.d.sync += [kmax.eq(Mux(hi_l[0] > kmax, hi_l[0], kmax)), kmin.eq(Mux(lo_l[0] < kmin, lo_l[0], kmin))]
+        lo, hi = -(1 << (b - 1)), (1 << (b - 1)) - 1
+        fails = []
+        for e in range(kw - b + 1):   # at kw - b + 1 every key fits
+            h = (1 << e) >> 1
+            fails.append(delayed(m, (kmin < lo * (1 << e) - h) | (kmax >= (hi + 1) * (1 << e) - h), f"kx_fail{e}"))
+        k_exp = Signal(cfg.center_exp_width)
+        m.d.sync += k_exp.eq(sum(fails))
+        s.add(k_exp=k_exp)
 
     def _best_center(self, m, s):
         """The step's registers and t_j of each center behind its recip's read, into the running
@@ -259,7 +323,7 @@ class Eas(wiring.Component):
         # SCAN: to the score SRAM at its index; common.score_of), registered stages behind the VPU
         score_in, score_in_self = Signal(), Signal()
         out_j = Signal(range(cfg.max_centers + 1))   # the index of the center whose dots leave the VPUs
-        score = scaled_round(m, vpu_q.o.payload.dot, cfg.scale_raw, cfg.score_shift, signed(xw), "score")
+        score = scaled_round(m, s.dot_q, cfg.scale_raw, cfg.score_shift, signed(xw), "score")
         sc_valid = [Signal(name=f"score_valid{i}") for i in range(SCALED_STAGES)]
         sc_self = [Signal(name=f"score_self{i}") for i in range(SCALED_STAGES)]
         sc_j = [Signal.like(out_j, name=f"score_j{i}") for i in range(SCALED_STAGES)]
@@ -274,8 +338,8 @@ class Eas(wiring.Component):
         # state drives (Yosys maps "0 unless the state" to the flip-flops' LSR: 98.5 MHz, the
         # state's decode to the recips' read address reset, 8.3 ns of routing)
         m.d.comb += [c_req.payload.addr.eq(req_j * nb + req_b), r_req.payload.addr.eq(out_j),
-                     cmem.write.payload.addr.eq(count * nb + write_b), k_write_read.addr.eq(write_b), cmem.write.payload.data.eq(k_write_read.data),
-                     rmem.write.payload.addr.eq(count), rmem.write.payload.data.eq(new_rc)]
+                     k_write_read.addr.eq(write_b), rmem.write.payload.addr.eq(count), rmem.write.payload.data.eq(new_rc)]
+        self._center_write(m, s)
         # the VPUs' results are always taken (they come only in SELF_WAIT and SCAN, which take them):
         # so they never stall, and their inputs' ready is not a function of the state (it was, through
         # their pipelines' enables: the state -> the enables -> the state, 108.8 MHz); so are the
@@ -314,20 +378,53 @@ class Eas(wiring.Component):
         m.d.comb += [q_read.addr.eq(op_beat), k_read.addr.eq(op_beat)]
         q_op, k_op = delayed(m, q_read.data, "q_op"), delayed(m, k_read.data, "k_op")
         op_last, op_self = delayed(m, op_beat == nb - 1, "op_last"), delayed(m, op_self, "op_self")
+        center_lanes = c_resp.payload
+        if cfg.compact_centers:   # the mantissas sign-extended to the VPUs' operand width
+            word = data.View(center_word_layout(cfg), c_resp.payload)
+            lanes = [Signal(signed(cfg.kv_width), name=f"c_lane{i}") for i in range(cfg.eas_lanes)]
+            m.d.comb += [lane.eq(x) for lane, x in zip(lanes, word.mant)]
+            center_lanes = Cat(*lanes)
+            m.d.comb += s.exp_in.eq(Mux(op_self, 0, word.exp))
         for vpu, other in ((vpu_q, q_op), (vpu_k, k_op)):
             m.d.comb += [vpu.i.valid.eq(c_resp.valid | op_self), vpu.i.payload.op.eq(VpuOp.DOT),
-                         vpu.i.payload.last.eq(op_last), vpu.i.payload.a.eq(Mux(op_self, k_op, c_resp.payload)),
+                         vpu.i.payload.last.eq(op_last), vpu.i.payload.a.eq(Mux(op_self, k_op, center_lanes)),
                          vpu.i.payload.b.eq(other)]
         # SCAN's end: every center's verdict in best_*, nothing in flight, as a register (from the
         # recips' read valid into the state's enable: 8.5 ns, lad-eas's limit at 117.3 MHz, seed 2)
         scan_drained = Signal()
-        m.d.sync += scan_drained.eq((done_j == count) & ~r_resp.valid & ~vpu_q.o.valid & ~Cat(sc_valid).any())
+        m.d.sync += scan_drained.eq((done_j == count) & ~r_resp.valid & ~vpu_q.o.valid & ~s.dot_valid & ~Cat(sc_valid).any())
         # outputs read only while valid (RECIP, OUT), driven from their registers outside the FSM: no
         # payload bit decodes the state (a decode gated into every bit sat by the payload's users,
         # far from the FSM it also feeds: the tile's critical paths while the FSM drove them)
         m.d.comb += [self.recip_req.payload.eq(kk), self.key_out.payload.eq(result)]
         s.add(score_in=score_in, score_in_self=score_in_self, out_j=out_j, in_self=in_self,
               scan_drained=scan_drained)
+
+    def _center_write(self, m, s):
+        """The new center's words into the centers SRAM while WRITE issues them (``write_issue``): the
+        key's word itself, or its compact center (``round_shift(k_l, k_exp)`` per lane: the rounding
+        half added, then the shift, each registered, so the write is two cycles behind; ``write_last``
+        marks the last word's)."""
+        cfg, cmem, count, nb, write_b, k_write_read = s.cfg, s.cmem, s.count, s.nb, s.write_b, s.k_write_read
+        issue = Signal(name="write_issue")
+        addr = count * nb + write_b
+        if not cfg.compact_centers:
+            m.d.comb += [cmem.write.valid.eq(issue), cmem.write.payload.addr.eq(addr),
+                         cmem.write.payload.data.eq(k_write_read.data)]
+            s.add(write_issue=issue)
+            return
+        kw, e = cfg.kv_width, s.k_exp
+        half = Signal(kw, name="write_half")
+        m.d.sync += half.eq((Const(1, kw) << e) >> 1)
+        rounded = [Signal(signed(kw + 1), name=f"write_rounded{i}") for i in range(cfg.eas_lanes)]
+        m.d.sync += [r.eq(k_write_read.data[i * kw:(i + 1) * kw].as_signed() + half) for i, r in enumerate(rounded)]
+        word = Signal(center_word_layout(cfg))
+        m.d.sync += [*(x.eq(r >> e) for x, r in zip(word.mant, rounded)), word.exp.eq(e)]
+        valid1, addr1 = delayed(m, issue, "write_valid1"), delayed(m, addr, "write_addr1")
+        last1 = delayed(m, issue & (write_b == nb - 1), "write_last1")
+        valid2, addr2, last2 = delayed(m, valid1, "write_valid2"), delayed(m, addr1, "write_addr2"), delayed(m, last1, "write_last2")
+        m.d.comb += [cmem.write.valid.eq(valid2), cmem.write.payload.addr.eq(addr2), cmem.write.payload.data.eq(word)]
+        s.add(write_issue=issue, write_last=last2)
 
     def _scan_states(self, m, s):
         """IDLE, SELF (q.k_n and |k_n|^2) and SCAN (every center's dots)."""
@@ -346,16 +443,16 @@ class Eas(wiring.Component):
             with m.If(self_b == nb - 1):
                 m.next = "SELF_WAIT"
         with m.State("SELF_WAIT"):
-            m.d.comb += [score_in.eq(vpu_q.o.valid), score_in_self.eq(1)]
-            with m.If(vpu_q.o.valid):
-                m.d.sync += [kk.eq(vpu_k.o.payload.dot), scan_issue.eq(count != 0)]
+            m.d.comb += [score_in.eq(s.dot_valid), score_in_self.eq(1)]
+            with m.If(s.dot_valid):
+                m.d.sync += [kk.eq(s.dot_k), scan_issue.eq(count != 0)]
                 m.next = "SCAN"
         with m.State("SCAN"):   # every center: q.c_j and k_n.c_j in lockstep (the reads, the operands: above)
             # a center's dots: its score to the score SRAM, k_n.c_j waits for the center's recip
-            m.d.comb += score_in.eq(vpu_q.o.valid)
-            with m.If(vpu_q.o.valid):
+            m.d.comb += score_in.eq(s.dot_valid)
+            with m.If(s.dot_valid):
                 m.d.comb += r_req.valid.eq(1)
-                m.d.sync += [kdot.eq(vpu_k.o.payload.dot), kdot_j.eq(out_j), out_j.eq(out_j + 1)]
+                m.d.sync += [kdot.eq(s.dot_k), kdot_j.eq(out_j), out_j.eq(out_j + 1)]
             with m.If(scan_drained):
                 m.d.sync += out_j.eq(0)
                 m.next = "SHIFT"
@@ -408,13 +505,23 @@ class Eas(wiring.Component):
             with m.If(self.recip_resp.valid):
                 m.d.sync += new_rc.eq(self.recip_resp.payload)
                 m.next = "WRITE"
-        with m.State("WRITE"):   # the key's beats into the centers SRAM, its recip alongside
-            m.d.comb += cmem.write.valid.eq(1)
+        compact = self.cfg.compact_centers
+        with m.State("WRITE"):   # the key's words into the centers SRAM (_center_write), its recip alongside
+            m.d.comb += s.write_issue.eq(1)
             m.d.sync += write_b.eq(incr(write_b, nb))
             with m.If(write_b == nb - 1):
-                m.d.comb += rmem.write.valid.eq(1)
-                m.d.sync += count.eq(count + 1)
-                m.next = "OUT"
+                if compact:
+                    m.next = "WRITE_WAIT"
+                else:
+                    m.d.comb += rmem.write.valid.eq(1)
+                    m.d.sync += count.eq(count + 1)
+                    m.next = "OUT"
+        if compact:
+            with m.State("WRITE_WAIT"):   # until the last word is written (its mantissas two stages behind)
+                with m.If(s.write_last):
+                    m.d.comb += rmem.write.valid.eq(1)
+                    m.d.sync += count.eq(count + 1)
+                    m.next = "OUT"
         with m.State("OUT"):
             m.d.comb += self.key_out.valid.eq(1)   # its payload, result, outside the FSM
             with m.If(self.key_out.ready):

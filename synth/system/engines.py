@@ -172,7 +172,7 @@ def lad_engine(shape: ModelShape, context: int, record: dict, clock_mhz: float |
     persistent = sum(bits[k] for k in LAD_PERSISTENT) + ac_bits
     scratch = sum(bits.values()) - persistent
     d, kvw = cfg.head_dim, cfg.kv_width
-    center_bits = d * kvw + banks["eas.center_recips"].width
+    center_bits = banks["eas.centers"].width * cfg.eas_beats + banks["eas.center_recips"].width
     meta = banks["apid.metadata"].width
     xw = banks["apid.approx_scores"].width
     out = []

@@ -14,7 +14,7 @@ import cocotb
 import torch
 from amaranth import signed, unsigned
 
-from golden.lad_tile import COS_FRAC
+from golden.lad_tile import COS_FRAC, compact_center
 from hdl.lad.common import beat_load_layout, recip_resp_layout
 from hdl.lad.eas import key_out_layout, lookup_layout
 from testbenches.tb.lad_steps import load_vector, open_bench, sfm_recip
@@ -122,4 +122,6 @@ async def eas_matches_golden(dut):
         joins_by_rounding_up=sum(1 for r in free if not r.new_center and not joins_with_half(model, r, lambda s: 1 << s >> 2)),
         new_centers_by_rounding_down=sum(1 for r in free if r.new_center and joins_with_half(model, r, lambda s: 1 << s)),
         joins_by_lowest_bit=sum(1 for r in joins if wins_by_lowest_bit(model, r)),
+        # new centers stored with a nonzero exponent (compact centers that are not their key)
+        compact_centers=sum(1 for r in recs if r.new_center and int(compact_center(torch.tensor(r.k), cfg)[1]) > 0),
         step_cycles=step_cycles, step_centers=[[r.centers_before, int(r.new_center)] for r in recs])
