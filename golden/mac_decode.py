@@ -534,6 +534,7 @@ class MacDecodeLayer:
 # -- cycles: the schedule's model (docs/mac-unit.md, "Decode engine") ----------------------------
 MATCH_OVERHEAD = 14     # MatchUnit: cycles per match beyond M d/L + 2 d/L (docs/mac-unit.md, RTL-measured; read latency 5, VPU 7)
 MERGE_CYCLES = 22       # MergeUnit: cycles per merge/removal transaction (scalar phase, RTL-measured)
+RANGE_PASS_CYCLES = 35  # a range pass's cycles besides its count·B + B beats (engine RTL, checked cycle-exactly)
 PASS_LATENCY = 8        # VPU / SFM pipeline fill of one K or V pass
 NORM_CYCLES = 12        # RECIP of a range state's sum and its first output beat
 
@@ -571,8 +572,8 @@ def engine_step_cycles(cfg: MacDecodeConfig, st: HeadStep, filled: int) -> int:
     head = B + match + 2                 # LOAD (the query's beats), MATCH, RANGES, RANGES2
     keys = st.kv_keys * B + 12 + (cfg.sinks == 0)   # KEYS: DOT, three score stages (no sinks: a request cycle)
     # a range: R_START, its V burst through EXP2 / p / AXPY (count·B + 20), R_RECIP, RECIP's 7,
-    # R_OUT (B beats through four stages); an empty one: R_START alone
-    ranges = sum((hi - lo) * B + B + 33 if hi > lo else 1 for lo, hi in st.passes)
+    # R_OUT (B beats through six stages); an empty one: R_START alone
+    ranges = sum((hi - lo) * B + B + RANGE_PASS_CYCLES if hi > lo else 1 for lo, hi in st.passes)
     # COMBINE, then a MergeUnit transaction: scalar phase and B beats; a flagged one skips RECIP
     merge = {"merge": B + 32, "cancelled": B + 22, "pointer": 0}
     combines = sum(1 + merge[c] for c in st.combines)
@@ -592,8 +593,8 @@ def engine_cycles_batch(cfg: MacDecodeConfig, engaged: bool, hit, kv_keys, range
     match = (filled * B + 14 if filled else 2) if engaged else 1
     cyc = B + match + 2 + kv_keys * B + 12 + (cfg.sinks == 0) + DISPATCH_TASKS
     for count in ranges:
-        cyc = cyc + torch.where(count > 0, count * B + B + 33, 1)
-    cyc = cyc + torch.where(fallback_keys > 0, fallback_keys * B + B + 33, 0)
+        cyc = cyc + torch.where(count > 0, count * B + B + RANGE_PASS_CYCLES, 1)
+    cyc = cyc + torch.where(fallback_keys > 0, fallback_keys * B + B + RANGE_PASS_CYCLES, 0)
     for made, used, flagged in combines:
         cyc = cyc + torch.where(made, 1 + torch.where(used, torch.where(flagged, B + 22, B + 32), 0), 0)
     return cyc + (B + 1) * (1 + hit.long()) + B + 1
