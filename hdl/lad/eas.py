@@ -10,6 +10,10 @@ steps: compares, verdict, load). ``k_n`` joins it when
 ``rho = round_shift((k_n.c_j) rc_j, mf + e_j - rho_frac)``; otherwise it becomes a new center
 (its RECIP through the ``recip_*`` ports). The result leaves on ``key_out``.
 ``lookup (center, rho)`` -> ``approx``: ``s^ = sat(round_shift(score_j * rho, rho_frac))``.
+With compact centers (``center_bits``) a center word holds mantissas and the center's exponent: the
+VPUs multiply by the mantissas and each dot is shifted by the exponent (``_dots``), a new center's
+exponent comes from the key's extremes as it loads (``_key_exponent``) and its rounded mantissas are
+written (``_center_write``); docs/lad-tile.md, "Design decisions".
 q and k_n arrive beat by beat on ``q_load`` / ``k_load`` before ``start`` (EAS keeps its own copies,
 hdl.lad.common.beat_copy).
 """
