@@ -569,7 +569,7 @@ def engine_step_cycles(cfg: MacDecodeConfig, st: HeadStep, filled: int) -> int:
         match = 1                        # the ring is scanned and written in the background
     else:                                # the MatchUnit's scan; an empty ring answers at once
         match = filled * B + 14 if filled else 2
-    head = B + match + 2                 # LOAD (the query's beats), MATCH, RANGES, RANGES2
+    head = B + match + 3                 # LOAD (the query's beats), MATCH, RANGES, RANGES2, RANGES3
     keys = st.kv_keys * B + 12 + (cfg.sinks == 0)   # KEYS: DOT, three score stages (no sinks: a request cycle)
     # a range: R_START, its V burst through EXP2 / p / AXPY (count·B + 20), R_RECIP, RECIP's 7,
     # R_OUT (B beats through six stages); an empty one: R_START alone
@@ -591,7 +591,7 @@ def engine_cycles_batch(cfg: MacDecodeConfig, engaged: bool, hit, kv_keys, range
     (testbenches/test_mac_decode.py)."""
     B = cfg.beats
     match = (filled * B + 14 if filled else 2) if engaged else 1
-    cyc = B + match + 2 + kv_keys * B + 12 + (cfg.sinks == 0) + DISPATCH_TASKS
+    cyc = B + match + 3 + kv_keys * B + 12 + (cfg.sinks == 0) + DISPATCH_TASKS
     for count in ranges:
         cyc = cyc + torch.where(count > 0, count * B + B + RANGE_PASS_CYCLES, 1)
     cyc = cyc + torch.where(fallback_keys > 0, fallback_keys * B + B + RANGE_PASS_CYCLES, 0)

@@ -455,7 +455,7 @@ class MacDecodeEngine(wiring.Component):
                     m.next = "MATCH"
 
     def _match_states(self, m, parts: _Parts, st: _Step, kp: _KeyPass):
-        """MATCH, RANGES, RANGES2: the match result, then F, lo_tail, lo_band, lo_mid and the keys read."""
+        """MATCH, RANGES, RANGES2, RANGES3: the match result, then F, lo_tail, lo_band, lo_mid and the keys read."""
         cfg = self.cfg
         # positions in W bits, differences in signed W + 2. The band as a constant at most
         # max_positions (>= L, >= r_pos + 1: a longer band clamps the same way, and L - band stays
@@ -490,8 +490,11 @@ class MacDecodeEngine(wiring.Component):
             band_lo = Signal(dif_t)
             m.d.comb += band_lo.eq(r_pos[:W] + 1 - band)
             lb = Mux(band_lo < F, F, Mux(band_lo > lo_tail, lo_tail, band_lo))
-            mid = Mux(hit, lb, F)
-            m.d.sync += [st.lo_band.eq(lb), st.lo_mid.eq(mid), st.keys.eq(F + L - mid),
+            m.d.sync += [st.lo_band.eq(lb), st.lo_mid.eq(Mux(hit, lb, F))]
+            m.next = "RANGES3"
+        with m.State("RANGES3"):   # (the band's bounds, then the key count from them: in one state
+            mid = st.lo_mid        # their carry chains in series were the engine's critical path, 66.3 MHz)
+            m.d.sync += [st.keys.eq(F + L - mid),
                          kp.kq_phase.eq(0), kp.resp_beat.eq(0), kp.scored.eq(0), kp.s_pos.eq(Mux(F != 0, 0, mid)),
                          st.m_sink.eq(sf.min_raw), st.m_mid.eq(sf.min_raw), st.m_tail.eq(sf.min_raw)]
             m.next = "KEYS"
