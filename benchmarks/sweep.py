@@ -276,7 +276,7 @@ def plot(rows: list[dict], front: list[bool], path: Path, hardware: bool, title:
             label = "\n".join(",".join(f"{k}={v}" for k, v in r["point"].items()) for r, _ in members)
             ax.annotate(label, (x, y), fontsize=6, xytext=(5, -3), textcoords="offset points", va="top")
         sc = ax.scatter(xs, ys, c=cs, cmap="viridis", s=45, zorder=3)
-        fig.colorbar(sc, ax=ax, label="tile SRAM (KiB; smallest of the points at a marker)" if hardware
+        fig.colorbar(sc, ax=ax, label="SRAM per query head (KiB; smallest of the points at a marker)" if hardware
                      else "centers per head (mean)")
         ax.set_yscale("symlog", linthresh=2.0)
         ax.margins(x=0.2)
