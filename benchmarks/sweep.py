@@ -203,9 +203,10 @@ def summarize(point: dict[str, str], result: dict, hardware: bool, out: str | Pa
                cycles_last_pct=st.get("cycles_last512_pct", float("nan")))
     if hardware:
         from hdl.lad.common import sram_bits_per_head
-        row["sram_kib"] = sram_bits_per_head(point_config(point, True)) / 8192   # per query head
+        cfg = point_config(point, True)
+        row["sram_kib"] = sram_bits_per_head(cfg) / 8192   # per query head
         found = out is not None and activity_path(out).is_file()   # points run before records were kept lack it
-        found = found and point_config(point, True).group == 1       # the system model has no group tile yet
+        found = found and cfg.group == 1                            # the system model has no group tile yet
         row["energy_uj"] = energy_uj(activity_path(out)) if found else float("nan")
     return row
 
