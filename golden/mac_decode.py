@@ -537,6 +537,10 @@ MERGE_CYCLES = 22       # MergeUnit: cycles per merge/removal transaction (scala
 RANGE_PASS_CYCLES = 35  # a range pass's cycles besides its count·B + B beats (engine RTL, checked cycle-exactly)
 PASS_LATENCY = 8        # VPU / SFM pipeline fill of one K or V pass
 NORM_CYCLES = 12        # RECIP of a range state's sum and its first output beat
+# a MergeUnit transaction in the engine besides its B beats: its operands' read and queue
+# (FifoSlice), the scalar phase (EXP2, RECIP) and the vector pipeline; no RECIP when flagged
+COMBINE_MERGE_CYCLES = 33
+COMBINE_CANCELLED_CYCLES = 23
 
 
 def head_step_cycles(cfg: MacDecodeConfig, L: int, keys, hit, engaged: bool, filled: int, fallback_keys=0):
@@ -575,7 +579,7 @@ def engine_step_cycles(cfg: MacDecodeConfig, st: HeadStep, filled: int) -> int:
     # R_OUT (B beats through six stages); an empty one: R_START alone
     ranges = sum((hi - lo) * B + B + RANGE_PASS_CYCLES if hi > lo else 1 for lo, hi in st.passes)
     # COMBINE, then a MergeUnit transaction: scalar phase and B beats; a flagged one skips RECIP
-    merge = {"merge": B + 32, "cancelled": B + 22, "pointer": 0}
+    merge = {"merge": B + COMBINE_MERGE_CYCLES, "cancelled": B + COMBINE_CANCELLED_CYCLES, "pointer": 0}
     combines = sum(1 + merge[c] for c in st.combines)
     entry = (B + 1) * (1 + int(st.hit))  # ENTRY_READ (hit) and ENTRY_WRITE
     emit = B + 1                         # EMIT: the o beats from the state SRAM (their read's cycle and B)
@@ -596,7 +600,7 @@ def engine_cycles_batch(cfg: MacDecodeConfig, engaged: bool, hit, kv_keys, range
         cyc = cyc + torch.where(count > 0, count * B + B + RANGE_PASS_CYCLES, 1)
     cyc = cyc + torch.where(fallback_keys > 0, fallback_keys * B + B + RANGE_PASS_CYCLES, 0)
     for made, used, flagged in combines:
-        cyc = cyc + torch.where(made, 1 + torch.where(used, torch.where(flagged, B + 22, B + 32), 0), 0)
+        cyc = cyc + torch.where(made, 1 + torch.where(used, torch.where(flagged, B + COMBINE_CANCELLED_CYCLES, B + COMBINE_MERGE_CYCLES), 0), 0)
     return cyc + (B + 1) * (1 + hit.long()) + B + 1
 
 

@@ -58,6 +58,7 @@ from golden.vpu import VpuConfig, VpuOp
 from ..lib.arith import incr, index_width, round_shift, saturate
 from ..lib.pipe import csa_sum, partial_products, placed, register_partials, scaled_round
 from ..lib.sfm import Sfm
+from ..lib.slice import FifoSlice
 from ..lib.sram import SramBank
 from ..lib.vpu import Vpu
 from .match import MatchUnit
@@ -143,6 +144,7 @@ class _Parts(NamedTuple):
     rd0_resp: object
     rd1_req: object
     rd1_resp: object
+    merge_in: FifoSlice
 
 
 class _Step(NamedTuple):
@@ -302,8 +304,12 @@ class MacDecodeEngine(wiring.Component):
         score_req, score_resp = scores.read_port(0)
         rd0_req, rd0_resp = states.read_port(0)
         rd1_req, rd1_resp = states.read_port(1)
+        # both operands' beats, queued between the state SRAM's read ports and the MergeUnit: the
+        # MergeUnit's ``ready`` (from its beat counter) would otherwise reach the read pipelines'
+        # clock enables across the die (the 73.6 MHz path, docs/synthesis.md)
+        m.submodules.merge_in = merge_in = FifoSlice(2 * lanes * ow)
         return _Parts(match, merge, vpu, sfm, scores, states, p_fifo, score_req, score_resp,
-                      rd0_req, rd0_resp, rd1_req, rd1_resp)
+                      rd0_req, rd0_resp, rd1_req, rd1_resp, merge_in)
 
     def _step_registers(self, m) -> _Step:
         """The step's registers, and its cycle counter (the step's cycles, less those with out stalled)."""
@@ -706,12 +712,13 @@ class MacDecodeEngine(wiring.Component):
                          rd1_req.valid.eq(feed_beat < nb), rd1_req.payload.addr.eq(c_b * nb + feed_beat)]
             with m.If(rd0_req.valid & rd0_req.ready):
                 m.d.sync += feed_beat.eq(feed_beat + 1)
-            mi = merge.i.payload
-            m.d.comb += [merge.i.valid.eq(rd0_resp.valid & rd1_resp.valid),
-                         rd0_resp.ready.eq(merge.i.ready), rd1_resp.ready.eq(merge.i.ready),
+            mi, q = merge.i.payload, parts.merge_in
+            m.d.comb += [q.i.valid.eq(rd0_resp.valid & rd1_resp.valid), q.i.payload.eq(Cat(rd0_resp.payload, rd1_resp.payload)),
+                         rd0_resp.ready.eq(q.i.ready), rd1_resp.ready.eq(q.i.ready),
+                         merge.i.valid.eq(q.o.valid), q.o.ready.eq(merge.i.ready),
                          mi.op.eq(c_op), mi.m1.eq(m_arr[c_a]), mi.s1.eq(s_arr[c_a]),
                          mi.m2.eq(m_arr[c_b]), mi.s2.eq(s_arr[c_b]),
-                         mi.o1.eq(rd0_resp.payload), mi.o2.eq(rd1_resp.payload)]
+                         mi.o1.eq(q.o.payload[:len(rd0_resp.payload)]), mi.o2.eq(q.o.payload[len(rd0_resp.payload):])]
             m.d.comb += merge.o.ready.eq(1)
             with m.If(merge.o.valid):
                 m.d.comb += [wr.valid.eq(1), wr.payload.addr.eq(c_dst * nb + mo_beat),
