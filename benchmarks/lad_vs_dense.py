@@ -8,6 +8,14 @@
 For each (layer, query head) the script records q, k, v of the first max(contexts) WikiText-2
 tokens (benchmarks/record_lad_trace.py), then:
 
+With ``--set group=G`` (a tile per KV group, docs/lad-tile.md) each ``--heads`` entry is
+``LAYER:KV_HEAD``, the G query heads of that KV head are recorded and each row is the group's: its
+tile's KV beats (each key and value read once for the group: the union of the heads' candidates and
+actives), its schedule (``golden.lad_tile.schedule_cycles`` at ``group`` G) against the group-aware
+dense tile (the dense RTL's measured step plus the G - 1 further queries' beats,
+``golden.dense.dense_step_cycles``). The group tile has no RTL yet: ``--rtl-steps`` must be 0 and
+every LAD figure is the model's.
+
 1. runs the bit-accurate tile model (golden/lad_tile.py, bit-exact with the RTL on every step's
    statistics) over the whole sequence: KV beats read, candidates, actives, false alarms and
    centers of every step;
@@ -47,29 +55,38 @@ from pathlib import Path
 
 import torch
 
-from golden.dense import DenseConfig
+from golden.dense import dense_step_cycles
+from golden.errors import ConfigError
 from golden.lad_tile import SCHEDULE_FIXED, SCHEDULE_PER_MODE_CHANGE, LadTileConfig, schedule_cycles
 from testbenches.runner import simulate
 
+DEFAULT_HEADS = ("3:0", "7:2", "10:6", "12:4", "15:1", "19:7", "22:3", "25:8")   # (layer, query head)
 FIT_FROM = 16   # steps at positions below this are not fitted (fixed latencies overlap there)
 EXTRAPOLATE_FROM = 256   # the extrapolation check: fitted below this position, checked at and above it
 
 
 def golden_stats(cfg: LadTileConfig, q, k, v) -> list[list[dict]]:
-    """Every step's statistics of every head: the batched bit-accurate model (golden/lad_batch.py,
-    bit-exact with ``LadTileModel`` per head, tested), all heads stepping together.
-    ``q, k, v``: raw kv-format ``(heads, steps, d)``."""
+    """Every step's statistics of every tile (a head, or a group of ``cfg.group`` consecutive heads):
+    the batched bit-accurate model (golden/lad_batch.py, bit-exact with ``LadTileModel`` per head,
+    tested), all heads stepping together. A group's row: its candidates and actives the union of its
+    heads' (what its tile reads), false alarms the keys read whose value is not, its busiest head's
+    mode changes. ``q, k, v``: raw kv-format ``(heads, steps, d)``."""
     from tqdm import tqdm
     from golden.lad_batch import LadTileBatch
-    H, T = q.shape[0], q.shape[1]
+    H, T, g = q.shape[0], q.shape[1], cfg.group
     model = LadTileBatch(cfg, H)
-    out = [[] for _ in range(H)]
+    out = [[] for _ in range(H // g)]
     for i in tqdm(range(T), desc="bit-accurate model", leave=False):
         _, st = model.step(q[:, i], k[:, i], v[:, i])
-        for h in range(H):
+        for t in range(H // g):
+            h = t * g
             row = {name: int(val[h]) for name, val in st.items() if name in STAT_NAMES}
+            if g > 1:
+                gc, ga = int(st["group_candidates"][h]), int(st["group_active"][h])
+                row.update(candidates=gc, active=ga, false_alarms=gc - ga, kv_beats=cfg.beats * (gc + ga),
+                           mode_changes=int(st["mode_changes"][h:h + g].max()))
             row["centers_before"] = row["centers"] - row["new_center"]
-            out[h].append(row)
+            out[t].append(row)
     return out
 
 
@@ -88,8 +105,8 @@ def floor_cycles(cfg: LadTileConfig, st: dict) -> int:
 def model_cycles(cfg: LadTileConfig, stats: list[dict], fixed: float, per_change: float) -> torch.Tensor:
     """golden.lad_tile.schedule_cycles of every step, with the given constants."""
     col = {f: torch.tensor([float(st[f]) for st in stats], dtype=torch.float64)
-           for f in ("position", "centers_before", "kv_beats", "mode_changes")}
-    base = schedule_cycles(cfg, col["position"], col["centers_before"], col["kv_beats"], 0)
+           for f in ("position", "centers_before", "kv_beats", "mode_changes", "new_center")}
+    base = schedule_cycles(cfg, col["position"], col["centers_before"], col["kv_beats"], 0, col["new_center"])
     return base - SCHEDULE_FIXED + fixed + per_change * col["mode_changes"]
 
 
@@ -140,10 +157,12 @@ def rtl_cycles_of(args, cfg, pairs, trace, t0) -> dict[int, list[int]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--contexts", type=int, nargs="+", default=[128, 256, 512, 1024, 2048, 4096])
-    parser.add_argument("--heads", nargs="+", default=["3:0", "7:2", "10:6", "12:4", "15:1", "19:7", "22:3", "25:8"],
-                        help="LAYER:QUERY_HEAD pairs")
-    parser.add_argument("--rtl-steps", type=int, nargs="+", default=[512, 0, 0, 512, 0, 512, 0, 0],
-                        help="steps simulated in RTL, per head (missing = 0)")
+    parser.add_argument("--heads", nargs="+", default=None,
+                        help="LAYER:QUERY_HEAD pairs (with --set group=G: LAYER:KV_HEAD; default: the KV "
+                             "heads of the default query heads)")
+    parser.add_argument("--rtl-steps", type=int, nargs="+", default=None,
+                        help="steps simulated in RTL, per head (missing = 0; default 512 0 0 512 0 512 0 0, "
+                             "none for a group)")
     parser.add_argument("--window", type=int, default=64, help="steps averaged per reported context")
     parser.add_argument("--reuse-rtl", type=Path, default=None,
                         help="take the measured RTL cycles from this earlier --out JSON")
@@ -154,25 +173,37 @@ def main() -> None:
     args = parser.parse_args()
     if min(args.contexts) < args.window:
         sys.exit(f"ladmac: error: every context must be >= --window ({args.window})")
+    try:
+        cfg = LadTileConfig().with_overrides(dict(o.split("=", 1) for o in args.overrides))
+    except ConfigError as e:
+        sys.exit(f"ladmac: error: {e}")
+    g = cfg.group
+    if args.heads is None:
+        args.heads = [f"{a}:{b // g}" if g > 1 else f"{a}:{b}" for a, b in
+                      (p.split(":") for p in DEFAULT_HEADS) for b in [int(b)]]
+    if args.rtl_steps is None:
+        args.rtl_steps = [512, 0, 0, 512, 0, 512, 0, 0] if g == 1 else []
+    if g > 1 and any(args.rtl_steps):
+        sys.exit("ladmac: error: --rtl-steps: the tile per KV group (group > 1) has no RTL yet")
     if args.reuse_rtl and not args.reuse_rtl.is_file():
         sys.exit(f"ladmac: error: --reuse-rtl {args.reuse_rtl}: no such file")
     from benchmarks.record_lad_trace import record_heads
     t0 = time.time()
-    cfg = LadTileConfig().with_overrides(dict(o.split("=", 1) for o in args.overrides))
     dense_cfg = cfg.dense()
-    pairs = tuple(tuple(int(x) for x in s.split(":")) for s in args.heads)
+    pairs = tuple(tuple(int(x) for x in s.split(":")) for s in args.heads)   # tiles: (layer, head or KV head)
+    heads = tuple((a, b * g + j) for a, b in pairs for j in range(g))        # the query heads recorded
     # float16 as stored for the testbench (testbenches/data), then the tile's s16.8: RTL and model see the same
-    cache = Path("build") / "results" / f"lad_vs_dense_trace-{max(args.contexts)}-{'_'.join(args.heads).replace(':', '.')}.pt"
+    cache = Path("build") / "results" / f"lad_vs_dense_trace-{max(args.contexts)}-{'_'.join(f'{a}.{b}' for a, b in heads)}.pt"
     if cache.is_file():   # the recorded heads of an earlier run (the model's forward pass is the slow part)
         trace = torch.load(cache)
     else:
-        trace = {n: t.half().float() for n, t in record_heads(max(args.contexts), pairs).items()
+        trace = {n: t.half().float() for n, t in record_heads(max(args.contexts), heads).items()
                  if n in ("q", "k", "v")}
         cache.parent.mkdir(parents=True, exist_ok=True)
         torch.save(trace, cache)
     f = cfg.kv_format
     bytes_per_beat = cfg.lanes * cfg.kv_width // 8
-    results = {"config": cfg.to_dict(), "contexts": args.contexts, "heads": [list(p) for p in pairs],
+    results = {"config": cfg.to_dict(), "contexts": args.contexts, "heads": [list(p) for p in pairs], "group": g,
                "window": args.window, "rows": []}
 
     rtl_cycles = rtl_cycles_of(args, cfg, pairs, trace, t0)
@@ -180,7 +211,8 @@ def main() -> None:
     for n in sorted(set(args.contexts)):
         d = simulate("dense", dense_cfg, "testbenches.tb.tb_dense", seed=5, name=f"bench{n}",
                      params={"steps": 1, "max_len": n, "lengths": [n], "gap": 0.0, "stall": 0.0, "latency": [1, 1]})
-        dense_cycles[n] = d["step_cycles"][0]
+        # a group-aware dense tile: the same KV beats, and its g - 1 further queries' (model)
+        dense_cycles[n] = d["step_cycles"][0] + dense_step_cycles(dense_cfg, n, g) - dense_step_cycles(dense_cfg, n)
 
     all_stats = golden_stats(cfg, *(f.quantize(trace[n]) for n in ("q", "k", "v")))
     fit = [(st, c) for h, cyc in rtl_cycles.items() for st, c in zip(all_stats[h], cyc) if st["position"] >= FIT_FROM]
@@ -230,7 +262,8 @@ def main() -> None:
     if results.get("cycle_model"):
         results["cycle_model"]["window_mean_rel_error_max"] = max(window_err, default=float("nan"))
     print(f"Each row: mean over the {w} steps ending at the context (LAD), dense at the context.")
-    print("| head (layer:q) | context | LAD KV bytes/step | dense KV bytes/step | KV ratio | candidates % | "
+    unit = "group (layer:KV head)" if g > 1 else "head (layer:q)"
+    print(f"| {unit} | context | LAD KV bytes/step | dense KV bytes/step | KV ratio | candidates % | "
           "active % | false alarms % | centers | LAD cycles/step | dense cycles/step | cycle ratio | "
           "floor/step | cycles / floor |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -254,7 +287,8 @@ def main() -> None:
                   f"{'' if measured else ' (model)'} | {dense_cycles[n]} | {row['lad_cycles'] / dense_cycles[n]:.3f} | "
                   f"{row['floor']:.0f} | {row['lad_cycles'] / row['floor']:.2f} |",
                   flush=True)
-    print("| context | cycle ratio, mean over heads | worst head | KV bytes ratio, mean | cycles / floor, worst |")
+    tiles = "groups" if g > 1 else "heads"
+    print(f"| context | cycle ratio, mean over {tiles} | worst | KV bytes ratio, mean | cycles / floor, worst |")
     print("|---|---|---|---|---|")
     results["summary"] = []
     for n in args.contexts:
@@ -307,7 +341,8 @@ def plot(results, pairs, series, dense_cfg, bytes_per_beat, w, path: Path) -> No
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
     ctx_all = None
     for h, pair in enumerate(pairs):
-        s, color, label = series[h], f"C{h}", f"L{pair[0]} H{pair[1]}"
+        s, color = series[h], f"C{h}"
+        label = f"L{pair[0]} {'KV' if results['group'] > 1 else 'H'}{pair[1]}"
         ctx = list(range(1, len(s["kv_bytes"]) + 1))
         ctx_all = ctx
         kv, cyc = moving(s["kv_bytes"]), moving(s["cycles"])
@@ -327,7 +362,7 @@ def plot(results, pairs, series, dense_cfg, bytes_per_beat, w, path: Path) -> No
     for h, pair in enumerate(pairs):
         rows = [r for r in results["rows"] if r["head"] == list(pair)]
         axes[2].plot([r["context"] for r in rows], [r["lad_cycles"] / r["dense_cycles"] for r in rows], "s--",
-                     color=f"C{h}", mfc="white", ms=4, label=f"L{pair[0]} H{pair[1]} cycles")
+                     color=f"C{h}", mfc="white", ms=4, label="cycles")
     axes[2].axhline(1.0, color="k", lw=0.8)
     axes[0].set_ylabel("KV KiB read per step")
     axes[1].set_ylabel("cycles per step")
@@ -337,7 +372,9 @@ def plot(results, pairs, series, dense_cfg, bytes_per_beat, w, path: Path) -> No
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.legend(fontsize=6)
-    fig.suptitle(f"LAD tile vs dense PWL baseline, SmolLM2-135M WikiText-2 (d=64, 8 lanes, 7 VPUs); "
+    what = (f"LAD tile per KV group of {results['group']} vs the group-aware dense baseline"
+            if results["group"] > 1 else "LAD tile vs dense PWL baseline")
+    fig.suptitle(f"{what}, SmolLM2-135M WikiText-2 (d=64, 8 lanes); "
                  f"thick: {w}-step mean, thin: per step", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

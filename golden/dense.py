@@ -134,13 +134,17 @@ STEP_FILL = 38   # cycles a step adds to its beats when nothing stalls (one-cycl
 #                  register, SFM EXP, p FIFO, VPU) and RECIP (SFM); measured on the RTL
 
 
-def dense_step_cycles(cfg: HeadConfig, n: int) -> int:
+def dense_step_cycles(cfg: HeadConfig, n: int, group: int = 1) -> int:
     """Cycles of one step over ``n`` positions with nothing stalling (the ``cycles`` the RTL reports):
     a key beat a cycle; a position's value beats ``max(beats, VPU latency + 1)`` cycles apart, as
     its AXPY reads each beat of N only after the previous position's update of it is written back
-    (at most ``beats`` in the VPU), the last position's ``beats``; and the pipelines' fill."""
+    (at most ``beats`` in the VPU), the last position's ``beats``; and the pipelines' fill.
+
+    ``group`` g > 1: the group-aware dense tile, the baseline of a LAD tile per KV group (planned,
+    no RTL yet): the g query heads of one KV head in lockstep, g VPUs taking each key and value beat
+    once, read once for the group (the same KV bandwidth), plus the g - 1 further queries' beats."""
     nb = cfg.beats
-    return n * nb + (n - 1) * max(nb, PIPELINE_LATENCY + 1) + nb + STEP_FILL
+    return n * nb + (n - 1) * max(nb, PIPELINE_LATENCY + 1) + nb + STEP_FILL + (group - 1) * nb
 
 
 def score_raw(q: torch.Tensor, k: torch.Tensor, cfg: DenseConfig) -> torch.Tensor:

@@ -311,13 +311,20 @@ COMPACT_NEW_CENTER_CYCLES = 2
 
 def schedule_cycles(cfg: LadTileConfig, position, centers_before, kv_beats, mode_changes, new_center=0):
     """Cycles of one LAD step (``path = LAD``) at ``position`` with the step's statistics (ints or
-    tensors): the schedule's model above, fitted on and checked against the RTL."""
+    tensors): the schedule's model above, fitted on and checked against the RTL (``group`` 1).
+
+    A group's tile (``group`` g > 1; planned, no RTL yet: docs/lad-tile.md, "A tile per KV group")
+    runs its heads in lockstep: EAS reads each center once and dots it with the g queries (g + 1
+    VPUs), g APID units classify one position a cycle each against the shared center and rho, g MDs
+    take the one stream of the group's KV beats (``kv_beats``: the union of the heads' candidates'
+    keys and actives' values) and each head has its AC (``mode_changes``: the busiest head's). Its
+    step is one head's schedule with the group's reads, plus the g - 1 further queries' beats."""
     pass_b = torch.maximum(torch.as_tensor(position), torch.as_tensor(kv_beats))
     serial = cfg.eas_beats * torch.as_tensor(centers_before) + torch.as_tensor(position)
     qa_wait = (2 * cfg.ac_update_cycles - serial).clamp_min(0)   # absorption's update + q.A pass
     compact = (COMPACT_STEP_CYCLES + COMPACT_NEW_CENTER_CYCLES * torch.as_tensor(new_center)
                if cfg.compact_centers else 0)
-    return (SCHEDULE_FIXED + serial + qa_wait + pass_b + compact
+    return (SCHEDULE_FIXED + serial + qa_wait + pass_b + compact + (cfg.group - 1) * cfg.beats
             + SCHEDULE_PER_MODE_CHANGE * torch.as_tensor(mode_changes, dtype=torch.float64))
 
 

@@ -360,3 +360,54 @@ def test_llm_layer_state_counts_exact_passes_and_stops_past_the_kv_memory():
                 assert torch.equal(f.quantize(o[h]), ref) and bool(ref.any())
     with pytest.raises(ConfigError, match="kv_positions = 12"):
         layer.step(q[:, 12], k[:, 12], v[:, 12])
+
+
+def test_group_tile_cycles_and_reads():
+    """A layer on tiles of 3 query heads (golden.llm.hooks.TileLayerState, golden.lad_tile.schedule_cycles
+    at group 3), against tiles of one: the same outputs; the group-aware dense step is one head's
+    plus the two further queries' beats; a group whose heads have the same query costs one head's
+    step plus those beats; a group of different queries reads the union of its heads' candidates and
+    actives (more than its busiest head, fewer than the three) and takes at least its busiest head's
+    cycles; the two groups take fewer cycles and read less than six tiles."""
+    from golden.dense import dense_step_cycles
+    from golden.lad_batch import LadTileBatch
+    from golden.lad_tile import schedule_cycles
+    from golden.llm.hooks import TileLayerState
+    one, grouped = small_with(center_bits=6, max_centers=64), small_with(center_bits=6, group=3, max_centers=64)
+    q, k, v = random_heads(one, SEEDS[2], 6, 48)
+    k[1:3], v[1:3], k[4:6], v[4:6] = k[0], v[0], k[3], v[3]      # two KV heads of three query heads
+    q[1:3] = q[0]                                                # the first group: one query thrice
+    f, scale = one.kv_format, one.head_dim ** -0.5
+    singles, groups = TileLayerState(one, 6, scale, 3), TileLayerState(grouped, 6, scale, 3)
+    b1, b3 = LadTileBatch(one, 6), LadTileBatch(grouped, 6)
+    tiles = {"cycles": [0.0, 0.0], "reads": [0, 0]}
+    union_reads, busiest_reads, sum_reads = 0, 0, 0
+    for i in range(48):
+        raw = [f.to_float(t[:, i]) for t in (q, k, v)]
+        o1, st1 = singles.step(*raw)
+        o3, st3 = groups.step(*raw)
+        assert torch.equal(o1, o3) and st3["readers"] == 2 and st1["readers"] == 6
+        dense1 = dense_step_cycles(one, i + 1)
+        assert st3["dense_cycles"] == 2 * (dense1 + 2 * one.beats) and st1["dense_cycles"] == 6 * dense1
+        if i >= 8:
+            tiles["cycles"][0] += st1["tile_cycles"]
+            tiles["cycles"][1] += st3["tile_cycles"]
+            tiles["reads"][0] += st1["kv_beats"]
+            tiles["reads"][1] += st3["kv_beats"]
+        _, s1 = b1.step(q[:, i], k[:, i], v[:, i])
+        _, s3 = b3.step(q[:, i], k[:, i], v[:, i])
+
+        def cycles(s, cfg, h, kv_beats, mode_changes):
+            return float(schedule_cycles(cfg, i, int(s["centers"][h] - s["new_center"][h]), kv_beats, mode_changes,
+                                         int(s["new_center"][h])))
+        same = cycles(s3, grouped, 0, one.beats * int(s3["group_candidates"][0] + s3["group_active"][0]),
+                      int(s3["mode_changes"][:3].max()))
+        assert same == cycles(s1, one, 0, int(s1["kv_beats"][0]), int(s1["mode_changes"][0])) + 2 * one.beats
+        union = one.beats * int(s3["group_candidates"][3] + s3["group_active"][3])
+        each = [int(s1["kv_beats"][h]) for h in range(3, 6)]
+        union_reads, busiest_reads, sum_reads = union_reads + union, busiest_reads + max(each), sum_reads + sum(each)
+        assert max(each) <= union <= sum(each)
+        busiest = max(cycles(s1, one, h, int(s1["kv_beats"][h]), int(s1["mode_changes"][h])) for h in range(3, 6))
+        assert cycles(s3, grouped, 3, union, int(s3["mode_changes"][3:].max())) >= busiest
+    assert busiest_reads < union_reads < sum_reads
+    assert 0 < tiles["cycles"][1] < tiles["cycles"][0] and 0 < tiles["reads"][1] < tiles["reads"][0]

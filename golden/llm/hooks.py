@@ -90,13 +90,18 @@ class TileLayerState:
                    values_read=int(st["group_active"].sum()) // g + readers + exact // g * (self.length - 1))
         # cycles: the schedule's model per head (validated on the RTL by benchmarks/lad_vs_dense.py);
         # an exact pass and the dense baseline read every key and value, 2 n beats each
+        # a group's tile: one step per group (golden.lad_tile.schedule_cycles), its heads' shared
+        # statistics from the group's first head, the KV beats of the union, the busiest head's mode
+        # changes; against the group-aware dense tile
         n = self.length - 1                                     # positions before this step
-        dense = dense_step_cycles(self.cfg, n + 1)
-        lad = schedule_cycles(self.cfg, n, st["centers"] - st["new_center"], st["kv_beats"], st["mode_changes"],
-                              st["new_center"])
-        lad = torch.where(st["path"] == StepPath.LAD, lad, float(dense))
-        if g == 1:   # a group's tile has no schedule model yet: no cycles rather than one tile's per head
-            tot.update(tile_cycles=float(lad.sum()), dense_cycles=float(dense * self.heads))
+        dense = dense_step_cycles(self.cfg, n + 1, g)
+        per_group = {key: st[key].view(readers, g) for key in ("centers", "new_center", "mode_changes", "path")}
+        kv_beats = (self.cfg.beats * (st["group_candidates"] + st["group_active"]).view(readers, g)[:, 0]
+                    if g > 1 else st["kv_beats"])
+        lad = schedule_cycles(self.cfg, n, (per_group["centers"] - per_group["new_center"])[:, 0], kv_beats,
+                              per_group["mode_changes"].max(1).values, per_group["new_center"][:, 0])
+        lad = torch.where((per_group["path"] == StepPath.LAD).all(1), lad, float(dense))
+        tot.update(tile_cycles=float(lad.sum()), dense_cycles=float(dense * readers))
         return f.to_float(o), tot
 
 

@@ -157,7 +157,7 @@ def lad_engine(shape: ModelShape, context: int, record: dict, clock_mhz: float |
     cfg = LadTileConfig(**record["config"])
     if cfg.group != 1:
         raise DataError(f"the system model prices one LAD tile per query head; this record's tile serves "
-                        f"a group of {cfg.group} (no schedule model for it yet)")
+                        f"a group of {cfg.group} (no RTL of it yet to price its logic and SRAM traffic)")
     layers, steps = layer_means(record)
     notes = []
     if shape.head_dim != cfg.head_dim or shape is not SHAPES["smollm2"]:
