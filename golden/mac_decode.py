@@ -247,6 +247,7 @@ class HeadStep:
     # "cancelled" (flagged) or "pointer" (an empty operand: no transaction)
     passes: tuple[tuple[int, int], ...] = ()
     combines: tuple[str, ...] = ()
+    slot: int = 0        # the ring and entry-store slot of this step's query and entry
 
 
 def step_ranges(cfg: MacDecodeConfig, n: int):
@@ -259,7 +260,10 @@ def step_ranges(cfg: MacDecodeConfig, n: int):
 class MacDecodeHead:
     """One query head of the decode engine, bit-accurate (the RTL's per-head model). Keys and values
     are passed in full each step (the KV memory); the head keeps its ring (``MatchModel``) and
-    entry store."""
+    entry store. Its steps come at consecutive positions from any first one (0, or where the engine
+    takes over a sequence whose prompt was processed elsewhere: its ring starts empty there); ring
+    and entry slots count the head's steps, a match's position is the head's first position plus the
+    matched step's count (an empty ring: the step's own position, as the match's count is 0)."""
 
     def __init__(self, cfg: MacDecodeConfig):
         self.cfg = cfg
@@ -294,6 +298,8 @@ class MacDecodeHead:
         self._passes, self._combines = [], []
         F, lo_tail, L = step_ranges(cfg, n)
         engaged = cfg.reuse and reuse and L >= cfg.min_context
+        steps = self.match.count[0]            # this head's steps before this one
+        slot = steps % cfg.window
         if engaged:
             res = self.match.query(0, q_pre)
         else:  # no match: the query is only written into the ring
@@ -304,10 +310,10 @@ class MacDecodeHead:
         s = scores_bits(q, k, cfg)
         tail = self._attend(s, v, lo_tail, L)
         fallback = False
+        position = -1 if res is None else n - steps + res.position   # the head's first position + the match's count
         if hit:
-            lo_band = min(max(res.position + 1 - cfg.band, F), lo_tail)
-            slot = res.position % cfg.window
-            entry = (self.entry_m[slot], self.entry_s[slot], torch.tensor(self.entry_o[slot], dtype=torch.int64))
+            lo_band = min(max(position + 1 - cfg.band, F), lo_tail)
+            entry = (self.entry_m[res.slot], self.entry_s[res.slot], torch.tensor(self.entry_o[res.slot], dtype=torch.int64))
             e, _ = self._combine(MergeOp.MERGE, entry, self._attend(s, v, lo_band, lo_tail))
             keys = F + (L - lo_band)
         else:
@@ -319,13 +325,11 @@ class MacDecodeHead:
                 e, fallback = self._combine(MergeOp.DOWNDATE, self._attend(s, v, F, L), tail)
                 if fallback:
                     e = self._attend(s, v, F, lo_tail)
-        slot = n % cfg.window
         self.entry_m[slot], self.entry_s[slot], self.entry_o[slot] = e[0], e[1], [int(x) for x in e[2]]
         out, _ = self._combine(MergeOp.MERGE, e, tail)
         out, _ = self._combine(MergeOp.MERGE, self._attend(s, v, 0, F), out)
-        info = HeadStep(engaged, hit, res.position if res is not None else -1,
-                        res.distance if res is not None else -1, fallback, keys, out[0], out[1],
-                        [int(x) for x in out[2]], tuple(self._passes), tuple(self._combines))
+        info = HeadStep(engaged, hit, position, res.distance if res is not None else -1, fallback, keys, out[0],
+                        out[1], [int(x) for x in out[2]], tuple(self._passes), tuple(self._combines), slot)
         return out[2], info
 
 

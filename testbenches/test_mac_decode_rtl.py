@@ -77,6 +77,23 @@ def test_mac_decode_rtl_equals_model_with_a_band_past_the_context():
     assert r["nonzero_outputs"] > r["steps"] * cfg.beats // 2
 
 
+def test_mac_decode_rtl_equals_model_from_a_later_first_position():
+    """The engine takes over at position 13 (as after a prompt processed elsewhere: positions
+    0..12 only in the KV memory), its rings empty there: the slots count the head's steps from
+    13, a match's position is the step's less the steps back to it (13 is no multiple of the
+    window, so slots and positions differ mod window). Model == RTL, cycles == the schedule."""
+    cfg = VARIANTS["early"]
+    start, steps, heads = 13, 24, 2
+    r = simulate("mac-decode", cfg, seed=2029, name="start13",
+                 params={"steps": steps, "heads_used": heads, "seq_seed": 2029, "start": start,
+                         "gap": 0.0, "stall": 0.0, "latency": [1, 1]})
+    _summary(f"early from position {start}", r)
+    assert r["mismatches"] == 0 and r["steps"] == steps * heads
+    assert r["hits"] >= 5 and r["misses"] >= 5 and r["idle"] == 0, r
+    assert r["rtl_cycles"] == r["engine_cycles"]
+    assert r["nonzero_outputs"] > r["steps"] * cfg.beats // 2
+
+
 def test_mac_decode_rtl_equals_model_on_real_smollm2_steps():
     r = simulate("mac-decode", TRACE_CFG, seed=7, name="trace",
                  params={"trace": str(TRACE), "steps": 80, "latency": [1, 4]})

@@ -33,8 +33,11 @@ models is the target, not yet reached):
    through by pointer, no transaction) through the :class:`~hdl.mac.merge.MergeUnit`'s streams,
    both operands read from the state SRAM's two read ports. Hit: entry (read from the entry
    store) ⊕ band; miss: body ⊖ tail, prefix on a flagged removal, empty when ``lo_tail = F``.
-   The entry is written at slot ``n mod window`` (a per-head slot counter, as the MatchUnit's:
-   positions of a head arrive in order from 0); output ``sinks ⊕ (E ⊕ tail)``.
+   The entry is written at the step's slot (a per-head counter of its steps mod window, as the
+   MatchUnit's ring slot); output ``sinks ⊕ (E ⊕ tail)``. A head's positions arrive in order,
+   from 0 or from any first position (a sequence whose prompt was processed elsewhere: its ring
+   starts empty there); a match's position is the head's first position plus the MatchUnit's
+   count of the matched step.
 
 States (m, s scalars in registers, o vectors as ``d/L`` words in the state SRAM): tail, middle,
 entry, E, E ⊕ tail, sinks, output. A state with ``s = 0`` is empty (its o is read as zeros: an
@@ -159,6 +162,8 @@ class _Step(NamedTuple):
     r_slot: Signal
     r_pos: Signal
     r_dist: Signal
+    first_pos: Array
+    started: Array
     L: Signal
     F: Signal
     lo_tail: Signal
@@ -325,6 +330,10 @@ class MacDecodeEngine(wiring.Component):
         # match result
         r_hit, r_slot = Signal(), Signal(index_width(cfg.window))
         r_pos, r_dist = Signal(cfg.position_width), Signal(cfg.vpu.acc_width)
+        # each head's first position (the MatchUnit counts a head's steps from 0: a match's position
+        # is the head's first plus the matched step's count)
+        first_pos = Array(Signal(cfg.position_width, name=f"first_position{h}") for h in range(cfg.heads))
+        started = Array(Signal(name=f"started{h}") for h in range(cfg.heads))
         # step ranges
         L, F, lo_tail, lo_band, lo_mid, keys = (Signal(pos_t, name=n) for n in
                                                 ("L", "F", "lo_tail", "lo_band", "lo_mid", "keys"))
@@ -343,7 +352,7 @@ class MacDecodeEngine(wiring.Component):
         m_sink, m_mid, m_tail = (Signal(signed(sw), name=n) for n in ("m_sink", "m_mid", "m_tail"))
         # result pointers of the combines: E, E ⊕ tail, output
         ptrs = Array(Signal(3, name=f"ptr{i}") for i in range(3))
-        return _Step(query_buf, head, position, reuse, write_slots, load_beat, r_hit, r_slot, r_pos, r_dist,
+        return _Step(query_buf, head, position, reuse, write_slots, load_beat, r_hit, r_slot, r_pos, r_dist, first_pos, started,
                      L, F, lo_tail, lo_band, lo_mid, keys, engaged, hit, fallback, cycles, counting,
                      m_arr, s_arr, m_sink, m_mid, m_tail, ptrs)
 
@@ -479,6 +488,8 @@ class MacDecodeEngine(wiring.Component):
             engage = int(cfg.reuse) & st.reuse & (position + 1 >= cfg.min_context)
             m.d.sync += [L.eq(position + 1), F.eq(Mux(position + 1 > cfg.sinks, cfg.sinks, position + 1)),
                          engaged.eq(engage)]
+            with m.If(~st.started[st.head]):
+                m.d.sync += [st.started[st.head].eq(1), st.first_pos[st.head].eq(position)]
             with m.If(~engage):
                 m.next = "RANGES"
             with m.Elif(match.result.valid):
@@ -490,7 +501,8 @@ class MacDecodeEngine(wiring.Component):
             tail_lo = Signal(dif_t)
             m.d.comb += tail_lo.eq(L - band)
             lt = Mux(tail_lo > F, tail_lo, F)
-            m.d.sync += [lo_tail.eq(lt), hit.eq(engaged & st.r_hit), st.fallback.eq(0)]
+            m.d.sync += [lo_tail.eq(lt), hit.eq(engaged & st.r_hit), st.fallback.eq(0),
+                         r_pos.eq(r_pos + st.first_pos[st.head])]   # the match's step count -> its position
             m.next = "RANGES2"
         with m.State("RANGES2"):
             band_lo = Signal(dif_t)

@@ -39,11 +39,13 @@ def random_sequence(cfg: MacDecodeConfig, H: int, Hkv: int, N: int, seed: int):
     return cfg.q_format.quantize(q_pre), f.quantize(q), f.quantize(k), f.quantize(v)
 
 
-def real_trace(cfg: MacDecodeConfig, steps: int):
-    """Layer 12, query head 0 of SmolLM2 on WikiText-2 (testbenches/data): pre-RoPE query, post-RoPE
-    query, key and value per position, raw in the engine's formats (one head, one KV head)."""
-    head = torch.load(DATA / "smollm2_head_trace.pt")
-    q_pre = torch.load(DATA / "smollm2_mac_trace.pt")["q_pre"][:steps, 0]
+def real_trace(cfg: MacDecodeConfig, steps: int, trace: Path | None = None, head_trace: Path | None = None):
+    """Layer 12, query head 0 of SmolLM2 on WikiText-2 (testbenches/data, or the files
+    benchmarks/record_mac_trace.py wrote at ``trace`` / ``head_trace``): pre-RoPE query, post-RoPE
+    query, key and value of the first ``steps`` positions, raw in the engine's formats (one head,
+    one KV head)."""
+    head = torch.load(head_trace or DATA / "smollm2_head_trace.pt")
+    q_pre = torch.load(trace or DATA / "smollm2_mac_trace.pt")["q_pre"][:steps, 0]
     f = cfg.kv_format
     return (cfg.q_format.quantize(q_pre.double()).unsqueeze(1), f.quantize(head["q"][:steps].double()).unsqueeze(1),
             f.quantize(head["k"][:steps].double()).unsqueeze(0), f.quantize(head["v"][:steps].double()).unsqueeze(0))

@@ -9,7 +9,9 @@ gaps on ``query``, back-pressure on ``out``.
 
 Params: ``steps`` (positions per head), ``heads_used``, ``seq_seed`` (the random sequence of
 testbenches/tb/mac_decode_steps.py: clustered and repeated pre-RoPE queries, queries aligned with the
-newest key so removals cancel), ``trace`` (real SmolLM2 layer-12 head-0 steps instead; one head),
+newest key so removals cancel), ``trace`` (real SmolLM2 layer-12 head-0 steps instead; one head;
+a path: that recorded trace, with ``head_trace``), ``start`` (the first position the engine steps:
+the positions before it are only in the KV memory, as after a prompt processed elsewhere),
 ``gap`` / ``stall`` / ``latency`` (0 / 0 / [1, 1] for the cycle measurement), ``out_stall``
 (back-pressure on ``out`` alone, whose stalled cycles the statistic leaves out), ``reuse_off``
 (the share of steps whose query carries ``reuse = 0``, drawn per step from ``seed + 1``)."""
@@ -30,9 +32,11 @@ def sequence(bench: Bench):
     """Raw ``(q_pre (N, H, d), q (N, H, d), k (1, N, d), v (1, N, d))`` of the run."""
     cfg, p = bench.cfg, bench.params
     if p.get("trace"):
-        return real_trace(cfg, min(bench.steps(64), cfg.max_positions))
+        paths = (p["trace"], p["head_trace"]) if p.get("head_trace") else (None, None)
+        return real_trace(cfg, min(p.get("start", 0) + bench.steps(64), cfg.max_positions), *paths)
     H = p.get("heads_used", cfg.heads)
-    return random_sequence(cfg, H, 1, min(bench.steps(30), cfg.max_positions), p.get("seq_seed", bench.seed))
+    return random_sequence(cfg, H, 1, min(p.get("start", 0) + bench.steps(30), cfg.max_positions),
+                           p.get("seq_seed", bench.seed))
 
 
 @cocotb.test()
@@ -68,7 +72,8 @@ async def mac_decode_matches_golden(dut):
     kv_want, es_want = [], []   # (request, its step) in order, from the model's program
     count = dict(hits=0, misses=0, fallbacks=0, idle=0, steps=0, reuse_off=0)
     model_cycles, engine_cycles, keys_list, kinds, total_keys = [], [], [], [], 0
-    for n in range(N):
+    start = p.get("start", 0)
+    for n in range(start, N):
         F, lo_tail, L = step_ranges(cfg, n)
         for h in range(H):
             reuse = not (reuse_off and reuse_rng.random() < reuse_off)
@@ -82,9 +87,10 @@ async def mac_decode_matches_golden(dut):
             for value, lo, hi in reads:
                 if hi > lo:
                     kv_want.append(({"head": h, "value": value, "first": lo, "count": hi - lo}, where))
-            slot = n % cfg.window
-            for b in range(nb if st.hit else 0):           # the matched entry, then the new one
-                es_want.append(({"write": 0, "head": h, "slot": st.position % cfg.window, "beat": b}, where))
+            slot = st.slot
+            back = n - st.position                          # the matched entry's slot, then the new one's
+            for b in range(nb if st.hit else 0):
+                es_want.append(({"write": 0, "head": h, "slot": (slot - back) % cfg.window, "beat": b}, where))
             for b in range(nb):
                 es_want.append(({"write": 1, "head": h, "slot": slot, "beat": b, "m": heads[h].entry_m[slot],
                                  "s": heads[h].entry_s[slot], "o": heads[h].entry_o[slot][b * lanes:(b + 1) * lanes]},
@@ -102,9 +108,10 @@ async def mac_decode_matches_golden(dut):
             total_keys += st.kv_keys
             keys_list.append(st.kv_keys)
             kinds.append("idle" if not st.engaged else "hit" if st.hit else "fallback" if st.fallback else "miss")
-            model_cycles.append(int(head_step_cycles(cfg, L, st.kv_keys, int(st.hit), st.engaged, min(n, cfg.window),
+            filled = min(n - start, cfg.window)
+            model_cycles.append(int(head_step_cycles(cfg, L, st.kv_keys, int(st.hit), st.engaged, filled,
                                                      int(st.fallback) * (lo_tail - F))))
-            engine_cycles.append(engine_step_cycles(cfg, st, min(n, cfg.window)))
+            engine_cycles.append(engine_step_cycles(cfg, st, filled))
     timeout = sum(keys_list) * nb * 60 + count["steps"] * (cfg.window * nb * 4 + 2000) + 10000
     await bench.drain(timeout_cycles=timeout)
     bench.compare("kv_req", [r for _, r in kv.requests.received], *map(list, zip(*kv_want)))
