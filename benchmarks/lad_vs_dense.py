@@ -358,11 +358,12 @@ def plot(results, pairs, series, dense_cfg, bytes_per_beat, w, path: Path) -> No
     dc = results["dense_cycles"]
     xs = sorted(dc)
     axes[0].plot(ctx_all, [2 * c * dense_cfg.beats * bytes_per_beat / 1024 for c in ctx_all], "k--", label="dense")
-    axes[1].plot(xs, [dc[x] for x in xs], "ko--", ms=3, label="dense (RTL)")
+    axes[1].plot(xs, [dc[x] for x in xs], "ko--", ms=3,
+                 label="group-aware dense (RTL + the further queries' beats)" if results["group"] > 1 else "dense (RTL)")
     for h, pair in enumerate(pairs):
         rows = [r for r in results["rows"] if r["head"] == list(pair)]
         axes[2].plot([r["context"] for r in rows], [r["lad_cycles"] / r["dense_cycles"] for r in rows], "s--",
-                     color=f"C{h}", mfc="white", ms=4, label="cycles")
+                     color=f"C{h}", mfc="white", ms=4, label="cycles (squares)" if h == 0 else None)
     axes[2].axhline(1.0, color="k", lw=0.8)
     axes[0].set_ylabel("KV KiB read per step")
     axes[1].set_ylabel("cycles per step")
