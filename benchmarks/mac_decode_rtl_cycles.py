@@ -41,7 +41,7 @@ def long_trace(steps: int) -> dict:
         print(f"recording SmolLM2 layer 12 over {LONG_START + steps} WikiText-2 tokens ...", flush=True)
         trace, head = record(LONG_START + steps, 12)
         base.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(trace, paths["trace"])
+        torch.save({k: trace[k] for k in ("q_pre", "layer", "tokens", "command")}, paths["trace"])   # no merge cases
         torch.save(head, paths["head_trace"])
     return {name: str(Path(p).resolve()) for name, p in paths.items()}   # the simulator runs elsewhere
 
