@@ -213,6 +213,7 @@ class _Attend(NamedTuple):
     p_value: Signal
     p_valid: Signal
     p_reg: Signal
+    accumulate: object
 
 
 class _RangeOut(NamedTuple):
@@ -397,7 +398,28 @@ class MacDecodeEngine(wiring.Component):
         # z's carry chain in series were the engine's critical path (34 levels, 56.7 MHz)
         p_valid, p_reg = Signal(), Signal(vcfg.in_width)
         return _Attend(r_lo, r_hi, r_m, r_dst, sc_pos, done_pos, done_beat, numer, z_sum, z_sat, x_valid, x_reg,
-                       recip_m, pre, p_value, p_valid, p_reg)
+                       recip_m, pre, p_value, p_valid, p_reg, self._numer_accumulate(m, numer))
+
+    def _numer_accumulate(self, m, numer):
+        """``accumulate(beat, vec)``: the statements that add the VPU's lanes ``vec`` into N's word
+        ``beat``. With two beats or more a vector, a read-modify-write in two registered steps: the
+        word, its beat and ``vec`` registered, then the lanes' adds written back (the word's 8:1
+        select and the adds in one cycle were the engine's critical path, 68.7 MHz); a beat is read
+        again ``d/L`` >= 2 cycles later, after its write has landed. With one beat (``d = L``), in one
+        step."""
+        nb, lanes, aw = self.cfg.beats, self.cfg.lanes, self.vpu_cfg.acc_width
+
+        def lanes_sum(word, vec):
+            return Cat(*[(word[l * aw:(l + 1) * aw].as_signed() + vec[l])[:aw] for l in range(lanes)])
+        if nb == 1:
+            return lambda beat, vec: [numer[beat].eq(lanes_sum(numer[beat], vec))]
+        valid, beat_reg = Signal(), Signal(range(nb))
+        word, vec_reg = Signal.like(numer[0], name="numer_word"), Signal(lanes * aw, name="numer_vec")
+        m.d.sync += valid.eq(0)             # (the state's update below sets it, later in the statements' order)
+        with m.If(valid):
+            m.d.sync += numer[beat_reg].eq(lanes_sum(word, [vec_reg[l * aw:(l + 1) * aw].as_signed()
+                                                            for l in range(lanes)]))
+        return lambda beat, vec: [valid.eq(1), beat_reg.eq(beat), word.eq(numer[beat]), vec_reg.eq(vec.as_value())]
 
     def _range_output_pipeline(self, m, at: _Attend) -> _RangeOut:
         """The range output pipeline: sat(round_shift(round_shift(N, kr - G) · r, out_shift)) per beat."""
@@ -671,11 +693,8 @@ class MacDecodeEngine(wiring.Component):
             with m.If(vpu.i.valid & vpu.i.ready):
                 m.d.sync += resp_beat.eq(incr(resp_beat, nb))
             m.d.comb += vpu.o.ready.eq(1)
-            acc_word = numer[done_beat]
             with m.If(vpu.o.valid):
-                m.d.sync += [numer[done_beat].eq(Cat(*[(acc_word[l * aw:(l + 1) * aw].as_signed()
-                                                        + vpu.o.payload.vec[l])[:aw] for l in range(lanes)])),
-                             done_beat.eq(incr(done_beat, nb))]
+                m.d.sync += [*at.accumulate(done_beat, vpu.o.payload.vec), done_beat.eq(incr(done_beat, nb))]
                 with m.If(done_beat == nb - 1):
                     m.d.sync += done_pos.eq(done_pos + 1)
                     with m.If(done_pos == count - 1):
