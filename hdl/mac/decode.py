@@ -353,8 +353,8 @@ class MacDecodeEngine(wiring.Component):
         m_sink, m_mid, m_tail = (Signal(signed(sw), name=n) for n in ("m_sink", "m_mid", "m_tail"))
         # result pointers of the combines: E, E ⊕ tail, output
         ptrs = Array(Signal(3, name=f"ptr{i}") for i in range(3))
-        return _Step(query_buf, head, position, reuse, write_slots, load_beat, r_hit, r_slot, r_pos, r_dist, first_pos, started,
-                     L, F, lo_tail, lo_band, lo_mid, keys, engaged, hit, fallback, cycles, counting,
+        return _Step(query_buf, head, position, reuse, write_slots, load_beat, r_hit, r_slot, r_pos, r_dist,
+                     first_pos, started, L, F, lo_tail, lo_band, lo_mid, keys, engaged, hit, fallback, cycles, counting,
                      m_arr, s_arr, m_sink, m_mid, m_tail, ptrs)
 
     def _key_pipeline(self, m, vpu) -> _KeyPass:
