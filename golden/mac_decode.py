@@ -313,7 +313,8 @@ class MacDecodeHead:
         position = -1 if res is None else n - steps + res.position   # the head's first position + the match's count
         if hit:
             lo_band = min(max(position + 1 - cfg.band, F), lo_tail)
-            entry = (self.entry_m[res.slot], self.entry_s[res.slot], torch.tensor(self.entry_o[res.slot], dtype=torch.int64))
+            es = res.slot
+            entry = (self.entry_m[es], self.entry_s[es], torch.tensor(self.entry_o[es], dtype=torch.int64))
             e, _ = self._combine(MergeOp.MERGE, entry, self._attend(s, v, lo_band, lo_tail))
             keys = F + (L - lo_band)
         else:
@@ -604,7 +605,8 @@ def engine_cycles_batch(cfg: MacDecodeConfig, engaged: bool, hit, kv_keys, range
         cyc = cyc + torch.where(count > 0, count * B + B + RANGE_PASS_CYCLES, 1)
     cyc = cyc + torch.where(fallback_keys > 0, fallback_keys * B + B + RANGE_PASS_CYCLES, 0)
     for made, used, flagged in combines:
-        cyc = cyc + torch.where(made, 1 + torch.where(used, torch.where(flagged, B + COMBINE_CANCELLED_CYCLES, B + COMBINE_MERGE_CYCLES), 0), 0)
+        transaction = torch.where(flagged, B + COMBINE_CANCELLED_CYCLES, B + COMBINE_MERGE_CYCLES)
+        cyc = cyc + torch.where(made, 1 + torch.where(used, transaction, 0), 0)
     return cyc + (B + 1) * (1 + hit.long()) + B + 1
 
 

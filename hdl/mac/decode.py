@@ -744,7 +744,8 @@ class MacDecodeEngine(wiring.Component):
             with m.If(rd0_req.valid & rd0_req.ready):
                 m.d.sync += feed_beat.eq(feed_beat + 1)
             mi, q = merge.i.payload, parts.merge_in
-            m.d.comb += [q.i.valid.eq(rd0_resp.valid & rd1_resp.valid), q.i.payload.eq(Cat(rd0_resp.payload, rd1_resp.payload)),
+            m.d.comb += [q.i.valid.eq(rd0_resp.valid & rd1_resp.valid),
+                         q.i.payload.eq(Cat(rd0_resp.payload, rd1_resp.payload)),
                          rd0_resp.ready.eq(q.i.ready), rd1_resp.ready.eq(q.i.ready),
                          merge.i.valid.eq(q.o.valid), q.o.ready.eq(merge.i.ready),
                          mi.op.eq(c_op), mi.m1.eq(m_arr[c_a]), mi.s1.eq(s_arr[c_a]),
