@@ -26,7 +26,7 @@ RESULTS = PROJECT_ROOT / "benchmarks" / "results"
 STEPS = 256                  # decode steps of a record averaged for one context (its last ones)
 # synthesis records giving each tile's logic (generic NAND2 equivalents) and post-route clock
 SYNTH_RECORDS = {"dense": "synth-s57-dense.json", "lad-tile": "synth-s54-tile.json",
-                 "mac-decode": "synth-s52-mac-decode-seed1.json", "vpu": "synth-s50-vpu-sfm-sram.json"}
+                 "mac-decode": "synth-mac-decode-seed1.json", "vpu": "synth-s50-vpu-sfm-sram.json"}
 LAD_PERSISTENT = ("eas.centers", "eas.center_recips", "apid.metadata")   # + AC's caches: kept across steps
 
 
