@@ -179,8 +179,7 @@ def main() -> None:
         sys.exit(f"ladmac: error: {e}")
     g = cfg.group
     if args.heads is None:
-        args.heads = [f"{a}:{b // g}" if g > 1 else f"{a}:{b}" for a, b in
-                      (p.split(":") for p in DEFAULT_HEADS) for b in [int(b)]]
+        args.heads = [f"{a}:{int(b) // g}" for a, b in (p.split(":") for p in DEFAULT_HEADS)]
     if args.rtl_steps is None:
         args.rtl_steps = [512, 0, 0, 512, 0, 512, 0, 0] if g == 1 else []
     if g > 1 and any(args.rtl_steps):

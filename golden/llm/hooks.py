@@ -96,8 +96,8 @@ class TileLayerState:
         n = self.length - 1                                     # positions before this step
         dense = dense_step_cycles(self.cfg, n + 1, g)
         per_group = {key: st[key].view(readers, g) for key in ("centers", "new_center", "mode_changes", "path")}
-        kv_beats = (self.cfg.beats * (st["group_candidates"] + st["group_active"]).view(readers, g)[:, 0]
-                    if g > 1 else st["kv_beats"])
+        # (with g = 1 the union is the head's own candidates and actives: its kv_beats on a LAD step)
+        kv_beats = self.cfg.beats * (st["group_candidates"] + st["group_active"]).view(readers, g)[:, 0]
         lad = schedule_cycles(self.cfg, n, (per_group["centers"] - per_group["new_center"])[:, 0], kv_beats,
                               per_group["mode_changes"].max(1).values, per_group["new_center"][:, 0])
         lad = torch.where((per_group["path"] == StepPath.LAD).all(1), lad, float(dense))
