@@ -42,6 +42,9 @@ class HeadConfig(BlockConfig):
     cutoff: float = param(-8.0, "e_R: below this x = s - m contributes nothing")
     score_width: int = param(18, "bits of a signed score s, the running max m and x = s - m (the SFM's x)")
     score_frac: int = param(9, "fraction bits of s, m and x")
+    group: int = param(1, "query heads one block serves (a KV group), in lockstep on one stream of the "
+                          "group's keys and values, each read once for the group (LAD tile: one center "
+                          "table, its reciprocals and each position's center and rho serve them all)")
 
     min_beats = 2   # head_dim / lanes at least this
 
@@ -51,6 +54,7 @@ class HeadConfig(BlockConfig):
                      f"head_dim ({self.head_dim}) must be a multiple of lanes ({self.lanes}) with at least "
                      f"{self.min_beats} beats per vector")
         self.require(2 <= self.max_positions <= 1 << 16, f"max_positions must be 2..65536, got {self.max_positions}")
+        self.require(1 <= self.group <= 16, f"group must be 1..16 query heads, got {self.group}")
         self.require(8 <= self.score_width <= 24 and 4 <= self.score_frac <= self.score_width - 6,
                      f"score_width must be 8..24 and score_frac 4..score_width-6, got {self.score_width}.{self.score_frac}")
 
@@ -134,17 +138,18 @@ STEP_FILL = 38   # cycles a step adds to its beats when nothing stalls (one-cycl
 #                  register, SFM EXP, p FIFO, VPU) and RECIP (SFM); measured on the RTL
 
 
-def dense_step_cycles(cfg: HeadConfig, n: int, group: int = 1) -> int:
+def dense_step_cycles(cfg: HeadConfig, n: int) -> int:
     """Cycles of one step over ``n`` positions with nothing stalling (the ``cycles`` the RTL reports):
     a key beat a cycle; a position's value beats ``max(beats, VPU latency + 1)`` cycles apart, as
     its AXPY reads each beat of N only after the previous position's update of it is written back
     (at most ``beats`` in the VPU), the last position's ``beats``; and the pipelines' fill.
 
-    ``group`` g > 1: the group-aware dense tile, the baseline of a LAD tile per KV group (planned,
-    no RTL yet): the g query heads of one KV head in lockstep, g VPUs taking each key and value beat
-    once, read once for the group (the same KV bandwidth), plus the g - 1 further queries' beats."""
+    ``cfg.group`` g > 1: the group-aware dense block (hdl.lad.dense.DenseAttention at that group),
+    the baseline of a LAD tile per KV group: the g query heads of one KV head in lockstep, g VPUs
+    taking each key and value beat once, read once for the group (the same KV bandwidth); its first
+    head starts g - 1 queries' beats before the last, whose loads the step waits for."""
     nb = cfg.beats
-    return n * nb + (n - 1) * max(nb, PIPELINE_LATENCY + 1) + nb + STEP_FILL + (group - 1) * nb
+    return n * nb + (n - 1) * max(nb, PIPELINE_LATENCY + 1) + nb + STEP_FILL + (cfg.group - 1) * nb
 
 
 def score_raw(q: torch.Tensor, k: torch.Tensor, cfg: DenseConfig) -> torch.Tensor:

@@ -88,8 +88,6 @@ class LadTileConfig(HeadConfig):
     center_bits: int = param(0, "bits of a stored center element: a new center is its key in block floating "
                                 "point, center_bits-bit mantissas and one exponent per center "
                                 "(compact_center); 0 = kv_width, the key itself")
-    group: int = param(1, "query heads one tile serves (a KV group): they share the keys, so one center table, "
-                          "its reciprocals and each position's center and rho serve them all")
     counter_bits: int = param(4, "bits of each per-position, per-interval saturating mode counter")
     guard_margin: float = param(0.0, "APID widens each mode interval by this much on both sides")
     rho_width: int = param(20, "bits of the signed center ratio rho")
@@ -115,7 +113,6 @@ class LadTileConfig(HeadConfig):
         self.require(0.0 < self.center_cos <= 1.0, f"center_cos must be in (0, 1], got {self.center_cos}")
         self.require(self.center_bits == 0 or 2 <= self.center_bits <= self.kv_width,
                      f"center_bits must be 0 (the key) or 2..kv_width ({self.kv_width}), got {self.center_bits}")
-        self.require(1 <= self.group <= 16, f"group must be 1..16 query heads, got {self.group}")
         self.require(1 <= self.counter_bits <= 8, f"counter_bits must be 1..8, got {self.counter_bits}")
         self.require(self.guard_margin >= 0, f"guard_margin must be >= 0, got {self.guard_margin}")
         self.require(8 <= self.kv_width <= 16, f"kv_width must be 8..16, got {self.kv_width}")

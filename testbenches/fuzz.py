@@ -31,13 +31,13 @@ SIZE_CAPS = {"max_positions": 64, "max_centers": 16, "window": 32, "head_dim": 3
 # log-uniformly): an SRAM bank up to several block-RAM banks deep, at every read latency; a MAC
 # band from one key to far past max_positions (a band past 4 max_positions once wrapped the engine's key addresses).
 FIELD_RANGES = {"depth": (2, 16384), "read_latency": (1, 6), "band": (1, 1024)}
-# Parameters kept at the preset's value: the LAD tile's group runs in the golden models only
-# (hdl.lad.common.require_built rejects it in the RTL).
-KEPT_FIELDS = {"group"}
 # Parameters drawn from a generator of their own, seeded by the main one's state and leaving it as it
 # was, so that adding them changed no recorded seed's draw of the others: name -> draw(values, rng).
-# center_bits: the key itself half the time, else 2..kv_width-bit compact centers.
-SIDE_DRAWS = {"center_bits": lambda values, rng: 0 if rng.random() < 0.5 else rng.randint(2, max(2, values["kv_width"]))}
+# center_bits: the key itself half the time, else 2..kv_width-bit compact centers. group: 1..3 query
+# heads for the dense block; 1 for the LAD tile family (its RTL serves one head:
+# hdl.lad.common.require_built), whose configs have max_centers.
+SIDE_DRAWS = {"center_bits": lambda values, rng: 0 if rng.random() < 0.5 else rng.randint(2, max(2, values["kv_width"])),
+              "group": lambda values, rng: 1 if "max_centers" in values else rng.randint(1, 3)}
 
 
 def families() -> dict[str, list[str]]:
@@ -76,7 +76,7 @@ def draw_raw(block: str, rng: random.Random, keep: float | None = None) -> dict:
     out = {}
     for f in dataclasses.fields(b.config_class):
         value = getattr(base, f.name)
-        out[f.name] = value if f.name in KEPT_FIELDS | SIDE_DRAWS.keys() or rng.random() < keep else \
+        out[f.name] = value if f.name in SIDE_DRAWS or rng.random() < keep else \
             _draw(f.name, value, rng)
     side = random.Random(repr(rng.getstate()))
     for name, draw in SIDE_DRAWS.items():

@@ -1,5 +1,6 @@
 """Dense PWL attention baseline under Verilator vs golden.dense (bit-exact), on random
 steps and on a real SmolLM2 head; and the bit-accurate model vs its float twin."""
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -12,25 +13,32 @@ from testbenches.runner import simulate
 
 SEED = 4096
 TRACE = Path(__file__).parent / "data" / "smollm2_head_trace.pt"
+# layer 9's query heads 3-5, which share KV head 1 (benchmarks.record_lad_trace --tokens 256 --heads 9:3 9:4 9:5)
+GROUP_TRACE = Path(__file__).parent / "data" / "smollm2_group_trace.pt"
 # beats not a power of two (6): the beat counters wrap by their compare, not by overflowing (4 lanes:
 # its build is a third of an 8-lane one's; a 48 x 8 config's 21 s are 7 s)
 SIX_BEATS = DenseConfig(head_dim=24, lanes=4, max_positions=256)
-CONFIGS = {**PRESETS, "six-beats": SIX_BEATS}
+# the group-aware block: SmolLM2's 3 query heads of a KV head on one KV stream
+GROUP3 = dataclasses.replace(PRESETS["small"], group=3)
+CONFIGS = {**PRESETS, "six-beats": SIX_BEATS, "group3": GROUP3}
 
 
-@pytest.mark.parametrize("preset, max_len, steps", [("small", 40, 25), ("default", 24, 12), ("six-beats", 20, 8)])
+@pytest.mark.parametrize("preset, max_len, steps", [("small", 40, 25), ("default", 24, 12), ("six-beats", 20, 8),
+                                                    ("group3", 24, 10)])
 def test_dense_rtl_equals_golden_random(preset, max_len, steps):
     report = simulate("dense", CONFIGS[preset], "testbenches.tb.tb_dense", seed=SEED, name=preset,
                       params={"steps": steps, "max_len": max_len})
     assert report["mismatches"] == 0 and report["steps"] == steps
+    assert report["beats"] == steps * CONFIGS[preset].group * CONFIGS[preset].beats
     assert 1 in report["lengths"] and max_len in report["lengths"]  # shortest and longest contexts
     assert report["nonzero_outputs"] > report["beats"] // 2
 
 
-@pytest.mark.parametrize("preset", ["small", "default", "six-beats"])
+@pytest.mark.parametrize("preset", ["small", "default", "six-beats", "group3"])
 def test_dense_rtl_cycles_equal_schedule(preset):
     """With nothing stalling each step's cycles are golden.dense.dense_step_cycles (small: 4 beats, six-beats:
-    6, fewer than the VPU's latency, so the value pass waits for N's write-back; default: 8, it does not)."""
+    6, fewer than the VPU's latency, so the value pass waits for N's write-back; default: 8, it does not;
+    group3: three heads on one KV stream, the further queries' beats added)."""
     lengths = [1, 2, 3, 17]
     report = simulate("dense", CONFIGS[preset], "testbenches.tb.tb_dense", seed=SEED, name="cycles",
                       params={"steps": len(lengths), "lengths": lengths, "gap": 0.0, "stall": 0.0, "latency": [1, 1]})
@@ -58,6 +66,17 @@ def test_dense_rtl_equals_golden_on_real_smollm2_head():
     assert report["mismatches"] == 0
     assert max(report["lengths"]) == 400
     assert report["kv_requests"] == sum(2 * n * PRESETS["default"].beats for n in report["lengths"])
+
+
+def test_dense_group_rtl_equals_golden_on_a_real_smollm2_kv_group():
+    """A real KV group's three query heads on one KV stream: each key and value beat requested once
+    for the group, each head's output bit-exact."""
+    cfg = dataclasses.replace(PRESETS["default"], group=3)
+    report = simulate("dense", cfg, "testbenches.tb.tb_dense", seed=SEED, name="group-trace",
+                      params={"trace": str(GROUP_TRACE), "steps": 3, "max_len": 256, "latency": [1, 4]})
+    assert report["mismatches"] == 0 and report["beats"] == 3 * 3 * cfg.beats
+    assert max(report["lengths"]) == 256 and report["nonzero_outputs"] == report["beats"]
+    assert report["kv_requests"] == sum(2 * n * cfg.beats for n in report["lengths"])
 
 
 def float_bound(qf, kf, vf, cfg):

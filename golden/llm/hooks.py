@@ -94,7 +94,7 @@ class TileLayerState:
         # statistics from the group's first head, the KV beats of the union, the busiest head's mode
         # changes; against the group-aware dense tile
         n = self.length - 1                                     # positions before this step
-        dense = dense_step_cycles(self.cfg, n + 1, g)
+        dense = dense_step_cycles(self.cfg, n + 1)
         per_group = {key: st[key].view(readers, g) for key in ("centers", "new_center", "mode_changes", "path")}
         # (with g = 1 the union is the head's own candidates and actives: its kv_beats on a LAD step)
         kv_beats = self.cfg.beats * (st["group_candidates"] + st["group_active"]).view(readers, g)[:, 0]

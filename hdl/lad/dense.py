@@ -21,8 +21,9 @@ registered copy of the shift amount (lane_copies).
 """
 from __future__ import annotations
 
+import dataclasses
 
-from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth import Array, Cat, Const, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import data, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -54,15 +55,19 @@ def kv_response_layout(cfg: DenseConfig) -> data.ArrayLayout:
 
 
 def dense_out_layout(cfg: DenseConfig) -> data.StructLayout:
+    """A beat of ``o`` with its step's statistics; with ``group`` > 1 also the query head it belongs to."""
     return data.StructLayout({
         "o": data.ArrayLayout(signed(cfg.kv_width), cfg.lanes),
         "m": signed(cfg.sfm.x_width), "z": unsigned(cfg.sfm_out_width_sum),
         "kv_beats": unsigned(32), "cycles": unsigned(32),
+        **({"head": unsigned(index_width(cfg.group))} if cfg.group > 1 else {}),
     })
 
 
 class DenseAttention(wiring.Component):
-    """``query`` -> (``kv_req`` / ``kv_resp``) -> ``out``; one step at a time."""
+    """``query`` -> (``kv_req`` / ``kv_resp``) -> ``out``; one step at a time. With ``group`` g > 1
+    a step is g queries (head 0's beats first), one stream of KV requests and g outputs in head
+    order (``_group``)."""
 
     def __init__(self, cfg: DenseConfig):
         self.cfg = cfg
@@ -74,6 +79,8 @@ class DenseAttention(wiring.Component):
         })
 
     def elaborate(self, platform):
+        if self.cfg.group > 1:
+            return self._group()
         cfg, m = self.cfg, Module()
         nb, sfm_cfg, vpu_cfg = cfg.beats, cfg.sfm, cfg.vpu
         xw = sfm_cfg.x_width
@@ -408,3 +415,61 @@ class DenseAttention(wiring.Component):
                      for l in range(cfg.lanes)]
         m.d.comb += [self.out.payload.m.eq(max_copy), self.out.payload.z.eq(z_copy),
                      self.out.payload.kv_beats.eq(kv_beats), self.out.payload.cycles.eq(cycles)]
+
+    def _group(self):
+        """The group-aware dense block (docs/lad-tile.md, "Dense baseline"): g one-head blocks in
+        lockstep on one KV stream. Query beats go to their head's block (head-major); the step's
+        length is read with its first beat. The last head's block, the last to start, issues the
+        KV requests (the others' identical requests are taken and dropped); each response goes to
+        all g blocks at once, when all are ready (their control is the same from then on, as it
+        depends on the length and the KV stream alone). The outputs leave in head order, each
+        with its head, its own ``m``, ``Z`` and ``kv_beats`` and the group's ``cycles``: those of
+        head 0's block, which started g - 1 queries' beats before the last."""
+        cfg, m = self.cfg, Module()
+        g, nb = cfg.group, cfg.beats
+        heads = [DenseAttention(dataclasses.replace(cfg, group=1)) for _ in range(g)]
+        for h, head in enumerate(heads):
+            m.submodules[f"head{h}"] = head
+
+        in_head, in_beat = Signal(range(g)), Signal(range(nb))
+        length = Signal(cfg.position_width)
+        first_beat = (in_head == 0) & (in_beat == 0)
+        with m.If(self.query.valid & self.query.ready):
+            m.d.sync += in_beat.eq(incr(in_beat, nb))
+            with m.If(in_beat == nb - 1):
+                m.d.sync += in_head.eq(incr(in_head, g))
+            with m.If(first_beat):
+                m.d.sync += length.eq(self.query.payload.length)
+        m.d.comb += self.query.ready.eq(Array(head.query.ready for head in heads)[in_head])
+        for h, head in enumerate(heads):
+            m.d.comb += [head.query.valid.eq(self.query.valid & (in_head == h)),
+                         head.query.payload.q.eq(self.query.payload.q),
+                         head.query.payload.length.eq(Mux(first_beat, self.query.payload.length, length))]
+
+        m.d.comb += [self.kv_req.valid.eq(heads[-1].kv_req.valid), self.kv_req.payload.eq(heads[-1].kv_req.payload),
+                     heads[-1].kv_req.ready.eq(self.kv_req.ready),
+                     *(head.kv_req.ready.eq(1) for head in heads[:-1])]
+        all_ready = Cat(*(head.kv_resp.ready for head in heads)).all()
+        m.d.comb += self.kv_resp.ready.eq(all_ready)
+        for head in heads:
+            m.d.comb += [head.kv_resp.valid.eq(self.kv_resp.valid & all_ready),
+                         head.kv_resp.payload.eq(self.kv_resp.payload)]
+
+        out_head, out_beat = Signal(range(g)), Signal(range(nb))
+        group_cycles = Signal(32)   # head 0's cycles, kept for the later heads' beats (head 0 starts its next step)
+        def chosen(field):   # the field of out_head's output
+            return Array(Value.cast(getattr(head.out.payload, field)) for head in heads)[out_head]
+        m.d.comb += [self.out.valid.eq(Array(head.out.valid for head in heads)[out_head]),
+                     *(getattr(self.out.payload, f).eq(chosen(f)) for f in ("o", "m", "z", "kv_beats")),
+                     self.out.payload.head.eq(out_head),
+                     self.out.payload.cycles.eq(Mux(out_head == 0, heads[0].out.payload.cycles, group_cycles))]
+        for h, head in enumerate(heads):
+            m.d.comb += head.out.ready.eq(self.out.ready & (out_head == h))
+        with m.If(self.out.valid & self.out.ready):
+            m.d.sync += out_beat.eq(incr(out_beat, nb))
+            with m.If(out_beat == nb - 1):
+                m.d.sync += out_head.eq(incr(out_head, g))
+            with m.If(out_head == 0):
+                m.d.sync += group_cycles.eq(heads[0].out.payload.cycles)
+        return m
+

@@ -1,4 +1,5 @@
-"""cocotb: dense PWL attention == golden.dense.dense_attention_bits, step after step, with
+"""cocotb: dense PWL attention == golden.dense.dense_attention_bits, step after step (each of a
+group's ``group`` query heads against the one KV memory), with
 a KV memory model (random latency, request back-pressure, response gaps) and random
 gaps/back-pressure on the query and output streams; random or real SmolLM2 q/k/v; params
 ``lengths`` (the steps' contexts, in turn; default random), ``max_len``, ``trace``, ``boundary``
@@ -28,17 +29,25 @@ def random_steps(cfg: DenseConfig, rng, steps: int, max_len: int, lengths: list[
     out = []
     for s in range(steps):
         length = lengths[s % len(lengths)] if lengths else rng.choice((1, 2, rng.randint(1, max_len), max_len))
-        q = f.quantize(torch.randn(cfg.head_dim, generator=gen) * scale[2] * (4 if s % 5 == 0 else 1))
+        q = f.quantize(torch.randn(cfg.group, cfg.head_dim, generator=gen) * scale[2] * (4 if s % 5 == 0 else 1))
         out.append((q, length))
     return k, v, out
 
 
 def trace_steps(cfg: DenseConfig, path: str, steps: int, max_len: int):
+    """Steps of a recorded trace: one head's (``q``: tokens x d) or a KV group's (``q``: heads x
+    tokens x d, the first ``group`` heads; ``k``, ``v`` of the first)."""
     t = torch.load(path)
     f = cfg.kv_format
-    q, k, v = (f.quantize(t[name][:, :cfg.head_dim].float()) for name in ("q", "k", "v"))
-    positions = torch.linspace(8, min(max_len, q.shape[0]) - 1, steps).round().long().tolist()
-    return k, v, [(q[p], p + 1) for p in positions]
+    q, k, v = (f.quantize(t[name][..., :cfg.head_dim].float()) for name in ("q", "k", "v"))
+    if q.dim() == 2:
+        q = q[None]
+    else:
+        q, k, v = q[:cfg.group], k[0], v[0]
+    if q.shape[0] != cfg.group:
+        raise ValueError(f"the trace has {q.shape[0]} query heads, the config's group {cfg.group}")
+    positions = torch.linspace(8, min(max_len, q.shape[1]) - 1, steps).round().long().tolist()
+    return k, v, [(q[:, p], p + 1) for p in positions]
 
 
 def boundary_step(cfg: DenseConfig, rng, positions: int = 3, attempts: int = 200):
@@ -64,7 +73,7 @@ def boundary_step(cfg: DenseConfig, rng, positions: int = 3, attempts: int = 200
                 break
         else:
             raise AssertionError(f"no rounding boundary for lane {lane} in {attempts} draws")
-    return k, v, [(q, positions)]
+    return k, v, [(q[None], positions)]
 
 
 def tie_step(cfg: DenseConfig, rng, positions: int = 3, attempts: int = 200):
@@ -115,7 +124,7 @@ def tie_step(cfg: DenseConfig, rng, positions: int = 3, attempts: int = 200):
                 break
         else:
             raise AssertionError(f"no exact rounding tie for lane {lane} in {attempts} draws")
-    return k, v, [(q, positions)]
+    return k, v, [(q[None], positions)]
 
 
 @cocotb.test()
@@ -134,17 +143,26 @@ async def dense_matches_golden(dut):
     src, sink = bench.source("query", dense_query_layout(cfg)), bench.sink("out", dense_out_layout(cfg))
     memory = bench.memory("kv_req", kv_request_layout(cfg), "kv_resp", kv_response_layout(cfg),
                           kv_lookup(k, v, cfg.lanes), latency=(1, 6))
-    for s, (q, length) in enumerate(steps):
-        # the length is read with the first beat: the others carry any length
+    g = cfg.group
+    for s, (qs, length) in enumerate(steps):
+        # g queries, head 0's beats first; the length is read with the step's first beat: the others
+        # carry any length
+        beats = [qb for q in qs for qb in split_beats(q, cfg.lanes)]
         src.put(*({"q": qb, "length": length if b == 0 else bench.rng.randrange(1 << cfg.position_width)}
-                  for b, qb in enumerate(split_beats(q, cfg.lanes))))
-        o, m, z = dense_attention_bits(q, k[:length], v[:length], cfg)
-        for b, ob in enumerate(split_beats(o, cfg.lanes)):
-            sink.expect({"o": ob, "m": m, "z": z, "kv_beats": 2 * length * cfg.beats}, inputs=f"step {s} beat {b}")
+                  for b, qb in enumerate(beats)))
+        for h, q in enumerate(qs):
+            o, m, z = dense_attention_bits(q, k[:length], v[:length], cfg)
+            for b, ob in enumerate(split_beats(o, cfg.lanes)):
+                sink.expect({"o": ob, "m": m, "z": z, "kv_beats": 2 * length * cfg.beats, **({"head": h} if g > 1 else {})},
+                            inputs=f"step {s} head {h} beat {b}")
     total = sum(length for _, length in steps)
-    await bench.drain(timeout_cycles=total * cfg.beats * 2 * 30 + 5000)
+    await bench.drain(timeout_cycles=total * cfg.beats * 2 * 30 + 5000 * g)
     # the cycles each step reports against the schedule's model: equal when nothing stalls, else at least
-    step_cycles = [got["cycles"] for _, got in sink.received[::cfg.beats]]
+    # (a step's every beat reports the group's cycles)
+    per_step = [sink.received[i:i + g * cfg.beats] for i in range(0, len(sink.received), g * cfg.beats)]
+    for s, beats_got in enumerate(per_step):
+        bench.check(f"step {s}: every beat reports the step's cycles", len({got["cycles"] for _, got in beats_got}), 1)
+    step_cycles = [beats_got[0][1]["cycles"] for beats_got in per_step]
     nothing_stalls = bench.gap == 0 and bench.stall == 0 and tuple(memory.latency) == (1, 1)
     for s, (cycles, (_, length)) in enumerate(zip(step_cycles, steps)):
         model = dense_step_cycles(cfg, length)
