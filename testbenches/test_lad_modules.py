@@ -14,16 +14,18 @@ from testbenches.runner import simulate
 SEED = 2026
 SMALL = PRESETS["small"]
 TRACE = Path(__file__).parent / "data" / "smollm2_lad_trace.pt"   # real SmolLM2 q/k/v (layer 12 et al.)
+GROUP_TRACE = Path(__file__).parent / "data" / "smollm2_group_trace.pt"   # one KV group: layer 9, query heads 3-5
 
 
 # rho with 22 fraction bits: the tiny center's rho shift mf + e - rho_frac is negative (a left shift)
 WIDE_RHO = replace(SMALL, rho_width=24, rho_frac=22)
 
 
-@pytest.mark.parametrize("kind, steps, seed, eas_beats, center_bits",
-                         [("drift", 40, SEED, 1, 0), ("trace", 24, SEED + 1, 2, 0), ("drift", 40, SEED + 6, 4, 0),
-                          ("drift", 40, SEED + 11, 1, 6), ("trace", 24, SEED + 12, 2, 8)])
-def test_lad_eas_rtl_equals_golden(kind, steps, seed, eas_beats, center_bits):
+@pytest.mark.parametrize("kind, steps, seed, eas_beats, center_bits, group",
+                         [("drift", 40, SEED, 1, 0, 1), ("trace", 24, SEED + 1, 2, 0, 1), ("drift", 40, SEED + 6, 4, 0, 1),
+                          ("drift", 40, SEED + 11, 1, 6, 1), ("trace", 24, SEED + 12, 2, 8, 1),
+                          ("drift", 40, SEED + 13, 1, 0, 3), ("trace", 24, SEED + 14, 2, 8, 3)])
+def test_lad_eas_rtl_equals_golden(kind, steps, seed, eas_beats, center_bits, group):
     """Drift with the EAS corner keys (first step, zero key, rho saturating both ways, rho < 0,
     full center table, zero key joining, join verdicts that t's rounding decides, a join won by t's
     lowest bit) at rho_frac 22 (a tiny center's rho shifts left, one 4x its norm right by 1), one
@@ -33,16 +35,21 @@ def test_lad_eas_rtl_equals_golden(kind, steps, seed, eas_beats, center_bits):
     beats: the only run whose copies have more than one word of more than one beat). Compact centers
     (``center_bits`` 6 and 8 of the 16-bit keys: mantissas and an exponent per center) on both kinds:
     the dots of mantissas shifted by the exponent, the key's exponent from its extremes as it loads,
-    the rounded mantissas written."""
+    the rounded mantissas written. A KV group's three query heads (``group`` 3: random queries against
+    the drift keys with the corners, and a real SmolLM2 group, layer 9's heads 3-5, with 8-bit
+    centers): one center table, each center read once and dotted with every query, each head's s_n
+    and s^ from the score word of the group."""
     params = {"steps": steps, "kind": kind, "eas_corners": kind == "drift", "extra_lookups": 4}
     if kind == "trace":
-        params.update(trace=str(TRACE), head=1)
-    cfg = replace(WIDE_RHO if kind == "drift" else SMALL, eas_beats=eas_beats, center_bits=center_bits)
-    name = f"{kind}-c{center_bits}" if center_bits else kind
+        params.update(trace=str(TRACE if group == 1 else GROUP_TRACE), head=1)
+    cfg = replace(WIDE_RHO if kind == "drift" else SMALL, eas_beats=eas_beats, center_bits=center_bits, group=group)
+    name = (f"{kind}-c{center_bits}" if center_bits else kind) + (f"-g{group}" if group > 1 else "")
     r = simulate("lad-eas", cfg, "testbenches.tb.tb_lad_eas", seed=seed, name=name, params=params)
     assert r["mismatches"] == 0 and r["steps"] == steps, r["mismatch_list"]
     assert r["centers"] == SMALL.max_centers and r["full_joins"] > 0 and r["recips"] == r["new_centers"]
     assert r["nonzero_approx"] > r["lookups"] // 2 and r["extra_lookups"] > 0
+    if group > 1:
+        assert r["heads_differ"] > r["steps"] // 2
     if cfg.compact_centers:
         assert r["compact_centers"] > 0, r          # some centers are not their key
         return

@@ -56,6 +56,25 @@ def beat_load_signature(cfg: LadTileConfig) -> stream.Signature:
     return stream.Signature(beat_load_layout(cfg), always_ready=True)
 
 
+def query_load_layout(cfg: LadTileConfig) -> data.StructLayout:
+    """A beat of one of the step's ``group`` queries: :func:`beat_load_layout`, with the query head
+    it belongs to when ``group`` > 1."""
+    if cfg.group == 1:
+        return beat_load_layout(cfg)
+    return data.StructLayout({**{name: f.shape for name, f in beat_load_layout(cfg)}, "head": range(cfg.group)})
+
+
+def query_load_signature(cfg: LadTileConfig) -> stream.Signature:
+    """A ``q_load`` port that takes a group's queries (always ready)."""
+    return stream.Signature(query_load_layout(cfg), always_ready=True)
+
+
+def head_scores_shape(cfg: LadTileConfig):
+    """A score per query head of the group: ``signed(x_width)`` at group 1, else an array of them."""
+    score = signed(cfg.sfm.x_width)
+    return score if cfg.group == 1 else data.ArrayLayout(score, cfg.group)
+
+
 def beat_copy(m, cfg: LadTileConfig, load, name: str, lanes: int, reads: int) -> list:
     """A module's own copy of the step's q (or k_n), ``lanes`` elements a word: a small LUT RAM
     written from ``load``'s beats (``cfg.lanes`` elements each; a word of r = lanes / cfg.lanes beats

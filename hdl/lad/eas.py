@@ -16,6 +16,11 @@ exponent comes from the key's extremes as it loads (``_key_exponent``) and its r
 written (``_center_write``); docs/lad-tile.md, "Design decisions".
 q and k_n arrive beat by beat on ``q_load`` / ``k_load`` before ``start`` (EAS keeps its own copies,
 hdl.lad.common.beat_copy).
+A KV group's query heads (``group`` g > 1; docs/lad-tile.md, "Compact centers and a tile per KV
+group") share the table: ``q_load`` takes each head's query (its ``head`` field), a center is read
+once and dotted with every query (g q VPUs beside the k_n one), the score SRAM's word holds the g
+heads' scores of a center, a lookup reads it once and multiplies each by the one rho, and
+``key_out.s_new`` and ``approx`` carry a score per head (head 0 first).
 """
 from __future__ import annotations
 
@@ -33,12 +38,14 @@ from ..lib.pipe import (SCALED_STAGES, delayed, greater, partial_products, place
                         scaled_round, split_add, split_sum)
 from ..lib.sram import SramBank
 from ..lib.vpu import Vpu
-from .common import Wires, beat_copy, beat_load_signature, recip_resp_layout, require_built, sram_banks
+from .common import (Wires, beat_copy, beat_load_signature, head_scores_shape, query_load_signature, recip_resp_layout,
+                     sram_banks)
 
 
 def key_out_layout(cfg: LadTileConfig) -> data.StructLayout:
+    """The step's key decision and each query head's exact score of the new key, ``s_new``."""
     return data.StructLayout({"center": unsigned(cfg.center_width), "rho": signed(cfg.rho_width),
-                              "new_center": unsigned(1), "s_new": signed(cfg.sfm.x_width)})
+                              "new_center": unsigned(1), "s_new": head_scores_shape(cfg)})
 
 
 def center_word_layout(cfg: LadTileConfig) -> data.StructLayout:
@@ -61,14 +68,14 @@ class Eas(wiring.Component):
         return sram_banks(cfg)["eas.center_scores"].read_latency + cls.LOOKUP_STAGES
 
     def __init__(self, cfg: LadTileConfig):
-        self.cfg = require_built(cfg)
+        self.cfg = cfg
         super().__init__({
-            "q_load": In(beat_load_signature(cfg)),
+            "q_load": In(query_load_signature(cfg)),
             "k_load": In(beat_load_signature(cfg)),
             "start": In(stream.Signature(unsigned(1))),
             "key_out": Out(stream.Signature(key_out_layout(cfg))),
             "lookup": In(stream.Signature(lookup_layout(cfg))),
-            "approx": Out(stream.Signature(signed(cfg.sfm.x_width))),
+            "approx": Out(stream.Signature(head_scores_shape(cfg))),
             "recip_req": Out(stream.Signature(unsigned(cfg.sfm.recip_in_width))),
             "recip_resp": In(stream.Signature(recip_resp_layout(cfg))),
             "centers": Out(range(cfg.max_centers + 1)),
@@ -79,7 +86,10 @@ class Eas(wiring.Component):
         L, nb = cfg.eas_lanes, cfg.eas_beats   # EAS's own beats: eas_lanes elements each
         xw, mf = cfg.sfm.x_width, cfg.sfm.mantissa_frac
         rl = recip_resp_layout(cfg)
-        m.submodules.vpu_q = vpu_q = Vpu(cfg.eas_vpu, ops=[VpuOp.DOT])
+        # one q VPU per query head of the group (a center is read once and dotted with every query)
+        vpu_q = [Vpu(cfg.eas_vpu, ops=[VpuOp.DOT]) for _ in range(cfg.group)]
+        for h, vpu in enumerate(vpu_q):
+            m.submodules["vpu_q" if h == 0 else f"vpu_q{h}"] = vpu
         m.submodules.vpu_k = vpu_k = Vpu(cfg.eas_vpu, ops=[VpuOp.DOT])
         banks = sram_banks(cfg)
         m.submodules.center_mem = cmem = SramBank(banks["eas.centers"])
@@ -91,7 +101,8 @@ class Eas(wiring.Component):
 
         # q and k_n, this module's copies (word b: elements b L .. b L + L - 1): q read by the VPUs'
         # operand select, k_n by it and by the center table's write
-        q_read, = beat_copy(m, cfg, self.q_load, "q_copy", L, 1)
+        q_read = [beat_copy(m, cfg, load, "q_copy" if h == 0 else f"q_copy{h}", L, 1)[0]
+                  for h, load in enumerate(self._query_loads(m))]
         k_read, k_write_read = beat_copy(m, cfg, self.k_load, "k_copy", L, 2)
         count = Signal(range(cfg.max_centers + 1))
         m.d.comb += self.centers.eq(count)
@@ -110,6 +121,18 @@ class Eas(wiring.Component):
             self._new_center_states(m, s)
         return m
 
+    def _query_loads(self, m) -> list:
+        """``q_load`` split by query head: each head's beats as a one-head load port."""
+        if self.cfg.group == 1:
+            return [self.q_load]
+        loads = []
+        for h in range(self.cfg.group):
+            load = beat_load_signature(self.cfg).create(path=(f"q_load_h{h}",))
+            m.d.comb += [load.valid.eq(self.q_load.valid & (self.q_load.payload.head == h)),
+                         load.payload.beat.eq(self.q_load.payload.beat), load.payload.data.eq(self.q_load.payload.data)]
+            loads.append(load)
+        return loads
+
     def _lookups(self, m, s):
         """The lookups' stall-all pipeline: a center's score times rho, from the score SRAM to ``approx``."""
         cfg, banks, s_req, s_resp, xw = s.cfg, s.banks, s.s_req, s.s_resp, s.xw
@@ -125,19 +148,29 @@ class Eas(wiring.Component):
                      self.lookup.ready.eq(s_req.ready & rho_fifo.w_rdy),
                      rho_fifo.w_en.eq(self.lookup.valid & self.lookup.ready), rho_fifo.w_data.eq(self.lookup.payload.rho),
                      s_resp.ready.eq(lookup_en), rho_fifo.r_en.eq(s_resp.valid & lookup_en)]
+        # (a group's heads: the score word holds every head's score of the center, each times the
+        # one rho, in lockstep)
         l_valid = [Signal(name=f"lookup_valid{i}") for i in range(self.LOOKUP_STAGES)]
-        l_score, l_rho, l_approx = Signal(signed(xw)), Signal(signed(cfg.rho_width)), Signal(signed(xw))
-        l_score_in, l_rho_in = Signal.like(l_score, name="l_score_in"), Signal.like(l_rho, name="l_rho_in")
-        l_pieces = register_partials(m, lookup_en, partial_products(l_score, l_rho), "lookup")
-        # the sum in two halves either side of a register (as one carry chain after the pieces'
-        # registers, then the shift and the saturation: 108.3 MHz at ecp5-85f)
-        l_sum = split_add(m, placed(l_pieces) + [Const(1 << (cfg.rho_frac - 1))], xw + cfg.rho_width + 1, "lookup",
-                          ce=lookup_en).as_signed()
+        l_rho = Signal(signed(cfg.rho_width))
+        l_rho_in = Signal.like(l_rho, name="l_rho_in")
         with m.If(lookup_en):
             m.d.sync += [l_valid[0].eq(s_resp.valid), *(l_valid[i + 1].eq(l_valid[i]) for i in range(len(l_valid) - 1)),
-                         l_score_in.eq(s_resp.payload), l_rho_in.eq(rho_fifo.r_data), l_score.eq(l_score_in), l_rho.eq(l_rho_in),
-                         l_approx.eq(saturate(l_sum >> cfg.rho_frac, signed(xw)))]
-        m.d.comb += [self.approx.valid.eq(l_valid[-1]), self.approx.payload.eq(l_approx)]
+                         l_rho_in.eq(rho_fifo.r_data), l_rho.eq(l_rho_in)]
+        l_approx = []
+        for h in range(cfg.group):
+            tag = "" if h == 0 else str(h)
+            l_score, approx = Signal(signed(xw), name=f"l_score{tag}"), Signal(signed(xw), name=f"l_approx{tag}")
+            l_score_in = Signal.like(l_score, name=f"l_score_in{tag}")
+            l_pieces = register_partials(m, lookup_en, partial_products(l_score, l_rho), f"lookup{tag}")
+            # the sum in two halves either side of a register (as one carry chain after the pieces'
+            # registers, then the shift and the saturation: 108.3 MHz at ecp5-85f)
+            l_sum = split_add(m, placed(l_pieces) + [Const(1 << (cfg.rho_frac - 1))], xw + cfg.rho_width + 1,
+                              f"lookup{tag}", ce=lookup_en).as_signed()
+            with m.If(lookup_en):
+                m.d.sync += [l_score_in.eq(s_resp.payload[h * xw:(h + 1) * xw]), l_score.eq(l_score_in),
+                             approx.eq(saturate(l_sum >> cfg.rho_frac, signed(xw)))]
+            l_approx.append(approx)
+        m.d.comb += [self.approx.valid.eq(l_valid[-1]), self.approx.payload.eq(Cat(*l_approx))]
 
     def _dots(self, m, s):
         """The VPUs' dots as the rest of EAS reads them (``dot_valid``, ``dot_q``, ``dot_k``): a
@@ -146,7 +179,7 @@ class Eas(wiring.Component):
         the VPUs' own."""
         cfg, vpu_q, vpu_k = s.cfg, s.vpu_q, s.vpu_k
         if not cfg.compact_centers:
-            s.add(dot_valid=vpu_q.o.valid, dot_q=vpu_q.o.payload.dot, dot_k=vpu_k.o.payload.dot)
+            s.add(dot_valid=vpu_q[0].o.valid, dot_q=[vpu.o.payload.dot for vpu in vpu_q], dot_k=vpu_k.o.payload.dot)
             return
         # each operand's exponent (SELF's: 0) as deep as the VPUs (which never stall here)
         exp_in = Signal(cfg.center_exp_width)
@@ -154,8 +187,10 @@ class Eas(wiring.Component):
         for i in range(Vpu.LATENCY):
             e = delayed(m, e, f"dot_exp{i}")
         w = cfg.eas_vpu.acc_width
-        dot_valid, dot_q, dot_k = Signal(), Signal(signed(w)), Signal(signed(w))
-        m.d.sync += [dot_valid.eq(vpu_q.o.valid), dot_q.eq(vpu_q.o.payload.dot << e), dot_k.eq(vpu_k.o.payload.dot << e)]
+        dot_valid, dot_k = Signal(), Signal(signed(w))
+        dot_q = [Signal(signed(w), name="dot_q" if h == 0 else f"dot_q{h}") for h in range(cfg.group)]
+        m.d.sync += [dot_valid.eq(vpu_q[0].o.valid), dot_k.eq(vpu_k.o.payload.dot << e),
+                     *(dq.eq(vpu.o.payload.dot << e) for dq, vpu in zip(dot_q, vpu_q))]
         s.add(dot_valid=dot_valid, dot_q=dot_q, dot_k=dot_k, exp_in=exp_in)
 
     def _key_exponent(self, m, s):
@@ -198,7 +233,7 @@ class Eas(wiring.Component):
         """The step's registers and t_j of each center behind its recip's read, into the running
         maximum best_*."""
         xw, cfg, nb, mf, rl, r_resp, banks = s.xw, s.cfg, s.nb, s.mf, s.rl, s.r_resp, s.banks
-        s_new = Signal(signed(xw))
+        s_new = [Signal(signed(xw), name="s_new" if h == 0 else f"s_new{h}") for h in range(cfg.group)]
         kk = Signal(cfg.kk_width)
         beat_shape = range(max(nb, 2))        # (at eas_beats = 1 the beat counters stay 0)
         req_j, req_b = Signal(range(cfg.max_centers + 1)), Signal(beat_shape)
@@ -327,16 +362,18 @@ class Eas(wiring.Component):
         # SCAN: to the score SRAM at its index; common.score_of), registered stages behind the VPU
         score_in, score_in_self = Signal(), Signal()
         out_j = Signal(range(cfg.max_centers + 1))   # the index of the center whose dots leave the VPUs
-        score = scaled_round(m, s.dot_q, cfg.scale_raw, cfg.score_shift, signed(xw), "score")
+        # (one per query head; the score SRAM's word holds the group's, head 0 in the low bits)
+        score = [scaled_round(m, dq, cfg.scale_raw, cfg.score_shift, signed(xw), "score" if h == 0 else f"score{h}")
+                 for h, dq in enumerate(s.dot_q)]
         sc_valid = [Signal(name=f"score_valid{i}") for i in range(SCALED_STAGES)]
         sc_self = [Signal(name=f"score_self{i}") for i in range(SCALED_STAGES)]
         sc_j = [Signal.like(out_j, name=f"score_j{i}") for i in range(SCALED_STAGES)]
         m.d.sync += [sc_valid[0].eq(score_in), sc_self[0].eq(score_in_self), sc_j[0].eq(out_j)]
         m.d.sync += [x[i + 1].eq(x[i]) for x in (sc_valid, sc_self, sc_j) for i in range(SCALED_STAGES - 1)]
         m.d.comb += [smem.write.valid.eq(sc_valid[-1] & ~sc_self[-1]), smem.write.payload.addr.eq(sc_j[-1]),
-                     smem.write.payload.data.eq(score)]
+                     smem.write.payload.data.eq(Cat(*score))]
         with m.If(sc_valid[-1] & sc_self[-1]):
-            m.d.sync += s_new.eq(score)
+            m.d.sync += [sn.eq(sc) for sn, sc in zip(s_new, score)]
         # the banks' addresses and write data whatever the state (only the valids depend on it): the
         # address and write registers in front of the RAMs then load them without a reset that the
         # state drives (Yosys maps "0 unless the state" to the flip-flops' LSR: 98.5 MHz, the
@@ -349,7 +386,7 @@ class Eas(wiring.Component):
         # their pipelines' enables: the state -> the enables -> the state, 108.8 MHz); so are the
         # centers' reads (they come only in SCAN, into the VPUs: the state -> their ready -> the
         # bank's output enables, 102.8 MHz)
-        m.d.comb += [vpu_q.o.ready.eq(1), vpu_k.o.ready.eq(1), c_resp.ready.eq(1)]
+        m.d.comb += [*(vpu.o.ready.eq(1) for vpu in vpu_q), vpu_k.o.ready.eq(1), c_resp.ready.eq(1)]
         # SCAN's reads of the centers, outside the state machine: scan_issue is set only on entering
         # SCAN and clears at its last read, before SCAN ends, so it is the state's decode as a
         # register. req_b and req_j wrap to 0 after the last read, so they are 0 at every SCAN's
@@ -379,8 +416,9 @@ class Eas(wiring.Component):
         op_beat, op_self = self_b | req_b, in_self
         for i in range(banks["eas.centers"].read_latency - 1):
             op_beat, op_self = delayed(m, op_beat, f"op_beat{i}"), delayed(m, op_self, f"op_self{i}")
-        m.d.comb += [q_read.addr.eq(op_beat), k_read.addr.eq(op_beat)]
-        q_op, k_op = delayed(m, q_read.data, "q_op"), delayed(m, k_read.data, "k_op")
+        m.d.comb += [*(qr.addr.eq(op_beat) for qr in q_read), k_read.addr.eq(op_beat)]
+        q_op = [delayed(m, qr.data, "q_op" if h == 0 else f"q_op{h}") for h, qr in enumerate(q_read)]
+        k_op = delayed(m, k_read.data, "k_op")
         op_last, op_self = delayed(m, op_beat == nb - 1, "op_last"), delayed(m, op_self, "op_self")
         center_lanes = c_resp.payload
         if cfg.compact_centers:   # the mantissas sign-extended to the VPUs' operand width
@@ -389,14 +427,14 @@ class Eas(wiring.Component):
             m.d.comb += [lane.eq(x) for lane, x in zip(lanes, word.mant)]
             center_lanes = Cat(*lanes)
             m.d.comb += s.exp_in.eq(Mux(op_self, 0, word.exp))
-        for vpu, other in ((vpu_q, q_op), (vpu_k, k_op)):
+        for vpu, other in ((vpu_k, k_op), *zip(vpu_q, q_op)):
             m.d.comb += [vpu.i.valid.eq(c_resp.valid | op_self), vpu.i.payload.op.eq(VpuOp.DOT),
                          vpu.i.payload.last.eq(op_last), vpu.i.payload.a.eq(Mux(op_self, k_op, center_lanes)),
                          vpu.i.payload.b.eq(other)]
         # SCAN's end: every center's verdict in best_*, nothing in flight, as a register (from the
         # recips' read valid into the state's enable: 8.5 ns, lad-eas's limit at 117.3 MHz, seed 2)
         scan_drained = Signal()
-        m.d.sync += scan_drained.eq((done_j == count) & ~r_resp.valid & ~vpu_q.o.valid & ~s.dot_valid & ~Cat(sc_valid).any())
+        m.d.sync += scan_drained.eq((done_j == count) & ~r_resp.valid & ~vpu_q[0].o.valid & ~s.dot_valid & ~Cat(sc_valid).any())
         # outputs read only while valid (RECIP, OUT), driven from their registers outside the FSM: no
         # payload bit decodes the state (a decode gated into every bit sat by the payload's users,
         # far from the FSM it also feeds: the tile's critical paths while the FSM drove them)
@@ -490,11 +528,11 @@ class Eas(wiring.Component):
             rho = saturate(rho_raw, signed(cfg.rho_width))
             with m.If(join):
                 m.d.sync += [result.center.eq(best_j), result.rho.eq(rho), result.new_center.eq(0),
-                             result.s_new.eq(s_new)]
+                             result.s_new.eq(Cat(*s_new))]
                 m.next = "OUT"
             with m.Else():
                 m.d.sync += [result.center.eq(count), result.rho.eq(1 << cfg.rho_frac), result.new_center.eq(1),
-                             result.s_new.eq(s_new), write_b.eq(0)]
+                             result.s_new.eq(Cat(*s_new)), write_b.eq(0)]
                 m.next = "RECIP"
 
     def _new_center_states(self, m, s):

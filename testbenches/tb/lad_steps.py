@@ -136,15 +136,24 @@ def tie_keys(cfg: LadTileConfig, rows: list[torch.Tensor], gen: torch.Generator)
 def sequence(bench: Bench):
     """Raw (steps, d) q, k, v of the run: ``trace`` (head ``head`` of a SmolLM2 file), else
     ``kind`` of :func:`random_sequence`; ``eas_corners`` puts the EAS corner keys in (and one
-    query at the format's extremes, along the longest center)."""
+    query at the format's extremes, along the longest center). With ``group`` g > 1, q is the
+    group's (g, steps, d): a trace's first g heads (a file of one KV group's heads), or g random
+    query sequences against the one key sequence."""
     cfg, rng, p = bench.cfg, bench.rng, bench.params
-    steps = bench.steps(24)
+    steps, g = bench.steps(24), cfg.group
     if p.get("trace"):
         t = torch.load(p["trace"])
         h, f = p.get("head", 0), cfg.kv_format
-        q, k, v = (f.quantize(t[name][h, :steps, :cfg.head_dim].float()) for name in ("q", "k", "v"))
+        if g == 1:
+            q, k, v = (f.quantize(t[name][h, :steps, :cfg.head_dim].float()) for name in ("q", "k", "v"))
+        else:
+            q = f.quantize(t["q"][:g, :steps, :cfg.head_dim].float())
+            k, v = (f.quantize(t[name][0, :steps, :cfg.head_dim].float()) for name in ("k", "v"))
     else:
-        q, k, v = random_sequence(cfg, rng.randrange(1 << 30), steps, p.get("kind", "drift"))
+        kind = p.get("kind", "drift")
+        q, k, v = random_sequence(cfg, rng.randrange(1 << 30), steps, kind)
+        if g > 1:
+            q = torch.stack([q] + [random_sequence(cfg, rng.randrange(1 << 30), steps, kind)[0] for _ in range(g - 1)])
     if p.get("eas_corners"):
         k = eas_corners(cfg, k, rng)
         # one query at the kv format's extremes, signed as the longest center made before it (the
@@ -155,7 +164,7 @@ def sequence(bench: Bench):
             eas.center_update(k[i])
         longest = eas.centers[int((eas.centers ** 2).sum(-1).argmax())]
         q = q.clone()
-        q[n] = torch.where(longest < 0, cfg.kv_format.min_raw, cfg.kv_format.max_raw)
+        q[..., n, :] = torch.where(longest < 0, cfg.kv_format.min_raw, cfg.kv_format.max_raw)
     return q, k, v
 
 
@@ -190,12 +199,13 @@ async def open_bench(dut):
     return bench, (q, k, v), model, recs
 
 
-async def load_vector(bench: Bench, source, vec) -> None:
+async def load_vector(bench: Bench, source, vec, **fields) -> None:
     """``vec`` (q or k_n) into a module's own copy (hdl.lad.common.beat_copy) over ``source``, the
     bench's StreamSource on its ``q_load`` / ``k_load`` (layout ``beat_load_layout``): a beat a
     transfer as the tile sends them, but in a random order (the copy is addressed by beat) with the
-    source's random gaps and idle payload; returns once every beat is written."""
+    source's random gaps and idle payload (``fields``: more of each beat's payload, a group's ``head``);
+    returns once every beat is written."""
     order = list(enumerate(split_beats(vec, bench.cfg.lanes)))
     bench.rng.shuffle(order)
-    source.put(*({"beat": b, "data": beat} for b, beat in order))
+    source.put(*({"beat": b, "data": beat, **fields} for b, beat in order))
     await bench.until(lambda: source.idle, 100 * len(order), f"{source.name} loaded")

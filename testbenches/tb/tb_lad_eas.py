@@ -1,5 +1,7 @@
 """cocotb: LAD EAS (hdl/lad/eas.py) alone == golden.lad_tile.LadTileModel's EAS (docs/algorithms.md §1.4:
-center update of k_n, rho, s_n; s^_i = rho_i q.c_j(i) / sqrt(d)), bit-exact.
+center update of k_n, rho, s_n; s^_i = rho_i q.c_j(i) / sqrt(d)), bit-exact. With ``group`` g > 1 the
+g query heads' models (one each, the same keys) give each head's ``s_n`` and ``s^``; the centers,
+their decisions and rho are head 0's (the keys' alone: every head's model has the same).
 
 The bench plays the tile sequencer and the SFM: per golden step it loads q, k_n (``q_load``, ``k_load``: random beat order and gaps), sends
 ``start``, serves RECIP of a new center's |k|^2 (``recip_req``/``recip_resp``, golden.sfm.recip,
@@ -12,12 +14,13 @@ from __future__ import annotations
 
 import cocotb
 import torch
-from amaranth import signed, unsigned
+from amaranth import unsigned
 
-from golden.lad_tile import COS_FRAC, compact_center
-from hdl.lad.common import beat_load_layout, recip_resp_layout
+from golden.lad_tile import COS_FRAC, LadTileConfig, compact_center
+from hdl.lad.common import beat_load_layout, head_scores_shape, query_load_layout, recip_resp_layout
 from hdl.lad.eas import key_out_layout, lookup_layout
-from testbenches.tb.lad_steps import load_vector, open_bench, sfm_recip
+from testbenches.streams import Bench
+from testbenches.tb.lad_steps import golden_records, load_vector, sequence, sfm_recip
 
 
 def center_t(model, k: list[int], j: int, half) -> int:
@@ -44,14 +47,24 @@ def wins_by_lowest_bit(model, rec) -> bool:
 
 @cocotb.test()
 async def eas_matches_golden(dut):
-    bench, _, model, recs = await open_bench(dut)
-    cfg, rng = bench.cfg, bench.rng
+    bench = await Bench.start(dut, LadTileConfig)
+    cfg, rng, g = bench.cfg, bench.rng, bench.cfg.group
+    q, k, v = sequence(bench)
+    runs = [golden_records(cfg, qh, k, v) for qh in (q if g > 1 else q[None])]
+    model, recs = runs[0]
+    assert all(r.center == rec.center and r.rho == rec.rho for _, hr in runs for r, rec in zip(hr, recs))
+
+    def per_head(values):   # one value per head: the stream's payload (a scalar at group 1)
+        return values[0] if g == 1 else values
+
+    def heads_of(value):    # a payload's values, one per head
+        return [value] if g == 1 else value
     xw, rf = cfg.sfm.x_width, cfg.rho_format
-    q_src, k_src = (bench.source(port, beat_load_layout(cfg)) for port in ("q_load", "k_load"))
+    q_src, k_src = bench.source("q_load", query_load_layout(cfg)), bench.source("k_load", beat_load_layout(cfg))
     start_src = bench.source("start", unsigned(1))
     key_sink = bench.sink("key_out", key_out_layout(cfg))
     lookup_src = bench.source("lookup", lookup_layout(cfg))
-    approx_sink = bench.sink("approx", signed(xw))
+    approx_sink = bench.sink("approx", head_scores_shape(cfg))
     sfm = bench.memory("recip_req", unsigned(cfg.sfm.recip_in_width), "recip_resp", recip_resp_layout(cfg),
                        sfm_recip(cfg))
     rho_corners = [rf.max_raw, rf.min_raw, 0, 1, -1, 1 << cfg.rho_frac, -(1 << cfg.rho_frac)]
@@ -61,7 +74,9 @@ async def eas_matches_golden(dut):
     lookup_idle = 0
     step_cycles = []   # from start's put to key_out, per step
     for i, rec in enumerate(recs):
-        await load_vector(bench, q_src, rec.q)
+        head_recs = [hr[i] for _, hr in runs]
+        for h, hr in enumerate(head_recs):
+            await load_vector(bench, q_src, hr.q, **({"head": h} if g > 1 else {}))
         await load_vector(bench, k_src, rec.k)
         start_cycle = bench.cycles.now
         start_src.put(0)
@@ -69,14 +84,15 @@ async def eas_matches_golden(dut):
         await key_sink.wait_for(i + 1, timeout_cycles=20 * (C + 4) * cfg.beats + 2000)
         step_cycles.append(key_sink.log[-1][0] - start_cycle)
         bench.check(f"step {rec.n} key_out", key_sink.received[-1][1],
-                    {"center": rec.center, "rho": rec.rho, "new_center": int(rec.new_center), "s_new": rec.s_new})
+                    {"center": rec.center, "rho": rec.rho, "new_center": int(rec.new_center),
+                     "s_new": per_head([hr.s_new for hr in head_recs])})
         bench.check(f"step {rec.n} centers", int(dut.centers.value), rec.centers_after)
         if rec.new_center:
             want_recip.append(rec.kk)
         # APID's lookups of this step, then extra ones with random centers and extreme rho
         lookups = list(rec.lookups)
-        for j, s_hat in enumerate(rec.s_hat):
-            approx_sink.expect(s_hat, inputs=f"step {rec.n} position {j}")
+        for j in range(len(rec.s_hat)):
+            approx_sink.expect(per_head([hr.s_hat[j] for hr in head_recs]), inputs=f"step {rec.n} position {j}")
         if C:
             more = [(rng.randrange(C), rng.choice(rho_corners) if rng.random() < 0.5 else
                      rng.randint(rf.min_raw, rf.max_raw)) for _ in range(extra)]
@@ -85,10 +101,11 @@ async def eas_matches_golden(dut):
             more[0] = (big, rf.max_raw if i % 2 else rf.min_raw)
             lookups += more
             extra_count += len(more)
-            qcs = torch.tensor(rec.qcs, dtype=torch.int64)
-            scores = model.approx_scores(qcs, torch.tensor([c for c, _ in more]), torch.tensor([r for _, r in more]))
-            for (c, r), s_hat in zip(more, scores.tolist()):
-                approx_sink.expect(s_hat, inputs=f"step {rec.n} extra center {c} rho {r}")
+            centers, rhos = torch.tensor([c for c, _ in more]), torch.tensor([r for _, r in more])
+            scores = [hm.approx_scores(torch.tensor(hr.qcs, dtype=torch.int64), centers, rhos).tolist()
+                      for (hm, _), hr in zip(runs, head_recs)]
+            for x, (c, r) in enumerate(more):
+                approx_sink.expect(per_head([sc[x] for sc in scores]), inputs=f"step {rec.n} extra center {c} rho {r}")
         first = len(approx_sink.log)
         lookup_src.put(*({"center": c, "rho": r} for c, r in lookups))
         await approx_sink.wait_for(len(approx_sink.expected), timeout_cycles=20 * len(lookups) + 2000)
@@ -98,7 +115,7 @@ async def eas_matches_golden(dut):
     await bench.drain(timeout_cycles=2000, settle=50)
     bench.compare("key_out", key_sink.items[len(recs):], [])
     bench.compare("recip_req", sfm.requests.items, want_recip)
-    want_approx = [w for w, _ in approx_sink.expected]
+    want_approx = [a for w, _ in approx_sink.expected for a in heads_of(w)]
     joins = [r for r in recs if not r.new_center]
     free = [r for r in recs if 0 < r.centers_before < cfg.max_centers]   # a verdict, not a full table
 
@@ -124,4 +141,6 @@ async def eas_matches_golden(dut):
         joins_by_lowest_bit=sum(1 for r in joins if wins_by_lowest_bit(model, r)),
         # new centers stored with a nonzero exponent (compact centers that are not their key)
         compact_centers=sum(1 for r in recs if r.new_center and int(compact_center(torch.tensor(r.k), cfg)[1]) > 0),
-        step_cycles=step_cycles, step_centers=[[r.centers_before, int(r.new_center)] for r in recs])
+        step_cycles=step_cycles, step_centers=[[r.centers_before, int(r.new_center)] for r in recs],
+        # steps whose new key's score differs between the heads (each head's own query reaches s_n)
+        heads_differ=sum(1 for i in range(len(recs)) if len({hr[i].s_new for _, hr in runs}) > 1))
