@@ -79,15 +79,24 @@ def test_lad_eas_rates_with_nothing_stalling():
     assert len(new) >= 6 and len(set(new)) == 1 and len(joins) >= 3 and len(set(joins)) == 1, r["step_cycles"]
 
 
-@pytest.mark.parametrize("kind, steps, seed", [("drift", 64, SEED), ("all_active", 30, SEED + 2),
-                                               ("zero_interval", 40, SEED + 3)])
-def test_lad_apid_rtl_equals_golden(kind, steps, seed):
+@pytest.mark.parametrize("kind, steps, seed, group", [("drift", 64, SEED, 1), ("all_active", 30, SEED + 2, 1),
+                                                      ("zero_interval", 40, SEED + 3, 1), ("drift", 64, SEED + 5, 3),
+                                                      ("trace", 40, SEED + 6, 3)])
+def test_lad_apid_rtl_equals_golden(kind, steps, seed, group):
     """Drift over all max_positions = 64 positions (metadata SRAM full, scan length 63), every
     position a candidate (all_active), no candidates at all (zero_interval); mode counters
-    saturate and halve (quiet bumps) and later show up in candidates' metadata."""
-    r = simulate("lad-apid", SMALL, "testbenches.tb.tb_lad_apid", seed=seed, name=kind,
-                 params={"steps": steps, "kind": kind})
+    saturate and halve (quiet bumps) and later show up in candidates' metadata. A KV group's
+    three query heads (``group`` 3: random queries against the drift keys, and a real SmolLM2
+    group, layer 9's heads 3-5): one center and rho per position, each head's modes, m,
+    candidates and verdicts its own, the heads taking each position in lockstep."""
+    params = {"steps": steps, "kind": kind, **({"trace": str(GROUP_TRACE)} if kind == "trace" else {})}
+    r = simulate("lad-apid", replace(SMALL, group=group), "testbenches.tb.tb_lad_apid", seed=seed,
+                 name=kind + (f"-g{group}" if group > 1 else ""), params=params)
     assert r["mismatches"] == 0 and r["steps"] == steps, r["mismatch_list"]
+    if group > 1:
+        assert r["heads_differ"] > r["steps"] // 2 and r["candidates"] > 0 and r["quiet"] > 0
+        assert r["nonzero_smax"] > 0 and r["lookups"] == r["positions"]
+        return
     assert r["nonzero_smax"] > 0 and r["lookups"] == r["positions"]
     if kind == "drift":
         assert r["last_position"] == SMALL.max_positions - 1

@@ -95,13 +95,16 @@ def beat_copy(m, cfg: LadTileConfig, load, name: str, lanes: int, reads: int) ->
     return [mem.read_port(domain="comb") for _ in range(reads)]
 
 
-def meta_layout(cfg: LadTileConfig) -> data.StructLayout:
-    """Per-position metadata word (APID's SRAM): mode, counters, center, rho."""
+def centers_layout(cfg: LadTileConfig) -> data.StructLayout:
+    """A position's center and rho (APID's ``apid.centers``: the keys' alone, one copy for a group)."""
+    return data.StructLayout({"center": unsigned(cfg.center_width), "rho": signed(cfg.rho_width)})
+
+
+def mode_layout(cfg: LadTileConfig) -> data.StructLayout:
+    """A position's mode and counters for one query head (APID's ``apid.modes<h>``)."""
     return data.StructLayout({
         "mode": unsigned(cfg.sfm.interval_width),
         "counters": data.ArrayLayout(unsigned(cfg.counter_bits), cfg.n_intervals),
-        "center": unsigned(cfg.center_width),
-        "rho": signed(cfg.rho_width),
     })
 
 
@@ -121,18 +124,13 @@ def recip_resp_layout(cfg: LadTileConfig) -> data.StructLayout:
 
 
 def require_built(cfg: LadTileConfig) -> LadTileConfig:
-    """The RTL serves one query head; ``group > 1`` (docs/lad-tile.md, "A tile per KV group") is in
-    the golden models and the SRAM map only. Raises ConfigError (one line) for it; returns ``cfg``."""
+    """The tile, MD and AC serve one query head; ``group > 1`` (docs/lad-tile.md, "A tile per KV
+    group") is in the golden models, the SRAM map, EAS and APID only. Raises ConfigError (one line)
+    for it; returns ``cfg``."""
     if cfg.group != 1:
-        raise ConfigError(f"the LAD tile's RTL is built for group 1; group {cfg.group} runs in the golden models only")
+        raise ConfigError(f"the LAD tile's RTL is built for group 1 (EAS and APID serve a group); group {cfg.group} "
+                          f"runs in the golden models only")
     return cfg
-
-
-def meta_head_bits(cfg: LadTileConfig) -> int:
-    """Bits of a position's metadata that belong to one query head (mode and counters); its center
-    and rho depend only on the keys, which a group's heads share."""
-    ml = meta_layout(cfg)
-    return ml.size - cfg.center_width - cfg.rho_width
 
 
 def sram_banks(cfg: LadTileConfig) -> dict[str, SramConfig]:
@@ -140,13 +138,13 @@ def sram_banks(cfg: LadTileConfig) -> dict[str, SramConfig]:
     reports (``sram_bits``, docs/lad-tile.md's SRAM map, design sweeps) count.
 
     EAS: centers (``eas_beats`` words of ``eas_lanes`` elements per center, ``center_bits`` each,
-    plus the center's exponent), their scores q.c_j and 1/|c_j|^2; APID: each position's metadata
-    (mode, counters, center, rho) and approximate score; AC: cache A, row ``l`` in bank
+    plus the center's exponent), their scores q.c_j and 1/|c_j|^2; APID: each position's center and
+    rho, its mode and counters (a bank per head) and approximate score; AC: cache A, row ``l`` in bank
     ``l mod (vpus - 3)``, one word per beat of ``ac_acc_width``-bit lanes. A tile serving a group
     of ``group`` query heads keeps one center table, its recips and each position's center and rho
     for all of them; per head: the center scores, modes and counters, approximate scores, cache A
-    and the exact pass's scores (one word holds every head's entry at an address, the A banks one
-    head's rows after another)."""
+    and the exact pass's scores (one word holds every head's entry at an address, the modes a bank
+    per head as the heads write them apart, the A banks one head's rows after another)."""
     L, nb, d, P, g = cfg.lanes, cfg.beats, cfg.head_dim, cfg.ac_vpus, cfg.group
     xw = cfg.sfm.x_width
     a_words = max(2, d // P * nb) * g
@@ -168,8 +166,9 @@ def sram_banks(cfg: LadTileConfig) -> dict[str, SramConfig]:
                                         read_latency=5, address_register=True),
         # APID's banks: read data registered once more after the RAM (APID's register slices
         # take it from a fabric register next to the RAM, not from the RAM's output pins)
-        "apid.metadata": SramConfig(depth=cfg.max_positions,
-                                    width=meta_layout(cfg).size + (g - 1) * meta_head_bits(cfg), read_latency=2),
+        "apid.centers": SramConfig(depth=cfg.max_positions, width=centers_layout(cfg).size, read_latency=2),
+        **{f"apid.modes{h}": SramConfig(depth=cfg.max_positions, width=mode_layout(cfg).size, read_latency=2)
+           for h in range(g)},
         "apid.approx_scores": SramConfig(depth=cfg.max_positions, width=xw * g, read_latency=2),
         # AC's cache A: the tiles' data registered (the DP16KD's output register), then the bank's
         # word (its bank / read-during-write mux) registered, before AC's rounding carry chain

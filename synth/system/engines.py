@@ -27,7 +27,8 @@ STEPS = 256                  # decode steps of a record averaged for one context
 # synthesis records giving each tile's logic (generic NAND2 equivalents) and post-route clock
 SYNTH_RECORDS = {"dense": "synth-s57-dense.json", "lad-tile": "synth-s54-tile.json",
                  "mac-decode": "synth-mac-decode-seed1.json", "vpu": "synth-s50-vpu-sfm-sram.json"}
-LAD_PERSISTENT = ("eas.centers", "eas.center_recips", "apid.metadata")   # + AC's caches: kept across steps
+# kept across steps: these banks, each head's modes (apid.modes<h>) and AC's caches (ac.*)
+LAD_PERSISTENT = ("eas.centers", "eas.center_recips", "apid.centers")
 
 
 @dataclass
@@ -169,11 +170,12 @@ def lad_engine(shape: ModelShape, context: int, record: dict, clock_mhz: float |
     banks = sram_banks(cfg)
     bits = {k: b.depth * b.width for k, b in banks.items()}
     ac_bits = sum(v for k, v in bits.items() if k.startswith("ac."))
-    persistent = sum(bits[k] for k in LAD_PERSISTENT) + ac_bits
+    modes = [k for k in bits if k.startswith("apid.modes")]
+    persistent = sum(bits[k] for k in (*LAD_PERSISTENT, *modes)) + ac_bits
     scratch = sum(bits.values()) - persistent
     d, kvw = cfg.head_dim, cfg.kv_width
     center_bits = banks["eas.centers"].width * cfg.eas_beats + banks["eas.center_recips"].width
-    meta = banks["apid.metadata"].width
+    meta = banks["apid.centers"].width + sum(banks[k].width for k in modes)   # a position's metadata
     xw = banks["apid.approx_scores"].width
     out = []
     for c in layers:
