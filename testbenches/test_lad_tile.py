@@ -14,6 +14,7 @@ from testbenches.runner import simulate
 
 SEED = 2025
 TRACE = Path(__file__).parent / "data" / "smollm2_lad_trace.pt"
+GROUP_TRACE = Path(__file__).parent / "data" / "smollm2_group_trace.pt"   # one KV group: layer 9, query heads 3-5
 SMALL = PRESETS["small"]   # d = 32, 4 beats, 2 AC VPUs, 64 positions (68 in the KV memory), 8 centers
 
 
@@ -72,6 +73,34 @@ def test_lad_tile_rtl_equals_golden_on_real_smollm2_head():
     assert r["mismatches"] == 0 and r["steps"] == 32
     assert r["active"] > 0 and r["candidates"] > 0 and r["centers"] > 8
     assert r["nonzero_outputs"] == r["beats"]
+
+
+def test_lad_tile_group_rtl_equals_golden_drift_past_the_end():
+    """A tile per KV group (``group`` 3): three query heads' drifting queries against one key
+    sequence, each head's o and statistics bit-exact with its own model; one center table (filling),
+    each head's candidates on the group's one KV port (reads shared where heads need them at once:
+    fewer than the heads' own in all, at least the busiest head's at every step); past
+    max_positions the group-aware exact pass, past kv_positions BEYOND for every head."""
+    cfg = replace(SMALL, group=3)
+    r = simulate("lad-tile", cfg, "testbenches.tb.tb_lad_tile", seed=SEED + 3, name="group-drift",
+                 params={"steps": 70, "kind": "drift"})
+    assert r["mismatches"] == 0 and r["steps"] == 70 and r["beats"] == 70 * 3 * SMALL.beats
+    assert r["paths"] == [StepPath.LAD] * 64 + [StepPath.EXACT] * 4 + [StepPath.BEYOND] * 2
+    assert all(beats == 2 * (n + 1) * SMALL.beats for n, beats in zip(r["positions"][64:68], r["kv_beats"][64:68]))
+    assert r["head_kv_beats_max"] <= r["group_kv_beats"] < r["head_kv_beats_sum"]
+    assert r["active"] > 0 and r["mode_changes"] > 0 and r["centers"] == SMALL.max_centers
+
+
+def test_lad_tile_group_rtl_equals_golden_on_a_real_smollm2_kv_group():
+    """A real KV group (SmolLM2 layer 9, query heads 3-5) in one tile at the default shape with
+    8-bit compact centers and the PWL cutoff at -6 (the v3 candidate point), random latency."""
+    cfg = replace(PRESETS["default"], group=3, center_bits=8, cutoff=-6.0)
+    r = simulate("lad-tile", cfg, "testbenches.tb.tb_lad_tile", seed=SEED + 4, name="group-trace",
+                 params={"trace": str(GROUP_TRACE), "steps": 24, "latency": [1, 4]})
+    assert r["mismatches"] == 0 and r["steps"] == 24
+    assert r["active"] > 0 and r["candidates"] > 0 and r["centers"] > 8
+    assert r["nonzero_outputs"] == r["beats"]
+    assert r["head_kv_beats_max"] <= r["group_kv_beats"] < r["head_kv_beats_sum"]
 
 
 def test_bit_accurate_within_bound_of_float_on_real_heads():
