@@ -49,7 +49,7 @@ from ..lib.arith import incr, round_shift, saturate
 from ..lib.pipe import csa_sum, delayed, placed, registered_product, split_add, split_sum
 from ..lib.sram import SramBank
 from ..lib.vpu import Vpu
-from .common import AcOp, Wires, ac_command_layout, beat_copy, beat_layout, beat_load_signature, recip_resp_layout, require_built, sram_banks
+from .common import AcOp, Wires, ac_command_layout, beat_copy, beat_layout, beat_load_signature, recip_resp_layout, require_one_head, sram_banks
 
 
 def registered_write(m: Module, port, en, addr, data):
@@ -198,7 +198,7 @@ def cache_terms(m, x, scale: int, mult, y, z, shifts, shape, name: str) -> Signa
 
 class Ac(wiring.Component):
     def __init__(self, cfg: LadTileConfig):
-        self.cfg = require_built(cfg)
+        self.cfg = require_one_head(cfg)
         super().__init__({
             "q_load": In(beat_load_signature(cfg)),
             "cmd": In(stream.Signature(ac_command_layout(cfg))),

@@ -123,13 +123,12 @@ def recip_resp_layout(cfg: LadTileConfig) -> data.StructLayout:
                               "exponent": unsigned(cfg.sfm.exponent_width)})
 
 
-def require_built(cfg: LadTileConfig) -> LadTileConfig:
-    """The tile, MD and AC serve one query head; ``group > 1`` (docs/lad-tile.md, "A tile per KV
-    group") is in the golden models, the SRAM map, EAS and APID only. Raises ConfigError (one line)
-    for it; returns ``cfg``."""
+def require_one_head(cfg: LadTileConfig) -> LadTileConfig:
+    """MD and AC serve one query head (a tile per KV group has one of each per head, built at
+    ``group`` 1). Raises ConfigError (one line) for ``group > 1``; returns ``cfg``."""
     if cfg.group != 1:
-        raise ConfigError(f"the LAD tile's RTL is built for group 1 (EAS and APID serve a group); group {cfg.group} "
-                          f"runs in the golden models only")
+        raise ConfigError(f"MD and AC serve one query head (a tile per KV group has one per head); group "
+                          f"{cfg.group} is for lad-tile, lad-eas and lad-apid")
     return cfg
 
 

@@ -39,7 +39,7 @@ from ..lib.pipe import SCALED_STAGES, csa_sum, partial_products, placed, registe
 from ..lib.vpu import Vpu
 from .dense import kv_request_layout
 from .common import (AcOp, ac_command_layout, beat_layout, boundary_tests, bump_terms, bump_terms_width, bumped_counters, candidate_layout, interval_count,
-                     coef_width, w_width, beat_copy, beat_load_signature, require_built)
+                     coef_width, w_width, beat_copy, beat_load_signature, require_one_head)
 
 
 def _k_index(slot, b, nb):
@@ -73,7 +73,7 @@ class _Slots(NamedTuple):
 
 class Md(wiring.Component):
     def __init__(self, cfg: LadTileConfig):
-        self.cfg = require_built(cfg)
+        self.cfg = require_one_head(cfg)
         super().__init__({
             "q_load": In(beat_load_signature(cfg)),
             "m": In(signed(cfg.sfm.x_width)),

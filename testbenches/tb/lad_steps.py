@@ -137,8 +137,8 @@ def sequence(bench: Bench):
     """Raw (steps, d) q, k, v of the run: ``trace`` (head ``head`` of a SmolLM2 file), else
     ``kind`` of :func:`random_sequence`; ``eas_corners`` puts the EAS corner keys in (and one
     query at the format's extremes, along the longest center). With ``group`` g > 1, q is the
-    group's (g, steps, d): a trace's first g heads (a file of one KV group's heads), or g random
-    query sequences against the one key sequence."""
+    group's (g, steps, d): a trace's group ``head`` (its heads ``head * g ..``, one KV group's), or g
+    random query sequences against the one key sequence."""
     cfg, rng, p = bench.cfg, bench.rng, bench.params
     steps, g = bench.steps(24), cfg.group
     if p.get("trace"):
@@ -146,9 +146,9 @@ def sequence(bench: Bench):
         h, f = p.get("head", 0), cfg.kv_format
         if g == 1:
             q, k, v = (f.quantize(t[name][h, :steps, :cfg.head_dim].float()) for name in ("q", "k", "v"))
-        else:
-            q = f.quantize(t["q"][:g, :steps, :cfg.head_dim].float())
-            k, v = (f.quantize(t[name][0, :steps, :cfg.head_dim].float()) for name in ("k", "v"))
+        else:   # group h: the file's heads h g .. h g + g - 1, one KV group's
+            q = f.quantize(t["q"][h * g:(h + 1) * g, :steps, :cfg.head_dim].float())
+            k, v = (f.quantize(t[name][h * g, :steps, :cfg.head_dim].float()) for name in ("k", "v"))
     else:
         kind = p.get("kind", "drift")
         q, k, v = random_sequence(cfg, rng.randrange(1 << 30), steps, kind)
