@@ -80,13 +80,13 @@ def test_lad_tile_group_rtl_equals_golden_drift_past_the_end():
     sequence, each head's o and statistics bit-exact with its own model; one center table (filling),
     each head's candidates on the group's one KV port (reads shared where heads need them at once:
     fewer than the heads' own in all, at least the busiest head's at every step); past
-    max_positions the group-aware exact pass, past kv_positions BEYOND for every head."""
-    cfg = replace(SMALL, group=3)
+    max_positions (24) the group-aware exact pass, past kv_positions (28) BEYOND for every head."""
+    cfg = replace(SMALL, group=3, max_positions=24, kv_positions=28)
     r = simulate("lad-tile", cfg, "testbenches.tb.tb_lad_tile", seed=SEED + 3, name="group-drift",
-                 params={"steps": 70, "kind": "drift"})
-    assert r["mismatches"] == 0 and r["steps"] == 70 and r["beats"] == 70 * 3 * SMALL.beats
-    assert r["paths"] == [StepPath.LAD] * 64 + [StepPath.EXACT] * 4 + [StepPath.BEYOND] * 2
-    assert all(beats == 2 * (n + 1) * SMALL.beats for n, beats in zip(r["positions"][64:68], r["kv_beats"][64:68]))
+                 params={"steps": 30, "kind": "drift"})
+    assert r["mismatches"] == 0 and r["steps"] == 30 and r["beats"] == 30 * 3 * SMALL.beats
+    assert r["paths"] == [StepPath.LAD] * 24 + [StepPath.EXACT] * 4 + [StepPath.BEYOND] * 2
+    assert all(beats == 2 * (n + 1) * SMALL.beats for n, beats in zip(r["positions"][24:28], r["kv_beats"][24:28]))
     assert r["head_kv_beats_max"] <= r["group_kv_beats"] < r["head_kv_beats_sum"]
     assert r["active"] > 0 and r["mode_changes"] > 0 and r["centers"] == SMALL.max_centers
 
