@@ -41,7 +41,7 @@ def test_lad_eas_rtl_equals_golden(kind, steps, seed, eas_beats, center_bits, gr
     and s^ from the score word of the group."""
     params = {"steps": steps, "kind": kind, "eas_corners": kind == "drift", "extra_lookups": 4}
     if kind == "trace":
-        params.update(trace=str(TRACE if group == 1 else GROUP_TRACE), head=1)
+        params.update({"trace": str(TRACE), "head": 1} if group == 1 else {"trace": str(GROUP_TRACE)})
     cfg = replace(WIDE_RHO if kind == "drift" else SMALL, eas_beats=eas_beats, center_bits=center_bits, group=group)
     name = (f"{kind}-c{center_bits}" if center_bits else kind) + (f"-g{group}" if group > 1 else "")
     r = simulate("lad-eas", cfg, "testbenches.tb.tb_lad_eas", seed=seed, name=name, params=params)

@@ -147,6 +147,8 @@ def sequence(bench: Bench):
         if g == 1:
             q, k, v = (f.quantize(t[name][h, :steps, :cfg.head_dim].float()) for name in ("q", "k", "v"))
         else:   # group h: the file's heads h g .. h g + g - 1, one KV group's
+            if (h + 1) * g > t["q"].shape[0]:
+                raise ValueError(f"group {h} of {g} heads: the trace has {t['q'].shape[0]} heads")
             q = f.quantize(t["q"][h * g:(h + 1) * g, :steps, :cfg.head_dim].float())
             k, v = (f.quantize(t[name][h * g, :steps, :cfg.head_dim].float()) for name in ("k", "v"))
     else:
