@@ -29,9 +29,8 @@ is the group-aware dense block.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import dataclasses
+from typing import NamedTuple
 
 from amaranth import Array, Cat, Const, Module, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
@@ -51,6 +50,11 @@ from .dense import DenseAttention, kv_request_layout
 from .eas import Eas
 from .kv_union import KvUnion
 from .md import Md
+
+
+def head_name(name: str, h: int) -> str:
+    """The name of query head h's copy of a part or signal (head 0's: the name itself)."""
+    return name if h == 0 else f"{name}{h}"
 
 
 def step_layout(cfg: LadTileConfig) -> data.StructLayout:
@@ -140,9 +144,8 @@ class LadTile(wiring.Component):
         eas, apid, sfm = Eas(cfg), Apid(cfg), Sfm(sfm_cfg)
         exact_path = cfg.kv_positions > cfg.max_positions   # else a step past max_positions is BEYOND at once
         exact = DenseAttention(cfg.fallback()) if exact_path else None
-        tag = lambda name, h: name if h == 0 else f"{name}{h}"   # noqa: E731
-        for name, part in (*((tag("ac", h), a) for h, a in enumerate(ac)), ("eas", eas), ("exact", exact),
-                           *((tag("md", h), d) for h, d in enumerate(md)), ("apid", apid), ("sfm", sfm)):
+        for name, part in (*((head_name("ac", h), a) for h, a in enumerate(ac)), ("eas", eas), ("exact", exact),
+                           *((head_name("md", h), d) for h, d in enumerate(md)), ("apid", apid), ("sfm", sfm)):
             if part is not None:
                 add_part(m, name, part)
         # between the blocks, for the clock (docs/synthesis.md): AC's commands and the SFM's requests
@@ -154,7 +157,7 @@ class LadTile(wiring.Component):
         # AC's ready drives no payload enables; what AC decodes (op, update, accumulate) leaves flip-flops
         ac_cmd_slices = [FifoSlice(ac_command_layout(cfg), flop_fields=("op", "update", "accumulate")) for _ in range(g)]
         for h, (slice_, a) in enumerate(zip(ac_cmd_slices, ac)):
-            m.submodules[tag("ac_cmd", h)] = slice_
+            m.submodules[head_name("ac_cmd", h)] = slice_
             wiring.connect(m, slice_.o, a.cmd)
         m.submodules.sfm_in = sfm_in_slice = RegisterSlice(sfm_in_layout(sfm_cfg))
         wiring.connect(m, sfm_in_slice.o, sfm.i)
@@ -166,7 +169,7 @@ class LadTile(wiring.Component):
         # across the die to AC's slice (docs/lad-tile.md, Synthesis)
         md_corr = [RegisterSlice(ac_command_layout(cfg)) for _ in range(g)]
         for h, (corr, d) in enumerate(zip(md_corr, md)):
-            m.submodules[tag("md_corr", h)] = corr
+            m.submodules[head_name("md_corr", h)] = corr
             wiring.connect(m, d.corr, corr.i)
         corr_to_ac = Signal()
 
@@ -176,9 +179,9 @@ class LadTile(wiring.Component):
         # the transfers of ``head`` h (to its MD, AC and copy, and to EAS with its head), k_n and v_n
         # in head 0's
         beat, head = Signal(range(nb)), Signal(range(g))
-        loads = {**{tag("q", h): beat_load_signature(cfg).create(path=(f"{tag('q', h)}_load",)) for h in range(g)},
+        loads = {**{head_name("q", h): beat_load_signature(cfg).create(path=(f"{head_name('q', h)}_load",)) for h in range(g)},
                  **{name: beat_load_signature(cfg).create(path=(f"{name}_load",)) for name in "kv"}}
-        q_loads = [loads[tag("q", h)] for h in range(g)]
+        q_loads = [loads[head_name("q", h)] for h in range(g)]
         for h, load in enumerate(q_loads):
             m.d.comb += [x for port in (md[h].q_load, ac[h].q_load) for x in (port.valid.eq(load.valid),
                                                                               port.payload.eq(load.payload))]
@@ -187,12 +190,12 @@ class LadTile(wiring.Component):
                      eas.q_load.payload.beat.eq(beat), eas.q_load.payload.data.eq(self.step_in.payload.q)]
         if g > 1:
             m.d.comb += eas.q_load.payload.head.eq(head)
-        q_buf = [beat_copy(m, cfg, load, f"{tag('q', h)}_copy", L, 1)[0] for h, load in enumerate(q_loads)]
+        q_buf = [beat_copy(m, cfg, load, f"{head_name('q', h)}_copy", L, 1)[0] for h, load in enumerate(q_loads)]
         k_buf, v_buf = (beat_copy(m, cfg, loads[name], f"{name}_copy", L, 1)[0] for name in "kv")
         m.d.comb += [buf.addr.eq(beat) for buf in (*q_buf, k_buf, v_buf)]
         m.d.comb += [x for name, load in loads.items()   # (the payload whatever the state: only valid is LOAD's)
                      for x in (load.payload.beat.eq(beat), load.payload.data.eq(self.step_in.payload[name[0]]))]
-        m_ref = [Signal(signed(xw), name=tag("m_ref", h)) for h in range(g)]
+        m_ref = [Signal(signed(xw), name=head_name("m_ref", h)) for h in range(g)]
         m.d.comb += [d.m.eq(mr) for d, mr in zip(md, m_ref)]
 
         exact_pass = self._kv_port(m, eas, apid, md, exact)
