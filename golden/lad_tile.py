@@ -313,10 +313,10 @@ def schedule_cycles(cfg: LadTileConfig, position, centers_before, kv_beats, mode
     A group's tile (``group`` g > 1; docs/lad-tile.md, "A tile per KV group"; the one-head constants,
     8.3 % mean error against its RTL) runs its heads in lockstep: EAS reads each center once and
     dots it with the g queries (g + 1 VPUs), APID classifies each position for every head against
-    the shared center and rho, g MDs
-    take the one stream of the group's KV beats (``kv_beats``: the union of the heads' candidates'
-    keys and actives' values) and each head has its AC (``mode_changes``: the busiest head's). Its
-    step is one head's schedule with the group's reads, plus the g - 1 further queries' beats."""
+    the shared center and rho, g MDs take the one stream of the group's KV beats (``kv_beats``: the
+    union of the heads' candidates' keys and actives' values) and each head has its AC
+    (``mode_changes``: the busiest head's). Its step is one head's schedule with the group's reads,
+    plus the g - 1 further queries' beats."""
     pass_b = torch.maximum(torch.as_tensor(position), torch.as_tensor(kv_beats))
     serial = cfg.eas_beats * torch.as_tensor(centers_before) + torch.as_tensor(position)
     qa_wait = (2 * cfg.ac_update_cycles - serial).clamp_min(0)   # absorption's update + q.A pass
