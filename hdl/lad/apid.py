@@ -29,14 +29,9 @@ from golden.lad_tile import LadTileConfig
 
 from ..lib.slice import RegisterSlice
 from ..lib.sram import SramBank
-from .common import (bump_terms, bumped_counters, candidate_layout, centers_layout, head_scores_shape, mode_layout,
-                     mode_thresholds, sram_banks)
+from .common import (bump_terms, bumped_counters, candidate_layout, centers_layout, head_scores_shape, head_values,
+                     mode_layout, mode_thresholds, per_head, sram_banks)
 from .eas import lookup_layout
-
-
-def per_head(cfg: LadTileConfig, shape):
-    """``shape`` at group 1, else an array of one per query head."""
-    return shape if cfg.group == 1 else data.ArrayLayout(shape, cfg.group)
 
 
 def scan_layout(cfg: LadTileConfig) -> data.StructLayout:
@@ -96,8 +91,8 @@ class Apid(wiring.Component):
         # holds them for the state machine.
         mw = wl.size
         cw = cfg.counter_bits * R
-        scan_m = [self.scan.payload.m] if g == 1 else list(self.scan.payload.m)
-        tests = [mode_thresholds(m, mh, self.scan.valid & self.scan.ready, cfg) for mh in scan_m]
+        tests = [mode_thresholds(m, mh, self.scan.valid & self.scan.ready, cfg)
+                 for mh in head_values(cfg, self.scan.payload.m)]
         m.submodules.resp_slice = resp_slice = RegisterSlice(mw + xw * g)
         resp = resp_slice.o.payload
         resp_word = data.View(wl, resp[:mw])
@@ -143,13 +138,12 @@ class Apid(wiring.Component):
         # pass A's s^_i, taken whenever they come (only APPROX's lookups make them, and APPROX
         # leaves once all are in): EAS's lookup pipeline never stalls on APID's state (APID's
         # state -> approx.ready -> EAS's enables crossed between the blocks)
-        approx = [self.approx.payload] if g == 1 else list(self.approx.payload)
         m.d.comb += self.approx.ready.eq(1)
         with m.If(self.approx.valid):
             m.d.comb += [amem.write.valid.eq(1), amem.write.payload.addr.eq(finished),
                          amem.write.payload.data.eq(self.approx.payload)]
             m.d.sync += finished.eq(finished + 1)
-            for b, a in zip(best, approx):
+            for b, a in zip(best, head_values(cfg, self.approx.payload)):
                 with m.If(a > b):
                     m.d.sync += b.eq(a)
 
@@ -178,8 +172,7 @@ class Apid(wiring.Component):
                     keys = Signal(cl)
                     m.d.comb += [keys.center.eq(a.center), keys.rho.eq(a.rho), cmem.write.valid.eq(1),
                                  cmem.write.payload.addr.eq(a.position), cmem.write.payload.data.eq(keys)]
-                    for h, write in enumerate(mode_writes):
-                        mode = a.mode if g == 1 else a.mode[h]
+                    for h, (write, mode) in enumerate(zip(mode_writes, head_values(cfg, a.mode))):
                         fresh = Signal(hl, name=f"fresh{h}")
                         m.d.comb += fresh.mode.eq(mode)
                         for r in range(R):

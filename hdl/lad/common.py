@@ -69,10 +69,19 @@ def query_load_signature(cfg: LadTileConfig) -> stream.Signature:
     return stream.Signature(query_load_layout(cfg), always_ready=True)
 
 
+def per_head(cfg: LadTileConfig, shape):
+    """``shape`` at group 1, else an array of one per query head of the group."""
+    return shape if cfg.group == 1 else data.ArrayLayout(shape, cfg.group)
+
+
 def head_scores_shape(cfg: LadTileConfig):
-    """A score per query head of the group: ``signed(x_width)`` at group 1, else an array of them."""
-    score = signed(cfg.sfm.x_width)
-    return score if cfg.group == 1 else data.ArrayLayout(score, cfg.group)
+    """A score per query head of the group (:func:`per_head` of ``signed(x_width)``)."""
+    return per_head(cfg, signed(cfg.sfm.x_width))
+
+
+def head_values(cfg: LadTileConfig, value) -> list:
+    """A :func:`per_head` value as a list of one value per query head."""
+    return [value] if cfg.group == 1 else [value[h] for h in range(cfg.group)]
 
 
 def beat_copy(m, cfg: LadTileConfig, load, name: str, lanes: int, reads: int) -> list:

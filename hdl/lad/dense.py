@@ -472,4 +472,3 @@ class DenseAttention(wiring.Component):
             with m.If(out_head == 0):
                 m.d.sync += group_cycles.eq(heads[0].out.payload.cycles)
         return m
-

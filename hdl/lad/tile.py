@@ -45,7 +45,7 @@ from ..lib.sfm import Sfm, sfm_in_layout
 from ..lib.slice import FifoSlice, RegisterSlice
 from .ac import Ac
 from .apid import Apid
-from .common import AcOp, ac_command_layout, beat_copy, beat_layout, beat_load_signature, coef_width
+from .common import AcOp, ac_command_layout, beat_copy, beat_layout, beat_load_signature, coef_width, head_values
 from .dense import DenseAttention, kv_request_layout
 from .eas import Eas
 from .kv_union import KvUnion
@@ -296,9 +296,8 @@ class LadTile(wiring.Component):
             m.d.comb += [p.m.eq(s.m_ref[h]), p.w.eq(p_new[h]), p.alpha.eq(slopes[r_new[h]]),
                          p.beta.eq(intercepts[r_new[h]]), p.k.eq(s.k_buf.data), p.v.eq(s.v_buf.data)]
 
-        modes = r_new[0] if g == 1 else Cat(*r_new)
         absorb_payload = [apid.absorb.payload.position.eq(n), apid.absorb.payload.center.eq(key.center),
-                          apid.absorb.payload.rho.eq(key.rho), apid.absorb.payload.mode.eq(modes)]
+                          apid.absorb.payload.rho.eq(key.rho), apid.absorb.payload.mode.eq(Cat(*r_new))]
         return s._replace(n=n, key=key, p_new=p_new, r_new=r_new, candidates=candidates, snap=snap, counts=counts,
                           kv_beats=kv_beats, cycles=cycles, absorb_sent=absorb_sent, step_done=step_done,
                           env_wait=env_wait, cmd=cmd, sent=sent, qa_sent=qa_sent, send_qa=send_qa,
@@ -316,10 +315,6 @@ class LadTile(wiring.Component):
         with m.Else():
             m.d.sync += s.sent.eq(s.sent | took)
         return every
-
-    def _scores_of(self, payload) -> list:
-        """A per-head score payload (``s_new``, ``smax``) as one value per head."""
-        return [payload] if self.cfg.group == 1 else [payload[h] for h in range(self.cfg.group)]
 
     def _approx_states(self, m, s):
         """The sequencer's states up to the candidates: LOAD, EAS, APID pass A, TERMS, APID pass B
@@ -362,7 +357,7 @@ class LadTile(wiring.Component):
                          eas.key_out.ready.eq(1)]
             with m.If(eas.key_out.valid):
                 m.d.sync += [s.key.eq(eas.key_out.payload),
-                             *(mr.eq(sn) for mr, sn in zip(m_ref, self._scores_of(eas.key_out.payload.s_new)))]
+                             *(mr.eq(sn) for mr, sn in zip(m_ref, head_values(cfg, eas.key_out.payload.s_new)))]
                 with m.If(n == 0):
                     m.next = "TERMS"
                 with m.Else():
@@ -376,7 +371,7 @@ class LadTile(wiring.Component):
             m.d.comb += send_qa
             m.d.comb += apid.smax.ready.eq(1)
             with m.If(apid.smax.valid):
-                for mr, smax in zip(m_ref, self._scores_of(apid.smax.payload)):
+                for mr, smax in zip(m_ref, head_values(cfg, apid.smax.payload)):
                     with m.If(smax > mr):
                         m.d.sync += mr.eq(smax)
                 m.next = "TERMS"
@@ -389,15 +384,14 @@ class LadTile(wiring.Component):
                     m.next = "CLASSIFY"
         with m.State("CLASSIFY"):
             m.d.comb += [apid.scan.valid.eq(1), apid.scan.payload.length.eq(n),
-                         apid.scan.payload.m.eq(m_ref[0] if g == 1 else Cat(*m_ref)), apid.scan.payload.classify.eq(1)]
+                         apid.scan.payload.m.eq(Cat(*m_ref)), apid.scan.payload.classify.eq(1)]
             with m.If(apid.scan.ready):
                 m.d.sync += s.corr_to_ac.eq(1)
                 m.next = "CLASSIFY_WAIT"
         with m.State("CLASSIFY_WAIT"):   # candidates flow APID -> MD -> AC (corr_to_ac)
             m.d.comb += apid.done.ready.eq(1)
             with m.If(apid.done.valid):
-                counts = [apid.done.payload] if g == 1 else [apid.done.payload[h] for h in range(g)]
-                m.d.sync += [c.eq(x) for c, x in zip(s.candidates, counts)]
+                m.d.sync += [c.eq(x) for c, x in zip(s.candidates, head_values(cfg, apid.done.payload))]
                 m.next = "MD_DRAIN"
         with m.State("MD_DRAIN"):   # until every MD and its corrections' slice are empty
             with m.If(~Cat(*(d.busy | corr.o.valid for d, corr in zip(md, s.md_corr))).any()):
@@ -412,7 +406,7 @@ class LadTile(wiring.Component):
         nb, xw = cfg.beats, cfg.sfm.x_width
         ac, eas, apid, sfm, sfm_i = s.ac, s.eas, s.apid, s.sfm, s.sfm_i
         beat, head, n, key, m_ref, absorb_sent = s.beat, s.head, s.n, s.key, s.m_ref, s.absorb_sent
-        s_new = self._scores_of(key.s_new)
+        s_new = head_values(cfg, key.s_new)
         with m.State("NEW_EXP"):   # head h's new position: (p_n, r_n) = EXP(sat(s_n - m))
             x_new = Array(saturate(sn - mr, signed(xw)) for sn, mr in zip(s_new, m_ref))[head]
             m.d.comb += [sfm_i.valid.eq(1), sfm_i.payload.op.eq(SfmOp.EXP), sfm_i.payload.x.eq(x_new)]

@@ -170,6 +170,18 @@ def sequence(bench: Bench):
     return q, k, v
 
 
+def head_payload(cfg: LadTileConfig, values):
+    """A stream payload of one value per query head (hdl.lad.common.per_head): the value itself at
+    group 1, else the list."""
+    values = list(values)
+    return values[0] if cfg.group == 1 else values
+
+
+def payload_heads(cfg: LadTileConfig, payload) -> list:
+    """A per-head stream payload as a list of one value per query head."""
+    return [payload] if cfg.group == 1 else list(payload)
+
+
 def golden_records(cfg: LadTileConfig, q, k, v) -> tuple[LadTileModel, list[StepTrace]]:
     """The model after the sequence, and the trace of every (non-overflow) step."""
     trace: list[StepTrace] = []

@@ -19,11 +19,11 @@ import cocotb
 from amaranth import unsigned
 
 from golden.lad_tile import LadTileConfig
-from hdl.lad.apid import absorb_layout, per_head, scan_layout
-from hdl.lad.common import candidate_layout, head_scores_shape
+from hdl.lad.apid import absorb_layout, scan_layout
+from hdl.lad.common import candidate_layout, head_scores_shape, per_head
 from hdl.lad.eas import lookup_layout
 from testbenches.streams import Bench
-from testbenches.tb.lad_steps import golden_records, sequence
+from testbenches.tb.lad_steps import golden_records, head_payload, payload_heads, sequence
 
 
 @cocotb.test()
@@ -35,15 +35,11 @@ async def apid_matches_golden(dut):
     recs = head_recs[0]
     xf, nb = cfg.sfm.x_format, cfg.beats
 
-    def heads(values):   # a payload of one value per head (a scalar at group 1)
-        values = list(values)
-        return values[0] if g == 1 else values
-
     approx_queue: list = []
     verdicts: list[dict[int, dict]] = [{} for _ in range(g)]
 
     def eas_lookup(_req):   # in order: the golden s^ of the next position, every head's
-        return approx_queue.pop(0) if approx_queue else heads([0] * g)
+        return approx_queue.pop(0) if approx_queue else head_payload(cfg, [0] * g)
 
     def md_verdict(h):
         return lambda c: verdicts[h].get(c["position"], c)
@@ -66,11 +62,11 @@ async def apid_matches_golden(dut):
         head's smax == the max of its scores."""
         nonlocal smax_passes
         smax_passes += 1
-        approx_queue[:] = [heads(s[j] for s in scores) for j in range(n)]
+        approx_queue[:] = [head_payload(cfg, (s[j] for s in scores)) for j in range(n)]
         want_lookups.extend({"center": c, "rho": r} for c, r in lookups)
-        scan_src.put({"length": n, "m": heads(rng.randint(xf.min_raw, xf.max_raw) for _ in range(g)), "classify": 0})
+        scan_src.put({"length": n, "m": head_payload(cfg, (rng.randint(xf.min_raw, xf.max_raw) for _ in range(g))), "classify": 0})
         await smax_sink.wait_for(smax_passes, timeout_cycles=30 * n + 2000)
-        bench.check(what, smax_sink.received[-1][1], heads(max(s) for s in scores))
+        bench.check(what, smax_sink.received[-1][1], head_payload(cfg, (max(s) for s in scores)))
 
     halved_at: list[dict[int, int]] = [{} for _ in range(g)]   # per head: position -> step of a quiet-bump halving
     halved_seen = changed_seen = 0
@@ -94,14 +90,14 @@ async def apid_matches_golden(dut):
                         halved_seen += 1
                     if mode != head_recs[h][pos].r_new:   # recs[i] is position i
                         changed_seen += 1
-            scan_src.put({"length": n, "m": heads(r.m for r in step), "classify": 1})
+            scan_src.put({"length": n, "m": head_payload(cfg, (r.m for r in step)), "classify": 1})
             await done_sink.wait_for(passes, timeout_cycles=(30 + 12 * nb) * n + 2000)
-            bench.check(f"step {n} done", done_sink.received[-1][1], heads(len(r.cand) for r in step))
+            bench.check(f"step {n} done", done_sink.received[-1][1], head_payload(cfg, (len(r.cand) for r in step)))
             for h, r in enumerate(step):
                 for pos, mode, c in zip(r.quiet, r.quiet_mode, r.quiet_counters):
                     if c[mode] + 1 > cfg.counter_max:
                         halved_at[h].setdefault(pos, n)
-        absorb_src.put({"position": n, "center": rec.center, "rho": rec.rho, "mode": heads(r.r_new for r in step)})
+        absorb_src.put({"position": n, "center": rec.center, "rho": rec.rho, "mode": head_payload(cfg, (r.r_new for r in step))})
         await bench.until(lambda: len(absorb_src.sent) == n + 1, 2000, "absorb accepted")
     await bench.settle(50)
     bench.compare("lookup", eas.requests.items, want_lookups)
@@ -118,6 +114,6 @@ async def apid_matches_golden(dut):
         no_candidate_steps=sum(1 for hr in head_recs for r in hr if r.n and not r.cand),
         quiet_halvings=sum(len(h) for h in halved_at), halved_seen=halved_seen, changed_mode_seen=changed_seen,
         max_counter_seen=max((max(c["counters"]) for cs in want_cands for c in cs), default=0),
-        nonzero_smax=sum(1 for _, s in smax_sink.received if any(x != 0 for x in ([s] if g == 1 else s))),
+        nonzero_smax=sum(1 for _, s in smax_sink.received if any(x != 0 for x in payload_heads(cfg, s))),
         # steps at which the heads' candidate sets differ (each head classifies against its own m)
         heads_differ=sum(1 for i in range(len(recs)) if len({tuple(hr[i].cand) for hr in head_recs}) > 1))

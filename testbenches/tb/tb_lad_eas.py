@@ -20,7 +20,7 @@ from golden.lad_tile import COS_FRAC, LadTileConfig, compact_center
 from hdl.lad.common import beat_load_layout, head_scores_shape, query_load_layout, recip_resp_layout
 from hdl.lad.eas import key_out_layout, lookup_layout
 from testbenches.streams import Bench
-from testbenches.tb.lad_steps import golden_records, load_vector, sequence, sfm_recip
+from testbenches.tb.lad_steps import golden_records, head_payload, load_vector, payload_heads, sequence, sfm_recip
 
 
 def center_t(model, k: list[int], j: int, half) -> int:
@@ -53,12 +53,6 @@ async def eas_matches_golden(dut):
     runs = [golden_records(cfg, qh, k, v) for qh in (q if g > 1 else q[None])]
     model, recs = runs[0]
     assert all(r.center == rec.center and r.rho == rec.rho for _, hr in runs for r, rec in zip(hr, recs))
-
-    def per_head(values):   # one value per head: the stream's payload (a scalar at group 1)
-        return values[0] if g == 1 else values
-
-    def heads_of(value):    # a payload's values, one per head
-        return [value] if g == 1 else value
     xw, rf = cfg.sfm.x_width, cfg.rho_format
     q_src, k_src = bench.source("q_load", query_load_layout(cfg)), bench.source("k_load", beat_load_layout(cfg))
     start_src = bench.source("start", unsigned(1))
@@ -85,14 +79,14 @@ async def eas_matches_golden(dut):
         step_cycles.append(key_sink.log[-1][0] - start_cycle)
         bench.check(f"step {rec.n} key_out", key_sink.received[-1][1],
                     {"center": rec.center, "rho": rec.rho, "new_center": int(rec.new_center),
-                     "s_new": per_head([hr.s_new for hr in head_recs])})
+                     "s_new": head_payload(cfg, [hr.s_new for hr in head_recs])})
         bench.check(f"step {rec.n} centers", int(dut.centers.value), rec.centers_after)
         if rec.new_center:
             want_recip.append(rec.kk)
         # APID's lookups of this step, then extra ones with random centers and extreme rho
         lookups = list(rec.lookups)
         for j in range(len(rec.s_hat)):
-            approx_sink.expect(per_head([hr.s_hat[j] for hr in head_recs]), inputs=f"step {rec.n} position {j}")
+            approx_sink.expect(head_payload(cfg, [hr.s_hat[j] for hr in head_recs]), inputs=f"step {rec.n} position {j}")
         if C:
             more = [(rng.randrange(C), rng.choice(rho_corners) if rng.random() < 0.5 else
                      rng.randint(rf.min_raw, rf.max_raw)) for _ in range(extra)]
@@ -105,7 +99,7 @@ async def eas_matches_golden(dut):
             scores = [hm.approx_scores(torch.tensor(hr.qcs, dtype=torch.int64), centers, rhos).tolist()
                       for (hm, _), hr in zip(runs, head_recs)]
             for x, (c, r) in enumerate(more):
-                approx_sink.expect(per_head([sc[x] for sc in scores]), inputs=f"step {rec.n} extra center {c} rho {r}")
+                approx_sink.expect(head_payload(cfg, [sc[x] for sc in scores]), inputs=f"step {rec.n} extra center {c} rho {r}")
         first = len(approx_sink.log)
         lookup_src.put(*({"center": c, "rho": r} for c, r in lookups))
         await approx_sink.wait_for(len(approx_sink.expected), timeout_cycles=20 * len(lookups) + 2000)
@@ -115,7 +109,7 @@ async def eas_matches_golden(dut):
     await bench.drain(timeout_cycles=2000, settle=50)
     bench.compare("key_out", key_sink.items[len(recs):], [])
     bench.compare("recip_req", sfm.requests.items, want_recip)
-    want_approx = [a for w, _ in approx_sink.expected for a in heads_of(w)]
+    want_approx = [a for w, _ in approx_sink.expected for a in payload_heads(cfg, w)]
     joins = [r for r in recs if not r.new_center]
     free = [r for r in recs if 0 < r.centers_before < cfg.max_centers]   # a verdict, not a full table
 
