@@ -12,8 +12,8 @@ With ``--set group=G`` (a tile per KV group, docs/lad-tile.md) each ``--heads`` 
 ``LAYER:KV_HEAD``, the G query heads of that KV head are recorded and each row is the group's: its
 tile's KV beats (each key and value read once for the group: the union of the heads' candidates and
 actives), its schedule (``golden.lad_tile.schedule_cycles`` at ``group`` G) against the group-aware
-dense tile (the dense RTL's measured step plus the G - 1 further queries' beats,
-``golden.dense.dense_step_cycles``). ``--rtl-steps`` runs the group tile's RTL on the group's
+dense tile (the dense RTL at ``group`` G, measured: one KV stream for the G heads).
+``--rtl-steps`` runs the group tile's RTL on the group's
 heads (its KV beats: its one port's, at least the union); the model's rows are the planned
 schedule of the union.
 
@@ -56,7 +56,6 @@ from pathlib import Path
 
 import torch
 
-from golden.dense import dense_step_cycles
 from golden.errors import ConfigError
 from golden.lad_tile import SCHEDULE_FIXED, SCHEDULE_PER_MODE_CHANGE, LadTileConfig, schedule_cycles
 from testbenches.runner import simulate
