@@ -16,6 +16,10 @@ SEED = 2025
 TRACE = Path(__file__).parent / "data" / "smollm2_lad_trace.pt"
 GROUP_TRACE = Path(__file__).parent / "data" / "smollm2_group_trace.pt"   # one KV group: layer 9, query heads 3-5
 SMALL = PRESETS["small"]   # d = 32, 4 beats, 2 AC VPUs, 64 positions (68 in the KV memory), 8 centers
+# The group tile's two tests share one build: the default shape (d = 64) at group 3 with the v3
+# candidate point (8-bit centers, PWL cutoff -6), 24 positions (28 in the KV memory), 8 centers
+GROUP = replace(PRESETS["default"], group=3, center_bits=8, cutoff=-6.0, max_positions=24, max_centers=8,
+                kv_positions=28)
 
 
 @pytest.mark.parametrize("center_bits", [0, 6])
@@ -81,24 +85,22 @@ def test_lad_tile_group_rtl_equals_golden_drift_past_the_end():
     each head's candidates on the group's one KV port (reads shared where heads need them at once:
     fewer than the heads' own in all, at least the busiest head's at every step); past
     max_positions (24) the group-aware exact pass, past kv_positions (28) BEYOND for every head."""
-    cfg = replace(SMALL, group=3, max_positions=24, kv_positions=28)
-    r = simulate("lad-tile", cfg, "testbenches.tb.tb_lad_tile", seed=SEED + 3, name="group-drift",
+    r = simulate("lad-tile", GROUP, "testbenches.tb.tb_lad_tile", seed=SEED + 3, name="group-drift",
                  params={"steps": 30, "kind": "drift"})
-    assert r["mismatches"] == 0 and r["steps"] == 30 and r["beats"] == 30 * 3 * SMALL.beats
+    assert r["mismatches"] == 0 and r["steps"] == 30 and r["beats"] == 30 * 3 * GROUP.beats
     assert r["paths"] == [StepPath.LAD] * 24 + [StepPath.EXACT] * 4 + [StepPath.BEYOND] * 2
-    assert all(beats == 2 * (n + 1) * SMALL.beats for n, beats in zip(r["positions"][24:28], r["kv_beats"][24:28]))
+    assert all(beats == 2 * (n + 1) * GROUP.beats for n, beats in zip(r["positions"][24:28], r["kv_beats"][24:28]))
     assert r["head_kv_beats_max"] <= r["group_kv_beats"] < r["head_kv_beats_sum"]
-    assert r["active"] > 0 and r["mode_changes"] > 0 and r["centers"] == SMALL.max_centers
+    assert r["active"] > 0 and r["mode_changes"] > 0 and r["centers"] == GROUP.max_centers
 
 
 def test_lad_tile_group_rtl_equals_golden_on_a_real_smollm2_kv_group():
-    """A real KV group (SmolLM2 layer 9, query heads 3-5) in one tile at the default shape with
-    8-bit compact centers and the PWL cutoff at -6 (the v3 candidate point), random latency."""
-    cfg = replace(PRESETS["default"], group=3, center_bits=8, cutoff=-6.0)
-    r = simulate("lad-tile", cfg, "testbenches.tb.tb_lad_tile", seed=SEED + 4, name="group-trace",
+    """A real KV group (SmolLM2 layer 9, query heads 3-5) in the group tile above (its 8-entry center
+    table fills on the real keys), random latency."""
+    r = simulate("lad-tile", GROUP, "testbenches.tb.tb_lad_tile", seed=SEED + 4, name="group-trace",
                  params={"trace": str(GROUP_TRACE), "steps": 24, "latency": [1, 4]})
-    assert r["mismatches"] == 0 and r["steps"] == 24
-    assert r["active"] > 0 and r["candidates"] > 0 and r["centers"] > 8
+    assert r["mismatches"] == 0 and r["steps"] == 24 and r["paths"] == [StepPath.LAD] * 24
+    assert r["active"] > 0 and r["candidates"] > 0 and r["centers"] == GROUP.max_centers
     assert r["nonzero_outputs"] == r["beats"]
     assert r["head_kv_beats_max"] <= r["group_kv_beats"] < r["head_kv_beats_sum"]
 
