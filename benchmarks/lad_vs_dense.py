@@ -57,7 +57,7 @@ from pathlib import Path
 import torch
 
 from golden.errors import ConfigError
-from golden.lad_tile import SCHEDULE_FIXED, SCHEDULE_PER_MODE_CHANGE, LadTileConfig, schedule_cycles
+from golden.lad_tile import LadTileConfig, schedule_constants, schedule_cycles
 from testbenches.runner import simulate
 
 DEFAULT_HEADS = ("3:0", "7:2", "10:6", "12:4", "15:1", "19:7", "22:3", "25:8")   # (layer, query head)
@@ -107,7 +107,7 @@ def model_cycles(cfg: LadTileConfig, stats: list[dict], fixed: float, per_change
     col = {f: torch.tensor([float(st[f]) for st in stats], dtype=torch.float64)
            for f in ("position", "centers_before", "kv_beats", "mode_changes", "new_center")}
     base = schedule_cycles(cfg, col["position"], col["centers_before"], col["kv_beats"], 0, col["new_center"])
-    return base - SCHEDULE_FIXED + fixed + per_change * col["mode_changes"]
+    return base - schedule_constants(cfg)[0] + fixed + per_change * col["mode_changes"]
 
 
 def fit_constants(cfg: LadTileConfig, stats: list[dict], cycles: list[int], use=None) -> tuple[float, float]:
@@ -127,13 +127,16 @@ def rel_errors(model: torch.Tensor, cycles: list[int], where) -> tuple[float, fl
     return rel.max().item(), rel.mean().item()
 
 
-def rtl_cycles_of(args, cfg, pairs, trace, t0) -> dict[int, list[int]]:
-    """Measured LAD tile cycles per step, per head index (simulated now or from ``--reuse-rtl``)."""
+def rtl_cycles_of(args, cfg, pairs, trace, t0, kv_beats: dict | None = None) -> dict[int, list[int]]:
+    """Measured LAD tile cycles per step, per head index (simulated now or from ``--reuse-rtl``);
+    with ``kv_beats``, each simulated head's KV beats per step (the tile's port) are put there too."""
     if args.reuse_rtl:
         old = json.loads(args.reuse_rtl.read_text())
         if old.get("config") != cfg.to_dict():
             sys.exit(f"ladmac: error: {args.reuse_rtl} was measured at another LadTileConfig")
         keys = [f"{a}:{b}" for a, b in pairs]
+        if kv_beats is not None:
+            kv_beats.update({keys.index(k): b for k, b in old.get("rtl_step_kv_beats", {}).items() if k in keys})
         return {keys.index(k): c for k, c in old["rtl_step_cycles"].items() if k in keys}
     steps_per_head = (args.rtl_steps + [0] * len(pairs))[:len(pairs)]
     path = (Path("build") / "results" / "lad_bench_trace.pt").resolve()   # the simulator runs elsewhere
@@ -149,6 +152,8 @@ def rtl_cycles_of(args, cfg, pairs, trace, t0) -> dict[int, list[int]]:
         if rep["mismatches"]:
             sys.exit(f"ladmac: error: RTL differs from the bit-accurate model on head {pairs[h]}")
         measured[h] = rep["step_cycles"]
+        if kv_beats is not None:
+            kv_beats[h] = rep["kv_beats"]
         print(f"LAD tile RTL: {steps} steps of head {pairs[h]} bit-exact; {sum(measured[h])} cycles in all "
               f"({time.time() - t0:.0f} s so far)", flush=True)
     return measured
@@ -203,7 +208,8 @@ def main() -> None:
     results = {"config": cfg.to_dict(), "contexts": args.contexts, "heads": [list(p) for p in pairs], "group": g,
                "window": args.window, "rows": []}
 
-    rtl_cycles = rtl_cycles_of(args, cfg, pairs, trace, t0)
+    rtl_kv_beats = {}
+    rtl_cycles = rtl_cycles_of(args, cfg, pairs, trace, t0, kv_beats=rtl_kv_beats)
     dense_cycles = {}
     for n in sorted(set(args.contexts)):
         d = simulate("dense", dense_cfg, "testbenches.tb.tb_dense", seed=5, name=f"bench{n}",
@@ -216,11 +222,11 @@ def main() -> None:
     every = torch.ones(len(fit), dtype=torch.bool)
     late = torch.tensor([s["position"] >= EXTRAPOLATE_FROM for s in fit_stats])
     if fit:   # the schedule model against the RTL (none where no simulated step reaches FIT_FROM)
-        stored = model_cycles(cfg, fit_stats, SCHEDULE_FIXED, SCHEDULE_PER_MODE_CHANGE)
+        stored = model_cycles(cfg, fit_stats, *schedule_constants(cfg))
         fixed, per_change = fit_constants(cfg, fit_stats, fit_cyc)
         results["cycle_model"] = {
             "model": "golden.lad_tile.schedule_cycles", "steps": len(fit), "fit_from_position": FIT_FROM,
-            "constants": {"fixed": SCHEDULE_FIXED, "per_mode_change": SCHEDULE_PER_MODE_CHANGE},
+            "constants": dict(zip(("fixed", "per_mode_change"), schedule_constants(cfg))),
             "rel_error": dict(zip(("max", "mean"), rel_errors(stored, fit_cyc, every))),
             "least_squares_now": {"fixed": fixed, "per_mode_change": per_change},
             "extrapolation": None}
@@ -231,15 +237,20 @@ def main() -> None:
                 **dict(zip(("max_rel_error", "mean_rel_error"),
                            rel_errors(model_cycles(cfg, fit_stats, *early), fit_cyc, late)))}
     results["rtl_step_cycles"] = {f"{pairs[h][0]}:{pairs[h][1]}": c for h, c in rtl_cycles.items()}
+    results["rtl_step_kv_beats"] = {f"{pairs[h][0]}:{pairs[h][1]}": b for h, b in rtl_kv_beats.items()}
+    if rtl_kv_beats:   # the tile's KV port against what the model reads (a group's: the union)
+        port = sum(sum(b) for b in rtl_kv_beats.values())
+        model = sum(st["kv_beats"] for h, b in rtl_kv_beats.items() for st in all_stats[h][:len(b)])
+        results["kv_port"] = {"rtl_beats": port, "model_beats": model, "ratio": port / model}
     results["dense_cycles"] = dense_cycles
 
     # every step's LAD figures: measured cycles where simulated, the model elsewhere
     series = {}
     for h, pair in enumerate(pairs):
-        stats, measured = all_stats[h], rtl_cycles.get(h, [])
-        modelled = model_cycles(cfg, stats, SCHEDULE_FIXED, SCHEDULE_PER_MODE_CHANGE).tolist()
-        series[h] = {
-            "kv_bytes": [st["kv_beats"] * bytes_per_beat for st in stats],
+        stats, measured, port = all_stats[h], rtl_cycles.get(h, []), rtl_kv_beats.get(h, [])
+        modelled = model_cycles(cfg, stats, *schedule_constants(cfg)).tolist()
+        series[h] = {   # measured where simulated (cycles, and the port's KV beats), the model elsewhere
+            "kv_bytes": [(port[i] if i < len(port) else st["kv_beats"]) * bytes_per_beat for i, st in enumerate(stats)],
             "cycles": [measured[i] if i < len(measured) else modelled[i] for i in range(len(stats))],
             "candidates": [st["candidates"] for st in stats], "active": [st["active"] for st in stats],
             "false_alarms": [st["false_alarms"] for st in stats], "centers": [st["centers"] for st in stats],
@@ -251,7 +262,7 @@ def main() -> None:
     # the model against the RTL where both exist, as the rows use it: means over w steps
     window_err = []
     for h, cyc in rtl_cycles.items():
-        modelled = model_cycles(cfg, all_stats[h], SCHEDULE_FIXED, SCHEDULE_PER_MODE_CHANGE)
+        modelled = model_cycles(cfg, all_stats[h], *schedule_constants(cfg))
         for n in range(max(FIT_FROM + w, w), len(cyc) + 1, w):
             rtl = sum(cyc[n - w:n]) / w
             window_err.append(abs(float(modelled[n - w:n].mean()) - rtl) / rtl)
@@ -299,11 +310,15 @@ def main() -> None:
         print(f"| {n} | {summary['cycle_ratio_mean']:.3f} | {summary['cycle_ratio_max']:.3f} "
               f"({rows[worst]['head'][0]}:{rows[worst]['head'][1]}) | {summary['kv_ratio_mean']:.3f} | "
               f"{summary['cycles_over_floor_max']:.2f} |", flush=True)
+    kp = results.get("kv_port")
+    if kp:
+        print(f"KV port, simulated steps: {kp['rtl_beats']} beats read by the RTL, {kp['model_beats']} in the model's "
+              f"reads ({'the union of the heads' if g > 1 else 'the head'}'s): {kp['ratio']:.3f}x", flush=True)
     cm = results.get("cycle_model")
     if cm:
         ex = cm["extrapolation"]
-        print(f"cycle model (golden.lad_tile.schedule_cycles, fixed {SCHEDULE_FIXED}, per mode change "
-              f"{SCHEDULE_PER_MODE_CHANGE}) vs {cm['steps']} RTL steps at positions >= {FIT_FROM}: relative error max "
+        print(f"cycle model (golden.lad_tile.schedule_cycles, fixed {cm['constants']['fixed']}, per mode change "
+              f"{cm['constants']['per_mode_change']}) vs {cm['steps']} RTL steps at positions >= {FIT_FROM}: relative error max "
               f"{cm['rel_error']['max']:.4f}, mean {cm['rel_error']['mean']:.4f}; least squares on them now: fixed "
               f"{cm['least_squares_now']['fixed']:.1f}, per mode change {cm['least_squares_now']['per_mode_change']:.1f}; "
               + (f"fitted below position {EXTRAPOLATE_FROM} only ({ex['constants'][0]:.1f}, {ex['constants'][1]:.1f}), "

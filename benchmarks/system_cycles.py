@@ -39,7 +39,7 @@ from benchmarks.lad_vs_dense import FIT_FROM, golden_stats, model_cycles, rtl_cy
 from benchmarks.mac_decode_rtl_cycles import NO_STALLS
 from benchmarks.mac_decode_rtl_cycles import runs as mac_runs
 from golden.dense import DenseConfig, dense_step_cycles
-from golden.lad_tile import SCHEDULE_FIXED, SCHEDULE_PER_MODE_CHANGE, LadTileConfig
+from golden.lad_tile import LadTileConfig, schedule_constants
 from testbenches.runner import simulate
 
 DATA = Path(__file__).resolve().parent.parent / "testbenches" / "data"
@@ -65,7 +65,7 @@ def lad(quick: bool, steps: int, t0: float) -> dict:
     out = {"what": f"heads {' '.join(f'{pairs[h][0]}:{pairs[h][1]}' for h in measured)}, positions "
                    f"{FIT_FROM}..{steps - 1}", "head": [], "position": [], "mode_changes": [], "rtl": [], "model": []}
     for h, cycles in measured.items():
-        model = model_cycles(cfg, stats[h], SCHEDULE_FIXED, SCHEDULE_PER_MODE_CHANGE).tolist()
+        model = model_cycles(cfg, stats[h], *schedule_constants(cfg)).tolist()
         for st, rtl, mod in zip(stats[h], cycles, model):
             if st["position"] >= FIT_FROM:
                 for key, val in (("head", f"{pairs[h][0]}:{pairs[h][1]}"), ("position", st["position"]),

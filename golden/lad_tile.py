@@ -300,6 +300,18 @@ PRESETS = {
 # by benchmarks/lad_vs_dense.py, which prints the model's error against them.
 SCHEDULE_FIXED = 254.3          # cycles per step outside the passes: fitted 230.3, + 20.5 measured for AC's pipelines, + 1.5 for AC's stages, + 2.0 for the cache-terms register
 SCHEDULE_PER_MODE_CHANGE = 28.4 # cycles a mode change adds on average (fitted)
+# a group's tile (group 3, 8-bit centers, cutoff -6; 992 RTL steps of two real groups): its step
+# waits for its slowest AC and its KV port reads at least the union, so a mode change (the busiest
+# head's) costs more than in one head's tile
+GROUP_SCHEDULE_FIXED = 248.6
+GROUP_SCHEDULE_PER_MODE_CHANGE = 63.9
+
+
+def schedule_constants(cfg: LadTileConfig) -> tuple[float, float]:
+    """The schedule model's fitted ``(fixed, per mode change)`` cycles for ``cfg``'s tile."""
+    if cfg.group == 1:
+        return SCHEDULE_FIXED, SCHEDULE_PER_MODE_CHANGE
+    return GROUP_SCHEDULE_FIXED, GROUP_SCHEDULE_PER_MODE_CHANGE
 # compact centers (center_bits < kv_width), measured on EAS's RTL: its dots a register later (SELF's
 # and SCAN's end), and a new center's words written two cycles behind their reads
 COMPACT_STEP_CYCLES = 2
@@ -310,20 +322,20 @@ def schedule_cycles(cfg: LadTileConfig, position, centers_before, kv_beats, mode
     """Cycles of one LAD step (``path = LAD``) at ``position`` with the step's statistics (ints or
     tensors): the schedule's model above, fitted on and checked against the RTL (``group`` 1).
 
-    A group's tile (``group`` g > 1; docs/lad-tile.md, "A tile per KV group"; the one-head constants,
-    8.3 % mean error against its RTL) runs its heads in lockstep: EAS reads each center once and
+    A group's tile (``group`` g > 1; docs/lad-tile.md, "A tile per KV group") runs its heads in lockstep: EAS reads each center once and
     dots it with the g queries (g + 1 VPUs), APID classifies each position for every head against
     the shared center and rho, g MDs take the one stream of the group's KV beats (``kv_beats``: the
     union of the heads' candidates' keys and actives' values) and each head has its AC
     (``mode_changes``: the busiest head's). Its step is one head's schedule with the group's reads,
-    plus the g - 1 further queries' beats."""
+    plus the g - 1 further queries' beats, with the group's own constants (:func:`schedule_constants`)."""
     pass_b = torch.maximum(torch.as_tensor(position), torch.as_tensor(kv_beats))
     serial = cfg.eas_beats * torch.as_tensor(centers_before) + torch.as_tensor(position)
     qa_wait = (2 * cfg.ac_update_cycles - serial).clamp_min(0)   # absorption's update + q.A pass
     compact = (COMPACT_STEP_CYCLES + COMPACT_NEW_CENTER_CYCLES * torch.as_tensor(new_center)
                if cfg.compact_centers else 0)
-    return (SCHEDULE_FIXED + serial + qa_wait + pass_b + compact + (cfg.group - 1) * cfg.beats
-            + SCHEDULE_PER_MODE_CHANGE * torch.as_tensor(mode_changes, dtype=torch.float64))
+    fixed, per_change = schedule_constants(cfg)
+    return (fixed + serial + qa_wait + pass_b + compact + (cfg.group - 1) * cfg.beats
+            + per_change * torch.as_tensor(mode_changes, dtype=torch.float64))
 
 
 # -- typed records of a step's module transactions (the per-module benches replay them) ----------
