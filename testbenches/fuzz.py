@@ -34,10 +34,11 @@ FIELD_RANGES = {"depth": (2, 16384), "read_latency": (1, 6), "band": (1, 1024)}
 # Parameters drawn from a generator of their own, seeded by the main one's state and leaving it as it
 # was, so that adding them changed no recorded seed's draw of the others: name -> draw(values, rng).
 # center_bits: the key itself half the time, else 2..kv_width-bit compact centers. group: 1..3 query
-# heads for the dense block; 1 for the LAD tile family, whose configs have max_centers (a family's
-# configs rotate over its blocks, and MD and AC serve one head: hdl.lad.common.require_one_head).
-SIDE_DRAWS = {"center_bits": lambda values, rng: 0 if rng.random() < 0.5 else rng.randint(2, max(2, values["kv_width"])),
-              "group": lambda values, rng: 1 if "max_centers" in values else rng.randint(1, 3)}
+# heads, except for the blocks that serve one head (the tile builds one of each per head:
+# hdl.lad.common.require_one_head).
+ONE_HEAD_BLOCKS = {"lad-md", "lad-ac"}
+SIDE_DRAWS = {"center_bits": lambda block, values, rng: 0 if rng.random() < 0.5 else rng.randint(2, max(2, values["kv_width"])),
+              "group": lambda block, values, rng: 1 if block in ONE_HEAD_BLOCKS else rng.randint(1, 3)}
 
 
 def families() -> dict[str, list[str]]:
@@ -81,7 +82,7 @@ def draw_raw(block: str, rng: random.Random, keep: float | None = None) -> dict:
     side = random.Random(repr(rng.getstate()))
     for name, draw in SIDE_DRAWS.items():
         if name in out:
-            out[name] = draw(out, side)
+            out[name] = draw(block, out, side)
     return out
 
 

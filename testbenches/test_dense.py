@@ -19,7 +19,7 @@ GROUP_TRACE = Path(__file__).parent / "data" / "smollm2_group_trace.pt"
 # its build is a third of an 8-lane one's; a 48 x 8 config's 21 s are 7 s)
 SIX_BEATS = DenseConfig(head_dim=24, lanes=4, max_positions=256)
 # the group-aware block: SmolLM2's 3 query heads of a KV head on one KV stream
-GROUP3 = dataclasses.replace(PRESETS["small"], group=3)
+GROUP3 = dataclasses.replace(PRESETS["default"], group=3)
 CONFIGS = {**PRESETS, "six-beats": SIX_BEATS, "group3": GROUP3}
 
 
@@ -71,12 +71,11 @@ def test_dense_rtl_equals_golden_on_real_smollm2_head():
 def test_dense_group_rtl_equals_golden_on_a_real_smollm2_kv_group():
     """A real KV group's three query heads on one KV stream: each key and value beat requested once
     for the group, each head's output bit-exact."""
-    cfg = dataclasses.replace(PRESETS["default"], group=3)
-    report = simulate("dense", cfg, "testbenches.tb.tb_dense", seed=SEED, name="group-trace",
+    report = simulate("dense", GROUP3, "testbenches.tb.tb_dense", seed=SEED, name="group-trace",
                       params={"trace": str(GROUP_TRACE), "steps": 3, "max_len": 256, "latency": [1, 4]})
-    assert report["mismatches"] == 0 and report["beats"] == 3 * 3 * cfg.beats
+    assert report["mismatches"] == 0 and report["beats"] == 3 * 3 * GROUP3.beats
     assert max(report["lengths"]) == 256 and report["nonzero_outputs"] == report["beats"]
-    assert report["kv_requests"] == sum(2 * n * cfg.beats for n in report["lengths"])
+    assert report["kv_requests"] == sum(2 * n * GROUP3.beats for n in report["lengths"])
 
 
 def float_bound(qf, kf, vf, cfg):

@@ -17,20 +17,17 @@ TRACE = Path(__file__).parent / "data" / "smollm2_lad_trace.pt"
 GROUP_TRACE = Path(__file__).parent / "data" / "smollm2_group_trace.pt"   # one KV group: layer 9, query heads 3-5
 SMALL = PRESETS["small"]   # d = 32, 4 beats, 2 AC VPUs, 64 positions (68 in the KV memory), 8 centers
 # The group tile's two tests share one build: the default shape (d = 64) at group 3 with the v3
-# candidate point (8-bit centers, PWL cutoff -6), 24 positions (28 in the KV memory), 8 centers
-GROUP = replace(PRESETS["default"], group=3, center_bits=8, cutoff=-6.0, max_positions=24, max_centers=8,
-                kv_positions=28)
+# candidate point (8-bit compact centers, PWL cutoff -6), 16 positions (20 in the KV memory), 8 centers
+GROUP = replace(PRESETS["default"], group=3, center_bits=8, cutoff=-6.0, max_positions=16, max_centers=8,
+                kv_positions=20)
 
 
-@pytest.mark.parametrize("center_bits", [0, 6])
-def test_lad_tile_rtl_equals_golden_drift_past_the_end_full_centers(center_bits):
+def test_lad_tile_rtl_equals_golden_drift_past_the_end():
     """Keys along a few directions, drifting queries: approximations, candidates, false alarms,
     mode changes and counter halving; the 8-entry center table fills (later keys join their best
     center); past max_positions = 64 the exact pass (steps 64-67, the dense baseline over the KV
-    memory), past kv_positions = 68 no output. With the keys' own centers and with 6-bit compact
-    centers."""
-    cfg = replace(SMALL, center_bits=center_bits)
-    r = simulate("lad-tile", cfg, "testbenches.tb.tb_lad_tile", seed=SEED, name=f"drift-c{center_bits}",
+    memory), past kv_positions = 68 no output. (Compact centers: the group tile's tests below.)"""
+    r = simulate("lad-tile", SMALL, "testbenches.tb.tb_lad_tile", seed=SEED, name="drift",
                  params={"steps": 70, "kind": "drift"})
     assert r["mismatches"] == 0 and r["steps"] == 70
     assert r["positions"][0] == 0 and r["positions"][-1] == 68
@@ -84,12 +81,12 @@ def test_lad_tile_group_rtl_equals_golden_drift_past_the_end():
     sequence, each head's o and statistics bit-exact with its own model; one center table (filling),
     each head's candidates on the group's one KV port (reads shared where heads need them at once:
     fewer than the heads' own in all, at least the busiest head's at every step); past
-    max_positions (24) the group-aware exact pass, past kv_positions (28) BEYOND for every head."""
+    max_positions (16) the group-aware exact pass, past kv_positions (20) BEYOND for every head."""
     r = simulate("lad-tile", GROUP, "testbenches.tb.tb_lad_tile", seed=SEED + 3, name="group-drift",
-                 params={"steps": 30, "kind": "drift"})
-    assert r["mismatches"] == 0 and r["steps"] == 30 and r["beats"] == 30 * 3 * GROUP.beats
-    assert r["paths"] == [StepPath.LAD] * 24 + [StepPath.EXACT] * 4 + [StepPath.BEYOND] * 2
-    assert all(beats == 2 * (n + 1) * GROUP.beats for n, beats in zip(r["positions"][24:28], r["kv_beats"][24:28]))
+                 params={"steps": 22, "kind": "drift"})
+    assert r["mismatches"] == 0 and r["steps"] == 22 and r["beats"] == 22 * 3 * GROUP.beats
+    assert r["paths"] == [StepPath.LAD] * 16 + [StepPath.EXACT] * 4 + [StepPath.BEYOND] * 2
+    assert all(beats == 2 * (n + 1) * GROUP.beats for n, beats in zip(r["positions"][16:20], r["kv_beats"][16:20]))
     assert r["head_kv_beats_max"] <= r["group_kv_beats"] < r["head_kv_beats_sum"]
     assert r["active"] > 0 and r["mode_changes"] > 0 and r["centers"] == GROUP.max_centers
 
@@ -98,8 +95,8 @@ def test_lad_tile_group_rtl_equals_golden_on_a_real_smollm2_kv_group():
     """A real KV group (SmolLM2 layer 9, query heads 3-5) in the group tile above (its 8-entry center
     table fills on the real keys), random latency."""
     r = simulate("lad-tile", GROUP, "testbenches.tb.tb_lad_tile", seed=SEED + 4, name="group-trace",
-                 params={"trace": str(GROUP_TRACE), "steps": 24, "latency": [1, 4]})
-    assert r["mismatches"] == 0 and r["steps"] == 24 and r["paths"] == [StepPath.LAD] * 24
+                 params={"trace": str(GROUP_TRACE), "steps": 16, "latency": [1, 4]})
+    assert r["mismatches"] == 0 and r["steps"] == 16 and r["paths"] == [StepPath.LAD] * 16
     assert r["active"] > 0 and r["candidates"] > 0 and r["centers"] == GROUP.max_centers
     assert r["nonzero_outputs"] == r["beats"]
     assert r["head_kv_beats_max"] <= r["group_kv_beats"] < r["head_kv_beats_sum"]

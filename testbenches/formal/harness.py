@@ -83,15 +83,31 @@ class Mutation:
 
 
 def stream_ports(component) -> dict[str, Flow]:
-    """Every stream member of ``component``'s signature with a handshake: name -> In or Out. An
-    always-ready stream (the LAD modules' ``q_load`` / ``k_load``) has none: every beat is taken,
-    so holding and stalling cannot happen (its stall cover would be unreachable)."""
+    """Every stream member of ``component``'s signature with a handshake: name -> In or Out; an
+    array of streams (one per query head of a KV group: APID's ``cand``) as ``name[0]``,
+    ``name[1]``, ... (see :func:`port`). An always-ready stream (the LAD modules' ``q_load`` /
+    ``k_load``) has none: every beat is taken, so holding and stalling cannot happen (its stall
+    cover would be unreachable)."""
     out = {}
     for name, member in component.signature.members.items():
         if (member.is_signature and isinstance(member.signature, stream.Signature)
                 and not member.signature.always_ready):
-            out[name] = member.flow
+            assert len(member.dimensions) <= 1, f"{name}: arrays of more than one dimension"
+            for i in range(member.dimensions[0]) if member.dimensions else [None]:
+                out[name if i is None else f"{name}[{i}]"] = member.flow
     return out
+
+
+def port(obj, name: str):
+    """The stream ``name`` of ``obj`` (a component or the wrapper): ``cand[1]`` is ``obj.cand[1]``."""
+    base, _, index = name.partition("[")
+    s = getattr(obj, base)
+    return s[int(index[:-1])] if index else s
+
+
+def ident(name: str) -> str:
+    """``name`` as part of a signal's or property's name (``cand[1]`` -> ``cand1``)."""
+    return name.replace("[", "").replace("]", "")
 
 
 def _named(prop, name: str):
@@ -158,7 +174,8 @@ class FormalWrapper(wiring.Component):
             if name == mutated:
                 continue
             if member.is_signature:
-                wiring.connect(m, wiring.flipped(outer), inner)
+                for o, i in zip(outer, inner) if member.dimensions else [(outer, inner)]:
+                    wiring.connect(m, wiring.flipped(o), i)
             elif member.flow == Flow.In:
                 m.d.comb += inner.eq(outer)
             else:
@@ -172,16 +189,16 @@ class FormalWrapper(wiring.Component):
         for k, contract in enumerate(self.assumes):
             self._assume(m, contract(self), f"contract{k}")
 
-        def transfer(port):
-            s = getattr(self, port)
+        def transfer(name):
+            s = port(self, name)
             return s.valid & s.ready
 
         # Protocol: held valid and stable payload until ready, assumed on inputs, asserted on outputs.
         for name, flow in self.ports.items():
-            s = getattr(self, name)
-            held = Signal(name=f"{name}_held")
+            s = port(self, name)
+            held = Signal(name=f"{ident(name)}_held")
             payload_bits = Value.cast(s.payload).as_unsigned()   # signed payloads compare as bits
-            prev = Signal(len(payload_bits), name=f"{name}_prev")
+            prev = Signal(len(payload_bits), name=f"{ident(name)}_prev")
             m.d.sync += [held.eq(s.valid & ~s.ready), prev.eq(payload_bits)]
             valid_kept = ~(started & held) | s.valid
             payload_kept = ~(started & held) | (payload_bits == prev)
@@ -198,17 +215,17 @@ class FormalWrapper(wiring.Component):
         # Environment: responses only while requests are outstanding.
         outstanding = {}
         for r in self.responses:
-            n = Signal(range(-256, 256), name=f"{r.resp}_outstanding")
-            per = r.per(getattr(self, r.req).payload) if callable(r.per) else r.per
+            n = Signal(range(-256, 256), name=f"{ident(r.resp)}_outstanding")
+            per = r.per(port(self, r.req).payload) if callable(r.per) else r.per
             m.d.sync += n.eq(n + Mux(transfer(r.req), per, 0) - transfer(r.resp))   # no $mul: cut cells are the dut's
             outstanding[r.resp] = n
-            self._assume(m, ~getattr(self, r.resp).valid | (n > 0), f"{r.resp}.only_when_asked")
+            self._assume(m, ~port(self, r.resp).valid | (n > 0), f"{r.resp}.only_when_asked")
 
         # Counting rules.
-        def units(port, per, when=None, name=""):
-            """(units completed, beat index in the unit, beat now) of ``port`` transfers."""
-            s = getattr(self, port)
-            beat_now = transfer(port) if when is None else transfer(port) & when(s.payload)
+        def units(stream_name, per, when=None, name=""):
+            """(units completed, beat index in the unit, beat now) of ``stream_name``'s transfers."""
+            s = port(self, stream_name)
+            beat_now = transfer(stream_name) if when is None else transfer(stream_name) & when(s.payload)
             beat = Signal(range(max(per, 2)), name=f"{name}_beat")
             done = Signal(range(256), name=f"{name}_units")
             with m.If(beat_now):
@@ -219,7 +236,7 @@ class FormalWrapper(wiring.Component):
             return done, beat, beat_now
 
         for k, c in enumerate(self.counts):
-            tag = f"count{k}_{c.out}_{c.inp}"
+            tag = f"count{k}_{ident(c.out)}_{ident(c.inp)}"
             in_done, in_beat, in_now = units(c.inp, c.in_per, c.in_when, f"{tag}_in")
             out_done, out_beat, out_now = units(c.out, c.out_per, None, f"{tag}_out")
             # input units finished, this cycle's transfer included (a block may pass through)
@@ -237,27 +254,27 @@ class FormalWrapper(wiring.Component):
                     self._prop(m, Cover, in_done >= out_done + least, f"{c.inp}-{c.out}>={least}")
 
         for k, g in enumerate(self.gates):
-            tag = f"gate{k}_{g.out}"
+            tag = f"gate{k}_{ident(g.out)}"
             in_done, in_beat, in_now = units(g.inp, g.in_per, None, f"{tag}_in")
             done, _, _ = units(g.done, g.done_per, None, f"{tag}_done")
             in_flight = (in_done + ((in_beat != 0) | in_now)) > done   # a step begun, not finished
             if mode in ("bmc", "deep"):
-                self._prop(m, Assert, ~getattr(self, g.out).valid | in_flight, f"{g.out}.only_in_step")
+                self._prop(m, Assert, ~port(self, g.out).valid | in_flight, f"{g.out}.only_in_step")
             elif mode == "cover":
-                self._prop(m, Cover, getattr(self, g.out).valid & in_flight, f"{g.out}.in_step")
+                self._prop(m, Cover, port(self, g.out).valid & in_flight, f"{g.out}.in_step")
 
         # Bounded liveness.
         if mode in ("live", "cover"):
             if mode == "live":
                 for name, flow in self.ports.items():
-                    s = getattr(self, name)
+                    s = port(self, name)
                     if flow == Flow.Out:
                         self._assume(m, s.ready, f"{name}.always_ready")
                     elif name in outstanding:
                         self._assume(m, s.valid == (outstanding[name] > 0), f"{name}.answered_at_once")
             for lv in self.lives:
-                s = getattr(self, lv.inp)
-                wait = Signal(range(lv.bound + 2), name=f"{lv.inp}_wait")
+                s = port(self, lv.inp)
+                wait = Signal(range(lv.bound + 2), name=f"{ident(lv.inp)}_wait")
                 with m.If(s.valid & ~s.ready):
                     m.d.sync += wait.eq(wait + 1)
                 with m.Else():

@@ -24,6 +24,8 @@ from amaranth.sim import Simulator
 
 from hdl.lib.verilog import part_ports
 
+from .harness import port
+
 
 @dataclass
 class Run:
@@ -54,7 +56,7 @@ def simulate(top, rules: dict, cycles: int, seed: int = 1) -> Run:
             for name in free:
                 if not free[name]:
                     continue
-                s = getattr(top, name)
+                s = port(top, name)
                 payload = Value.cast(s.payload)
                 if name == first:
                     ctx.set(s.valid, 1)
@@ -80,10 +82,10 @@ def simulate(top, rules: dict, cycles: int, seed: int = 1) -> Run:
                     if name not in found and bool(ctx.get(s)) == (kind == "cover"):
                         found[name] = cycle
             for name in free:
-                s = getattr(top, name)
+                s = port(top, name)
                 free[name] = not ctx.get(s.valid) or bool(ctx.get(s.ready))
             for r in responses.values():
-                req, resp = getattr(top, r.req), getattr(top, r.resp)
+                req, resp = port(top, r.req), port(top, r.resp)
                 if ctx.get(req.valid) and ctx.get(req.ready):
                     outstanding[r.resp] += ctx.get(r.per(req.payload)) if callable(r.per) else r.per
                 if ctx.get(resp.valid) and ctx.get(resp.ready):

@@ -109,7 +109,7 @@ def _decode_rules(cfg):
 
 
 def _dense_rules(cfg):
-    nb = cfg.beats
+    nb = cfg.beats * cfg.group    # a step: each query head's d/L beats in, the same out
     length = lambda w: (w.query.payload.length >= 1) & (w.query.payload.length <= cfg.max_positions)
     return dict(assumes=[lambda w: ~w.query.valid | length(w)],
                 counts=[Count("out", "query", in_per=nb, out_per=nb, cap=1)],
@@ -119,7 +119,7 @@ def _dense_rules(cfg):
 
 
 def _tile_rules(cfg):
-    nb = cfg.beats
+    nb = cfg.beats * cfg.group    # a step: each query head's d/L beats in, the same out
     return dict(counts=[Count("out", "step_in", in_per=nb, out_per=nb, cap=1)],
                 gates=[Gate("kv_req", "step_in", "out", in_per=nb, done_per=nb)],
                 responses=[Response("kv_req", "kv_resp")],
@@ -133,9 +133,11 @@ def _eas_rules(cfg):
 
 
 def _apid_rules(cfg):
+    heads = [""] if cfg.group == 1 else [f"[{h}]" for h in range(cfg.group)]
     return dict(counts=[Count("smax", "scan", cap=1, in_when=lambda p: p.classify == 0),
                         Count("done", "scan", cap=1, in_when=lambda p: p.classify == 1)],
-                responses=[Response("lookup", "approx"), Response("cand", "verdict")],
+                responses=[Response("lookup", "approx"),   # per query head of the group: its candidates' verdicts
+                           *(Response(f"cand{h}", f"verdict{h}") for h in heads)],
                 lives=[Live("scan", 8 * cfg.max_positions + 32), Live("absorb", 8 * cfg.max_positions + 32)])
 
 
