@@ -102,23 +102,28 @@ def floor_cycles(cfg: LadTileConfig, st: dict) -> int:
     return max(st["kv_beats"], eas_apid, ac)
 
 
-def model_cycles(cfg: LadTileConfig, stats: list[dict], fixed: float, per_change: float) -> torch.Tensor:
+def model_cycles(cfg: LadTileConfig, stats: list[dict], fixed: float, per_change: float,
+                 per_position: float = 0.0) -> torch.Tensor:
     """golden.lad_tile.schedule_cycles of every step, with the given constants."""
     col = {f: torch.tensor([float(st[f]) for st in stats], dtype=torch.float64)
            for f in ("position", "centers_before", "kv_beats", "mode_changes", "new_center")}
     base = schedule_cycles(cfg, col["position"], col["centers_before"], col["kv_beats"], 0, col["new_center"])
-    return base - schedule_constants(cfg)[0] + fixed + per_change * col["mode_changes"]
+    stored = schedule_constants(cfg)
+    base = base - stored[0] - stored[2] * col["position"]
+    return base + fixed + per_change * col["mode_changes"] + per_position * col["position"]
 
 
-def fit_constants(cfg: LadTileConfig, stats: list[dict], cycles: list[int], use=None) -> tuple[float, float]:
-    """Least-squares ``(fixed, per mode change)`` of the schedule model on the steps in ``use``."""
+def fit_constants(cfg: LadTileConfig, stats: list[dict], cycles: list[int], use=None) -> tuple[float, float, float]:
+    """Least-squares ``(fixed, per mode change, per position)`` of the schedule model on the steps in
+    ``use`` (the per-position term for a group's tile only: one head's is 0)."""
     y = torch.tensor(cycles, dtype=torch.float64)
     base = model_cycles(cfg, stats, 0.0, 0.0)
-    X = torch.stack([torch.ones_like(y), torch.tensor([float(st["mode_changes"]) for st in stats],
-                                                      dtype=torch.float64)], 1)
+    terms = ["mode_changes"] + (["position"] if cfg.group > 1 else [])
+    X = torch.stack([torch.ones_like(y)] + [torch.tensor([float(st[t]) for st in stats], dtype=torch.float64)
+                                            for t in terms], 1)
     use = torch.ones_like(y, dtype=torch.bool) if use is None else use
-    sol = torch.linalg.lstsq(X[use], (y - base)[use].unsqueeze(1)).solution.squeeze(1)
-    return float(sol[0]), float(sol[1])
+    sol = torch.linalg.lstsq(X[use], (y - base)[use].unsqueeze(1)).solution.squeeze(1).tolist()
+    return tuple(sol + [0.0] * (3 - len(sol)))
 
 
 def rel_errors(model: torch.Tensor, cycles: list[int], where) -> tuple[float, float]:
@@ -223,12 +228,12 @@ def main() -> None:
     late = torch.tensor([s["position"] >= EXTRAPOLATE_FROM for s in fit_stats])
     if fit:   # the schedule model against the RTL (none where no simulated step reaches FIT_FROM)
         stored = model_cycles(cfg, fit_stats, *schedule_constants(cfg))
-        fixed, per_change = fit_constants(cfg, fit_stats, fit_cyc)
+        fixed, per_change, per_position = fit_constants(cfg, fit_stats, fit_cyc)
         results["cycle_model"] = {
             "model": "golden.lad_tile.schedule_cycles", "steps": len(fit), "fit_from_position": FIT_FROM,
-            "constants": dict(zip(("fixed", "per_mode_change"), schedule_constants(cfg))),
+            "constants": dict(zip(("fixed", "per_mode_change", "per_position"), schedule_constants(cfg))),
             "rel_error": dict(zip(("max", "mean"), rel_errors(stored, fit_cyc, every))),
-            "least_squares_now": {"fixed": fixed, "per_mode_change": per_change},
+            "least_squares_now": {"fixed": fixed, "per_mode_change": per_change, "per_position": per_position},
             "extrapolation": None}
         if late.any() and (~late).any():   # fitted on the early steps, checked on the late ones
             early = fit_constants(cfg, fit_stats, fit_cyc, use=~late)
@@ -313,15 +318,15 @@ def main() -> None:
     kp = results.get("kv_port")
     if kp:
         print(f"KV port, simulated steps: {kp['rtl_beats']} beats read by the RTL, {kp['model_beats']} in the model's "
-              f"reads ({'the union of the heads' if g > 1 else 'the head'}'s): {kp['ratio']:.3f}x", flush=True)
+              f"reads ({'the union over the heads' if g > 1 else 'the head'}): {kp['ratio']:.3f}x", flush=True)
     cm = results.get("cycle_model")
     if cm:
         ex = cm["extrapolation"]
-        print(f"cycle model (golden.lad_tile.schedule_cycles, fixed {cm['constants']['fixed']}, per mode change "
-              f"{cm['constants']['per_mode_change']}) vs {cm['steps']} RTL steps at positions >= {FIT_FROM}: relative error max "
-              f"{cm['rel_error']['max']:.4f}, mean {cm['rel_error']['mean']:.4f}; least squares on them now: fixed "
-              f"{cm['least_squares_now']['fixed']:.1f}, per mode change {cm['least_squares_now']['per_mode_change']:.1f}; "
-              + (f"fitted below position {EXTRAPOLATE_FROM} only ({ex['constants'][0]:.1f}, {ex['constants'][1]:.1f}), "
+        const = lambda c: ", ".join(f"{k.replace('_', ' ')} {v:.3g}" for k, v in c.items() if v or k != "per_position")
+        print(f"cycle model (golden.lad_tile.schedule_cycles: {const(cm['constants'])}) vs {cm['steps']} RTL steps at "
+              f"positions >= {FIT_FROM}: relative error max {cm['rel_error']['max']:.4f}, mean {cm['rel_error']['mean']:.4f}; "
+              f"least squares on them now: {const(cm['least_squares_now'])}; "
+              + (f"fitted below position {EXTRAPOLATE_FROM} only ({', '.join(f'{c:.3g}' for c in ex['constants'])}), "
                  f"on the steps beyond: max {ex['max_rel_error']:.4f}, mean {ex['mean_rel_error']:.4f}; " if ex else
                  f"no extrapolation check (no simulated steps on both sides of position {EXTRAPOLATE_FROM}); ")
               + f"on {w}-step means (as in the table): max {cm['window_mean_rel_error_max']:.4f}")

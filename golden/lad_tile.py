@@ -300,18 +300,22 @@ PRESETS = {
 # by benchmarks/lad_vs_dense.py, which prints the model's error against them.
 SCHEDULE_FIXED = 254.3          # cycles per step outside the passes: fitted 230.3, + 20.5 measured for AC's pipelines, + 1.5 for AC's stages, + 2.0 for the cache-terms register
 SCHEDULE_PER_MODE_CHANGE = 28.4 # cycles a mode change adds on average (fitted)
-# a group's tile (group 3, 8-bit centers, cutoff -6; 992 RTL steps of two real groups): its step
-# waits for its slowest AC and its KV port reads at least the union, so a mode change (the busiest
-# head's) costs more than in one head's tile
-GROUP_SCHEDULE_FIXED = 248.6
-GROUP_SCHEDULE_PER_MODE_CHANGE = 63.9
+# a group's tile (fitted by benchmarks/lad_vs_dense.py on 992 RTL steps of two real groups at
+# group 3, 8-bit centers, cutoff -6): its step waits for its slowest AC, a mode change (the
+# busiest head's) costs more than in one head's tile, and the heads' lockstep scan (a position
+# moves on when every head's candidate stream has taken it; the KV port reads 1.13x the union)
+# adds about half a cycle per position
+GROUP_SCHEDULE_FIXED = 127.8
+GROUP_SCHEDULE_PER_MODE_CHANGE = 60.1
+GROUP_SCHEDULE_PER_POSITION = 0.509
 
 
-def schedule_constants(cfg: LadTileConfig) -> tuple[float, float]:
-    """The schedule model's fitted ``(fixed, per mode change)`` cycles for ``cfg``'s tile."""
+def schedule_constants(cfg: LadTileConfig) -> tuple[float, float, float]:
+    """The schedule model's fitted ``(fixed, per mode change, per position)`` cycles for ``cfg``'s
+    tile (one head's tile: no per-position term beyond its passes)."""
     if cfg.group == 1:
-        return SCHEDULE_FIXED, SCHEDULE_PER_MODE_CHANGE
-    return GROUP_SCHEDULE_FIXED, GROUP_SCHEDULE_PER_MODE_CHANGE
+        return SCHEDULE_FIXED, SCHEDULE_PER_MODE_CHANGE, 0.0
+    return GROUP_SCHEDULE_FIXED, GROUP_SCHEDULE_PER_MODE_CHANGE, GROUP_SCHEDULE_PER_POSITION
 # compact centers (center_bits < kv_width), measured on EAS's RTL: its dots a register later (SELF's
 # and SCAN's end), and a new center's words written two cycles behind their reads
 COMPACT_STEP_CYCLES = 2
@@ -333,8 +337,9 @@ def schedule_cycles(cfg: LadTileConfig, position, centers_before, kv_beats, mode
     qa_wait = (2 * cfg.ac_update_cycles - serial).clamp_min(0)   # absorption's update + q.A pass
     compact = (COMPACT_STEP_CYCLES + COMPACT_NEW_CENTER_CYCLES * torch.as_tensor(new_center)
                if cfg.compact_centers else 0)
-    fixed, per_change = schedule_constants(cfg)
+    fixed, per_change, per_position = schedule_constants(cfg)
     return (fixed + serial + qa_wait + pass_b + compact + (cfg.group - 1) * cfg.beats
+            + per_position * torch.as_tensor(position, dtype=torch.float64)
             + per_change * torch.as_tensor(mode_changes, dtype=torch.float64))
 
 
