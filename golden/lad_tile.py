@@ -303,10 +303,10 @@ PRESETS = {
 SCHEDULE_FIXED = 254.3          # cycles per step outside the passes: fitted 230.3, + 20.5 measured for AC's pipelines, + 1.5 for AC's stages, + 2.0 for the cache-terms register
 SCHEDULE_PER_MODE_CHANGE = 28.4 # cycles a mode change adds on average (fitted)
 # a group's tile (fitted by benchmarks/lad_vs_dense.py on 992 RTL steps of two real groups at
-# group 3, 8-bit centers, cutoff -6): its step waits for its slowest AC, a mode change (the
-# busiest head's) costs more than in one head's tile, and the heads' lockstep scan (a position
-# moves on when every head's candidate stream has taken it; the KV port reads 1.13x the union)
-# adds about half a cycle per position
+# group 3, 8-bit centers, cutoff -6): its step waits for its slowest AC, so a mode change (the
+# busiest head's) costs more than in one head's tile; a further half cycle per position is fitted,
+# most likely the heads' lockstep scan (a position moves on when every head's candidate stream has
+# taken it) and the shared KV port (it reads 1.13x the union)
 GROUP_SCHEDULE_FIXED = 127.8
 GROUP_SCHEDULE_PER_MODE_CHANGE = 60.1
 GROUP_SCHEDULE_PER_POSITION = 0.509
@@ -318,6 +318,8 @@ def schedule_constants(cfg: LadTileConfig) -> tuple[float, float, float]:
     if cfg.group == 1:
         return SCHEDULE_FIXED, SCHEDULE_PER_MODE_CHANGE, 0.0
     return GROUP_SCHEDULE_FIXED, GROUP_SCHEDULE_PER_MODE_CHANGE, GROUP_SCHEDULE_PER_POSITION
+
+
 # compact centers (center_bits < kv_width), measured on EAS's RTL: its dots a register later (SELF's
 # and SCAN's end), and a new center's words written two cycles behind their reads
 COMPACT_STEP_CYCLES = 2
@@ -326,12 +328,13 @@ COMPACT_NEW_CENTER_CYCLES = 2
 
 def schedule_cycles(cfg: LadTileConfig, position, centers_before, kv_beats, mode_changes, new_center=0):
     """Cycles of one LAD step (``path = LAD``) at ``position`` with the step's statistics (ints or
-    tensors): the schedule's model above, fitted on and checked against the RTL (``group`` 1).
+    tensors): the schedule's model above, fitted on and checked against the RTL.
 
-    A group's tile (``group`` g > 1; docs/lad-tile.md, "A tile per KV group") runs its heads in lockstep: EAS reads each center once and
-    dots it with the g queries (g + 1 VPUs), APID classifies each position for every head against
-    the shared center and rho, g MDs take the one stream of the group's KV beats (``kv_beats``: the
-    union of the heads' candidates' keys and actives' values) and each head has its AC
+    A group's tile (``group`` g > 1; docs/lad-tile.md, "A tile per KV group") runs its heads in
+    lockstep: EAS reads each center once and dots it with the g queries (g + 1 VPUs), APID
+    classifies each position for every head against the shared center and rho, g MDs take the one
+    stream of the group's KV beats (``kv_beats``: the union of the heads' candidates' keys and
+    actives' values) and each head has its AC
     (``mode_changes``: the busiest head's). Its step is one head's schedule with the group's reads,
     plus the g - 1 further queries' beats, with the group's own constants (:func:`schedule_constants`)."""
     pass_b = torch.maximum(torch.as_tensor(position), torch.as_tensor(kv_beats))
