@@ -107,10 +107,8 @@ def model_cycles(cfg: LadTileConfig, stats: list[dict], fixed: float, per_change
     """golden.lad_tile.schedule_cycles of every step, with the given constants."""
     col = {f: torch.tensor([float(st[f]) for st in stats], dtype=torch.float64)
            for f in ("position", "centers_before", "kv_beats", "mode_changes", "new_center")}
-    base = schedule_cycles(cfg, col["position"], col["centers_before"], col["kv_beats"], 0, col["new_center"])
-    stored = schedule_constants(cfg)
-    base = base - stored[0] - stored[2] * col["position"]
-    return base + fixed + per_change * col["mode_changes"] + per_position * col["position"]
+    return schedule_cycles(cfg, col["position"], col["centers_before"], col["kv_beats"], col["mode_changes"],
+                           col["new_center"], constants=(fixed, per_change, per_position))
 
 
 def fit_constants(cfg: LadTileConfig, stats: list[dict], cycles: list[int], use=None) -> tuple[float, float, float]:

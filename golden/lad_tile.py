@@ -326,7 +326,8 @@ COMPACT_STEP_CYCLES = 2
 COMPACT_NEW_CENTER_CYCLES = 2
 
 
-def schedule_cycles(cfg: LadTileConfig, position, centers_before, kv_beats, mode_changes, new_center=0):
+def schedule_cycles(cfg: LadTileConfig, position, centers_before, kv_beats, mode_changes, new_center=0,
+                    constants: tuple[float, float, float] | None = None):
     """Cycles of one LAD step (``path = LAD``) at ``position`` with the step's statistics (ints or
     tensors): the schedule's model above, fitted on and checked against the RTL.
 
@@ -336,16 +337,19 @@ def schedule_cycles(cfg: LadTileConfig, position, centers_before, kv_beats, mode
     stream of the group's KV beats (``kv_beats``: the union of the heads' candidates' keys and
     actives' values) and each head has its AC
     (``mode_changes``: the busiest head's). Its step is one head's schedule with the group's reads,
-    plus the g - 1 further queries' beats, with the group's own constants (:func:`schedule_constants`)."""
+    plus the g - 1 further queries' beats, with the group's own constants (:func:`schedule_constants`;
+    ``constants`` replace the stored ones, as the fit in benchmarks/lad_vs_dense.py does). Fitted on
+    the RTL, a group's step can come out below one head's at short contexts (the one-head constants
+    overestimate the group tile's RTL there)."""
     pass_b = torch.maximum(torch.as_tensor(position), torch.as_tensor(kv_beats))
     serial = cfg.eas_beats * torch.as_tensor(centers_before) + torch.as_tensor(position)
     qa_wait = (2 * cfg.ac_update_cycles - serial).clamp_min(0)   # absorption's update + q.A pass
     compact = (COMPACT_STEP_CYCLES + COMPACT_NEW_CENTER_CYCLES * torch.as_tensor(new_center)
                if cfg.compact_centers else 0)
-    fixed, per_change, per_position = schedule_constants(cfg)
-    return (fixed + serial + qa_wait + pass_b + compact + (cfg.group - 1) * cfg.beats
-            + per_position * torch.as_tensor(position, dtype=torch.float64)
-            + per_change * torch.as_tensor(mode_changes, dtype=torch.float64))
+    passes = serial + qa_wait + pass_b + compact + (cfg.group - 1) * cfg.beats
+    changes = torch.as_tensor(mode_changes, dtype=torch.float64)
+    fixed, per_change, per_position = constants or schedule_constants(cfg)
+    return fixed + passes + per_change * changes + per_position * torch.as_tensor(position, dtype=torch.float64)
 
 
 # -- typed records of a step's module transactions (the per-module benches replay them) ----------
