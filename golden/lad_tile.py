@@ -125,8 +125,6 @@ class LadTileConfig(HeadConfig):
                      f"eas_beats must divide head_dim / lanes ({self.beats}) and leave at most 64 EAS lanes, "
                      f"got {self.eas_beats}")
         self.require(1 <= self.md_inflight <= 16, f"md_inflight must be 1..16, got {self.md_inflight}")
-        # one finite interval: AC's RTL differs from the model (found by fuzzing, not yet fixed)
-        self.require(self.intervals >= 2, f"intervals must be at least 2 for the LAD tile, got {self.intervals}")
         self.require(self.ac_lanes >= 0 and (self.ac_lanes == 0 or self.lanes % self.ac_lanes == 0),
                      f"ac_lanes must be 0 (all lanes) or divide lanes ({self.lanes}), got {self.ac_lanes}")
         self.require(self.max_positions <= self.kv_positions <= 1 << 16,

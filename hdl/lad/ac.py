@@ -46,7 +46,7 @@ from golden.lad_tile import LadTileConfig
 from golden.vpu import VpuOp
 
 from ..lib.arith import incr, round_shift, saturate
-from ..lib.pipe import csa_sum, delayed, placed, registered_product, split_add, split_sum
+from ..lib.pipe import csa_sum, delayed, extend, placed, registered_product, split_add, split_sum
 from ..lib.sram import SramBank
 from ..lib.vpu import Vpu
 from .common import AcOp, Wires, ac_command_layout, beat_copy, beat_layout, beat_load_signature, recip_resp_layout, require_one_head, sram_banks
@@ -417,7 +417,9 @@ class Ac(wiring.Component):
                  for j in range(AL)]
         # g = round_shift(alpha v, g_shift) of the group, from b2's pieces
         av_width = len(b0_alpha) + kw
-        g_new = [round_shift(csa_sum(m, placed(prods[j][1]), av_width, f"b2_av{j}").as_signed(), cfg.g_shift)[:gw]
+        # each g extended to its gw-bit lane of the g file: with narrow coefficients (one PWL interval
+        # gives 6-bit alpha) round_shift's result is narrower than gw
+        g_new = [extend(round_shift(csa_sum(m, placed(prods[j][1]), av_width, f"b2_av{j}").as_signed(), cfg.g_shift), gw)
                  for j in range(AL)]
         g_file.write(m, b2_valid & b2_upd, b2_beat if G == 1 else b2_beat * G + b2_sub, g_wsel, Cat(*g_new))
         b3_valid, b3_acc, b3_upd, b3_beat, b3_sub = advance("b3", (b2_valid, b2_acc, b2_upd, b2_beat, b2_sub))

@@ -154,7 +154,7 @@ def leading_one(v: Value) -> Value:
     return tree(padded)[0]
 
 
-def _extend(t: Value, width: int) -> Value:
+def extend(t: Value, width: int) -> Value:
     """``t`` sign- or zero-extended (or cut) to ``width`` bits, as an unsigned bit pattern."""
     t = Value.cast(t)
     if len(t) >= width:
@@ -177,7 +177,7 @@ def csa_reduce(m, terms, width: int, name: str) -> list[Value]:
         m.d.comb += [w.eq(v) for w, v in zip(out, values)]
         return out
 
-    terms = [_extend(t, width) for t in terms]
+    terms = [extend(t, width) for t in terms]
     level = 0
     while len(terms) > 2:
         terms = wires(level, terms)
@@ -239,7 +239,7 @@ def greater(a: Value, b: Value, chunk: int = 24, m=None, name: str = "greater") 
     and the verdict, of ``a`` and ``b`` one cycle earlier, is the LUTs after them."""
     a, b = Value.cast(a), Value.cast(b)
     width = max(len(a), len(b))
-    a, b = _extend(a, width), _extend(b, width)
+    a, b = extend(a, width), extend(b, width)
     result = Const(0, 1)
     for lo in range(0, width, chunk):   # from the low chunk up: a higher chunk decides unless equal
         hi = min(width, lo + chunk)

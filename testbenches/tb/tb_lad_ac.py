@@ -31,7 +31,7 @@ from amaranth import unsigned
 from cocotb.triggers import ReadOnly, RisingEdge
 
 from golden.lad_tile import LadTileConfig
-from hdl.lad.common import AcOp, ac_command_layout, beat_layout, beat_load_layout, recip_resp_layout, w_width
+from hdl.lad.common import AcOp, ac_command_layout, beat_layout, beat_load_layout, coef_width, recip_resp_layout, w_width
 from testbenches.tb.lad_steps import beats, load_vector, open_bench, sfm_recip
 
 
@@ -39,7 +39,7 @@ def command(cfg: LadTileConfig, rng, **fields) -> dict:
     """An AC command: ``fields`` set, every other field random (the command must ignore it)."""
     def rand_signed(bits):
         return rng.randint(-(1 << (bits - 1)), (1 << (bits - 1)) - 1)
-    cw, kw = cfg.sfm.coef_frac + 2, cfg.kv_width
+    cw, kw = coef_width(cfg), cfg.kv_width
     cmd = {"op": AcOp.BEATS, "m": rand_signed(cfg.sfm.x_width), "w": rand_signed(w_width(cfg)), "alpha": rand_signed(cw),
            "beta": rand_signed(cw), "accumulate": 0, "update": 0,
            "k": [rand_signed(kw) for _ in range(cfg.lanes)], "v": [rand_signed(kw) for _ in range(cfg.lanes)]}
@@ -82,9 +82,10 @@ async def ac_matches_golden(dut):
                 interlock["idle"] += not int(dut.busy.value)
     cocotb.start_soon(watch_out_interlock())
 
-    async def settle():
-        await bench.until(lambda: cmd_src.idle, budget, "commands taken")
-        await bench.until(lambda: not int(dut.busy.value), budget, "AC idle")
+    async def settle(extra_beats=0):   # extra_beats: BEATS commands queued beyond a step's
+        wait = budget + 8 * extra_beats
+        await bench.until(lambda: cmd_src.idle, wait, "commands taken")
+        await bench.until(lambda: not int(dut.busy.value), wait, "AC idle")
 
     async def finish(o, z_in, what, wait=True):   # wait=False: the next commands follow at once
         want_recip.append(z_in)
@@ -121,16 +122,17 @@ async def ac_matches_golden(dut):
         corners = bench.params.get("recip_corners", 0)
         if corners and any(rec.terms_n) and 0 < rec.terms_z and rng.random() < corners:
             recip_corners += 1   # Z at a power of two, below zero, saturated; N the cache terms'
-            z_now = rec.terms_z
+            z_now, moved = rec.terms_z, 0
             for target, aim in ((1 << (rec.terms_z.bit_length() - 1),) * 2, (-1, -1), (z_max, z_max + w_max),
                                 (z_max - 1,) * 2, (rec.terms_z,) * 2):
                 while z_now != target:   # positions of w within its range, the last aiming past a saturated Z
                     w = max(-w_max - 1, min(w_max, aim - z_now))
                     for kb in beats([0] * cfg.head_dim, cfg):   # w counts once per nb beats, v = 0 keeps N
                         cmd_src.put(command(cfg, rng, w=w, accumulate=1, v=kb))
+                    moved += cfg.beats
                     z_saturated += z_now + w > z_max
                     z_now = min(z_now + w, z_max)
-                await settle()
+                await settle(moved)
                 bench.check(f"step {n} z moved to {target}", dut.z.value.to_signed(), target)
                 if target != rec.terms_z:
                     o, z_in = model.finish(rec.terms_n, target)
