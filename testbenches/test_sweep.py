@@ -35,8 +35,11 @@ def test_bad_sweeps_exit_2_before_running(argv, fragment, capsys):
     assert fragment in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_sweep_runs_points_caches_them_and_plots(tmp_path, capsys):
-    argv = ["sweep", "lad", "--set", "center_cos=0.5,0.98", "--tokens", "24", "--out", str(tmp_path),
+def test_hardware_sweep_runs_points_ranks_them_by_energy_caches_them_and_plots(tmp_path, capsys):
+    """Two points of the bit-accurate tile (--hardware), each a Ray task: the table, JSON and Pareto
+    plot written; each point keeps its activity record and the table gains the system model's
+    energy per token (SmolLM2, DDR4-3200, state streamed), a Pareto axis; a second run reruns nothing."""
+    argv = ["sweep", "lad", "--hardware", "--set", "center_cos=0.5,0.98", "--tokens", "24", "--out", str(tmp_path),
             "--workers", "2"]
     assert main(argv) == 0
     data = json.loads((tmp_path / "sweep.json").read_text())
@@ -47,23 +50,14 @@ def test_sweep_runs_points_caches_them_and_plots(tmp_path, capsys):
         assert 0 < r["keys_read_pct"] <= 100
     # a looser center test merges more keys into fewer centers: the points differ
     assert rows[0]["centers_mean"] < rows[1]["centers_mean"]
-    assert any(data["pareto"])
-    assert (tmp_path / "pareto.png").stat().st_size > 1000
-    assert "center_cos" in (tmp_path / "sweep.md").read_text()
-    capsys.readouterr()
-    assert main(argv) == 0   # resumes: both points cached, nothing rerun
-    assert "2 cached, 0 to run" in capsys.readouterr().err
-
-
-def test_hardware_sweep_ranks_points_by_the_whole_models_energy(tmp_path):
-    """With --hardware each point keeps its activity record and the table gains the system model's
-    energy per token (SmolLM2, DDR4-3200, state streamed), a Pareto axis."""
-    argv = ["sweep", "lad", "--hardware", "--set", "center_cos=0.9,0.98", "--tokens", "24", "--out", str(tmp_path),
-            "--workers", "2"]
-    assert main(argv) == 0
-    rows = json.loads((tmp_path / "sweep.json").read_text())["rows"]
     energies = [r["energy_uj"] for r in rows]
     assert all(math.isfinite(e) and e > 1000 for e in energies), energies   # weights alone: > 10 mJ per token
     assert energies[0] != energies[1]                                        # the points' activity differs
     assert len(list((tmp_path / "points").glob("*.activity.json"))) == 2
-    assert "energy/token uJ" in (tmp_path / "sweep.md").read_text()
+    assert any(data["pareto"])
+    assert (tmp_path / "pareto.png").stat().st_size > 1000
+    table = (tmp_path / "sweep.md").read_text()
+    assert "center_cos" in table and "energy/token uJ" in table
+    capsys.readouterr()
+    assert main(argv) == 0   # resumes: both points cached, nothing rerun
+    assert "2 cached, 0 to run" in capsys.readouterr().err
