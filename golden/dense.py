@@ -130,6 +130,7 @@ class DenseConfig(HeadConfig):
 PRESETS = {
     "default": DenseConfig(),
     "small": DenseConfig(head_dim=32, lanes=8, max_positions=256),
+    "group3": DenseConfig(group=3),   # the group-aware block: SmolLM2's 3 query heads of a KV head
 }
 
 # -- the RTL's schedule (hdl.lad.dense), checked cycle-exactly by test_dense_rtl_cycles_equal_schedule

@@ -50,7 +50,7 @@ stays as it is. Past ``kv_positions`` (the KV memory's depth) a step returns ``o
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import torch
@@ -288,6 +288,9 @@ PRESETS = {
     # (kv_positions = max_positions: steps past 2048 are BEYOND): with it the tile did not route
     "ecp5-85f": LadTileConfig(max_positions=2048, max_centers=2048, kv_positions=2048, eas_beats=8, vpus=4, ac_lanes=1),
 }
+# the small tile per KV group of 3 (SmolLM2's): the group RTL's lines run and its Verilog compared
+# where a preset is enough (testbenches/mutation.py); not a preset of the one-head blocks (MD, AC)
+PRESETS["group3"] = replace(PRESETS["small"], group=3)
 
 
 # The tile's cycles per step as its schedule spends them (docs/lad-tile.md, "Cycles"): LOAD, EAS's

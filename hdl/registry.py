@@ -21,6 +21,7 @@ class Block:
     source: str      # the file that defines the block's component
     testbench: str   # the cocotb module that checks the block against its golden model
     tests: tuple     # the pytest arguments that select the block's RTL tests
+    one_head: bool = False   # serves one query head (group 1 only; a tile per KV group has one per head)
 
     @property
     def smallest_preset(self) -> str:
@@ -28,10 +29,11 @@ class Block:
         return next((p for p in ("tiny", "small", "narrow") if p in self.presets), "default")
 
 
-def _block(name, summary, config_module, config_class, component, tests) -> Block:
+def _block(name, summary, config_module, config_class, component, tests, one_head=False) -> Block:
     """One row of the table: ``component`` is ``"hdl.module:Class"`` (imported when built), the
     testbench is ``testbenches.tb.tb_<name>``, ``tests`` a pytest selection under testbenches/
-    (``"test_mac_unit.py -k match"``)."""
+    (``"test_mac_unit.py -k match"``). A ``one_head`` block (hdl.lad.common.require_one_head) has
+    its config class's presets at group 1 only."""
     module_name, class_name = component.split(":")
 
     def build(cfg):
@@ -39,9 +41,10 @@ def _block(name, summary, config_module, config_class, component, tests) -> Bloc
         return getattr(module, class_name)(cfg)
 
     file, _, keyword = tests.partition(" -k ")
-    return Block(name, summary, getattr(config_module, config_class), config_module.PRESETS, build,
+    presets = {k: c for k, c in config_module.PRESETS.items() if not one_head or c.group == 1}
+    return Block(name, summary, getattr(config_module, config_class), presets, build,
                  module_name.replace(".", "/") + ".py", f"testbenches.tb.tb_{name.replace('-', '_')}",
-                 (f"testbenches/{file}", *(("-k", keyword) if keyword else ())))
+                 (f"testbenches/{file}", *(("-k", keyword) if keyword else ())), one_head)
 
 
 BLOCKS: dict[str, Block] = {b.name: b for b in [
@@ -69,9 +72,9 @@ BLOCKS: dict[str, Block] = {b.name: b for b in [
     _block("lad-apid", "LAD APID: per-position metadata, max approximate score, candidates, mode counters",
            golden_lad_tile, "LadTileConfig", "hdl.lad.apid:Apid", "test_lad_modules.py -k lad_apid"),
     _block("lad-md", "LAD MD: exact scores of candidates, intervals, verdicts, correction commands",
-           golden_lad_tile, "LadTileConfig", "hdl.lad.md:Md", "test_lad_modules.py -k lad_md"),
+           golden_lad_tile, "LadTileConfig", "hdl.lad.md:Md", "test_lad_modules.py -k lad_md", one_head=True),
     _block("lad-ac", "LAD AC: caches A-F, N and Z, corrections, cache updates, o = N / Z", golden_lad_tile,
-           "LadTileConfig", "hdl.lad.ac:Ac", "test_lad_modules.py -k lad_ac or lane_file"),
+           "LadTileConfig", "hdl.lad.ac:Ac", "test_lad_modules.py -k lad_ac or lane_file", one_head=True),
 ]}
 
 

@@ -34,11 +34,10 @@ FIELD_RANGES = {"depth": (2, 16384), "read_latency": (1, 6), "band": (1, 1024)}
 # Parameters drawn from a generator of their own, seeded by the main one's state and leaving it as it
 # was, so that adding them changed no recorded seed's draw of the others: name -> draw(values, rng).
 # center_bits: the key itself half the time, else 2..kv_width-bit compact centers. group: 1..3 query
-# heads, except for the blocks that serve one head (the tile builds one of each per head:
-# hdl.lad.common.require_one_head).
-ONE_HEAD_BLOCKS = {"lad-md", "lad-ac"}
+# heads, except for the blocks that serve one head (the registry's ``one_head``: the tile builds one
+# of each per head).
 SIDE_DRAWS = {"center_bits": lambda block, values, rng: 0 if rng.random() < 0.5 else rng.randint(2, max(2, values["kv_width"])),
-              "group": lambda block, values, rng: 1 if block in ONE_HEAD_BLOCKS else rng.randint(1, 3)}
+              "group": lambda block, values, rng: 1 if get_block(block).one_head else rng.randint(1, 3)}
 
 
 def families() -> dict[str, list[str]]:
