@@ -32,7 +32,7 @@ import torch
 
 from golden.errors import ConfigError, LadmacError
 from golden.lad_ref import LadHead
-from golden.lad_tile import LadTileConfig
+from golden.lad_tile import ONE_HEAD_V2, LadTileConfig
 from golden.llm.data import read_wikitext, wikitext_ids
 from golden.llm.hooks import Controller
 from golden.llm.metrics import perplexity
@@ -54,7 +54,7 @@ class RoundedLadHead(LadHead):
 
 
 def run_variant(ctl: Controller, ids, name: str, max_centers: int) -> dict:
-    tile = LadTileConfig(max_centers=max_centers)
+    tile = LadTileConfig(max_centers=max_centers, **ONE_HEAD_V2)   # one head, keys as centers: the table rules' study
     twin = tile.reference()
     kw = {"twin": ("lad", {"lad": twin}), "twin-rounded": ("lad", {"lad": twin}),
           "exact-rule": ("lad", {"lad": dataclasses.replace(twin, full_table="exact")}),

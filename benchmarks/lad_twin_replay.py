@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -43,7 +44,9 @@ def main() -> None:
     f, H, T = cfg.kv_format, len(pairs), args.tokens
     q, k, v = (f.quantize(t[n].float()) for n in ("q", "k", "v"))
     qf, kf, vf = (f.to_float(x).double() for x in (q, k, v))
-    bits, twin = LadTileBatch(cfg, H), LadHead(cfg.reference(), heads=H)
+    # heads of different layers share no keys: each its own tile (group 1; per head, a group tile's
+    # numerics are the one-head tile's)
+    bits, twin = LadTileBatch(replace(cfg, group=1), H), LadHead(cfg.reference(), heads=H)
     vmax = vf.abs().amax((1, 2))
     scale = 1 / math.sqrt(cfg.head_dim)
     err = torch.zeros(3, H, T)     # tile vs exact, twin vs exact, tile vs twin

@@ -40,6 +40,7 @@ from benchmarks.mac_decode_rtl_cycles import NO_STALLS
 from benchmarks.mac_decode_rtl_cycles import runs as mac_runs
 from golden.dense import DenseConfig, dense_step_cycles
 from golden.lad_tile import LadTileConfig, schedule_constants
+from synth.system.engines import load_record
 from testbenches.runner import simulate
 
 DATA = Path(__file__).resolve().parent.parent / "testbenches" / "data"
@@ -55,7 +56,7 @@ def dense(quick: bool) -> dict:
 
 
 def lad(quick: bool, steps: int, t0: float) -> dict:
-    cfg = LadTileConfig()   # the activity records' config
+    cfg = LadTileConfig(**load_record("lad-tile", 4096)["config"])   # the activity records' config
     data = torch.load(DATA / "smollm2_lad_trace.pt")
     pairs = [tuple(p) for p in data["pairs"]]
     trace = {n: data[n].float() for n in ("q", "k", "v")}

@@ -80,12 +80,18 @@ class StepPath(enum.IntEnum, shape=2):
 @dataclass(frozen=True)
 class LadTileConfig(HeadConfig):
     """The tile: HeadConfig (shape, q/k/v/o format, context = metadata SRAM depth, PWL) plus LAD's own
-    parameters. Derived widths of the AC datapath live here so that RTL and model read one value."""
+    parameters. Derived widths of the AC datapath live here so that RTL and model read one value.
+    Its defaults are the tile per KV group of SmolLM2 (3 query heads) with 8-bit centers and the PWL
+    cut off at -6 (docs/lad-tile.md, "Design sweep")."""
+    cutoff: float = param(-6.0, "e_R: below this x = s - m contributes nothing")
+    group: int = param(3, "query heads one tile serves (a KV group; SmolLM2's 3), in lockstep on one stream "
+                          "of the group's keys and values, each read once for the group: one center table, "
+                          "its reciprocals and each position's center and rho serve them all")
     vpus: int = param(7, "VPUs in the pool: 2 for EAS (q.c and k.c), 1 for MD, the rest for AC's q.A rows")
     max_centers: int = param(4096, "center table entries (default: one per position, so the table cannot "
                                    "fill; when full, keys join their best center)")
     center_cos: float = param(0.98, "a key joins its best center when |cos| >= this")
-    center_bits: int = param(0, "bits of a stored center element: a new center is its key in block floating "
+    center_bits: int = param(8, "bits of a stored center element: a new center is its key in block floating "
                                 "point, center_bits-bit mantissas and one exponent per center "
                                 "(compact_center); 0 = kv_width, the key itself")
     counter_bits: int = param(4, "bits of each per-position, per-interval saturating mode counter")
@@ -279,14 +285,20 @@ class LadTileConfig(HeadConfig):
                          max_centers=self.max_centers)
 
 
+# a tile of one query head with its keys as centers and the PWL cut off at -8 (LAD tile v2)
+ONE_HEAD_V2 = dict(group=1, center_bits=0, cutoff=-8.0)
 PRESETS = {
     "default": LadTileConfig(),
-    # kv_positions = max_positions + 4: a short run steps through all three paths (LAD, exact, beyond)
-    "small": LadTileConfig(head_dim=32, lanes=8, vpus=5, max_positions=64, max_centers=8, kv_positions=68),
-    # head_dim 64 on the LFE5U-85F (docs/lad-tile.md "Synthesis"): 151 of 208 DP16KD (centers 2048 x 1024 bits),
-    # 96 of 156 MULT18X18D (EAS 2 x 8 lanes, one AC VPU, AC's scalar arithmetic a lane a cycle); no exact pass
-    # (kv_positions = max_positions: steps past 2048 are BEYOND): with it the tile did not route
-    "ecp5-85f": LadTileConfig(max_positions=2048, max_centers=2048, kv_positions=2048, eas_beats=8, vpus=4, ac_lanes=1),
+    # one head, kv_positions = max_positions + 4: a short run steps through all three paths (LAD, exact,
+    # beyond); the module benches set group and center_bits where they test them
+    "small": LadTileConfig(head_dim=32, lanes=8, vpus=5, max_positions=64, max_centers=8, kv_positions=68,
+                           **ONE_HEAD_V2),
+    # head_dim 64 on the LFE5U-85F (docs/lad-tile.md "Synthesis"), one head: 151 of 208 DP16KD (centers
+    # 2048 x 1024 bits), 96 of 156 MULT18X18D (EAS 2 x 8 lanes, one AC VPU, AC's scalar arithmetic a lane a
+    # cycle); no exact pass (kv_positions = max_positions: steps past 2048 are BEYOND): with it the tile did
+    # not route. The tile per KV group does not meet 100 MHz on this part yet (docs/lad-tile.md)
+    "ecp5-85f": LadTileConfig(max_positions=2048, max_centers=2048, kv_positions=2048, eas_beats=8, vpus=4, ac_lanes=1,
+                              **ONE_HEAD_V2),
 }
 # the small tile per KV group of 3 (SmolLM2's): the group RTL's lines run and its Verilog compared
 # where a preset is enough (testbenches/mutation.py); not a preset of the one-head blocks (MD, AC)

@@ -4,7 +4,7 @@ component builder and the cocotb testbench that checks it, and the config of a b
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from golden import dense as golden_dense, lad_tile as golden_lad_tile, mac_decode as golden_mac_decode, mac_unit as golden_mac, sfm as golden_sfm, sram as golden_sram, vpu as golden_vpu
@@ -33,7 +33,8 @@ def _block(name, summary, config_module, config_class, component, tests, one_hea
     """One row of the table: ``component`` is ``"hdl.module:Class"`` (imported when built), the
     testbench is ``testbenches.tb.tb_<name>``, ``tests`` a pytest selection under testbenches/
     (``"test_mac_unit.py -k match"``). A ``one_head`` block (hdl.lad.common.require_one_head) has
-    its config class's presets at group 1 only."""
+    its config class's presets at group 1 (the module a tile of that preset builds for each head), the
+    default included; a preset that only differs from an earlier one by its group is left out."""
     module_name, class_name = component.split(":")
 
     def build(cfg):
@@ -41,7 +42,11 @@ def _block(name, summary, config_module, config_class, component, tests, one_hea
         return getattr(module, class_name)(cfg)
 
     file, _, keyword = tests.partition(" -k ")
-    presets = {k: c for k, c in config_module.PRESETS.items() if not one_head or c.group == 1}
+    presets = {}
+    for k, c in config_module.PRESETS.items():   # a one-head block: each preset's module, as the tile builds it
+        c = replace(c, group=1) if one_head else c
+        if c not in presets.values():
+            presets[k] = c
     return Block(name, summary, getattr(config_module, config_class), presets, build,
                  module_name.replace(".", "/") + ".py", f"testbenches.tb.tb_{name.replace('-', '_')}",
                  (f"testbenches/{file}", *(("-k", keyword) if keyword else ())), one_head)
@@ -89,5 +94,8 @@ def make_config(name: str, overrides: dict[str, str] | None = None, preset: str 
     block = get_block(name)
     if preset is not None and preset not in block.presets:
         raise ConfigError(f"unknown preset '{preset}' for {name} (known: {', '.join(block.presets)})")
-    base = block.presets[preset] if preset is not None else block.config_class()
+    if preset is not None:
+        base = block.presets[preset]
+    else:   # its defaults; a one-head block's at group 1
+        base = replace(block.config_class(), group=1) if block.one_head else block.config_class()
     return base.with_overrides(overrides or {})

@@ -170,8 +170,7 @@ def test_lad_invariants_and_exact_modes(exact_recent):
         assert (outs["full"][0] - ref).abs().max() < 1e-12
         # PWL with exact intervals: the PWL softmax, computed directly
         s = (k[:, :i + 1].double() @ q[:, i].double().unsqueeze(-1)).squeeze(-1) * d ** -0.5
-        from golden.pwl import PwlTable
-        p = PwlTable().exp(s - s.max(-1, keepdim=True).values)
+        p = heads["pwl"].cfg.pwl.exp(s - s.max(-1, keepdim=True).values)
         pwl_ref = (p.unsqueeze(1) @ v[:, :i + 1].double()).squeeze(1) / p.sum(-1, keepdim=True)
         assert (outs["pwl"][0] - pwl_ref).abs().max() < 1e-9
         for key in totals:
@@ -416,6 +415,8 @@ def test_eval_set_edits_the_method_config(monkeypatch):
         (LadConfig(center_cos=0.9, max_centers=32), None)
     assert configs("lad", ["--hardware", "--set", "max_centers=128"]) == \
         (LadConfig(), LadTileConfig(max_centers=128))
+    twin = LadTileConfig().reference()                                  # the float twin follows the tile
+    assert (twin.pwl_intervals, twin.pwl_cutoff, twin.max_centers) == (8, -6.0, 4096)
     assert configs("mac", ["--set", "window=64", "--set", "reuse=false"]) == (MacConfig(window=64, reuse=False), None)
     assert configs("mac", []) == (MacConfig(), None)
     from golden.mac_decode import MacDecodeConfig

@@ -152,7 +152,7 @@ def test_wide_products_equal_python_ints():
 
 def test_local_sfm_tables_equal_golden_sfm():
     cfg = PRESETS["default"]
-    batch = LadTileBatch(cfg, 1)
+    batch = LadTileBatch(cfg, cfg.group)
     w = cfg.sfm.recip_in_width
     z = torch.cat([torch.tensor([0, 1, 2, 3, (1 << w) - 1]), 1 << torch.arange(w),
                    torch.randint(0, 1 << w, (3000,), generator=torch.Generator().manual_seed(SEEDS[1]))])
@@ -164,8 +164,9 @@ def test_local_sfm_tables_equal_golden_sfm():
 
 
 def test_batch_equals_per_head_models_on_real_smollm2_heads():
-    """3 real heads (SmolLM2 layers 3, 12, 25; benchmarks/record_lad_trace.py), 320 steps, default config."""
-    cfg = PRESETS["default"]
+    """3 real heads (SmolLM2 layers 3, 12, 25; benchmarks/record_lad_trace.py), 320 steps, the default
+    config for one head each (heads of different layers are no KV group)."""
+    cfg = dataclasses.replace(PRESETS["default"], group=1)
     t = torch.load(TRACE)
     f = cfg.kv_format
     q, k, v = (f.quantize(t[name][:, :320].float()) for name in ("q", "k", "v"))

@@ -16,10 +16,10 @@ SEED = 2025
 TRACE = Path(__file__).parent / "data" / "smollm2_lad_trace.pt"
 GROUP_TRACE = Path(__file__).parent / "data" / "smollm2_group_trace.pt"   # one KV group: layer 9, query heads 3-5
 SMALL = PRESETS["small"]   # d = 32, 4 beats, 2 AC VPUs, 64 positions (68 in the KV memory), 8 centers
-# The group tile's two tests share one build: the default shape (d = 64) at group 3 with the v3
-# candidate point (8-bit compact centers, PWL cutoff -6), 16 positions (20 in the KV memory), 8 centers
-GROUP = replace(PRESETS["default"], group=3, center_bits=8, cutoff=-6.0, max_positions=16, max_centers=8,
-                kv_positions=20)
+# The group tile's two tests share one build: the defaults (d = 64, a group of 3, 8-bit compact
+# centers, PWL cutoff -6) at 16 positions (20 in the KV memory) and 8 centers
+GROUP = replace(PRESETS["default"], max_positions=16, max_centers=8, kv_positions=20)
+ONE_HEAD = replace(PRESETS["default"], group=1)   # the default tile's format for one query head
 
 
 def test_lad_tile_rtl_equals_golden_drift_past_the_end():
@@ -67,8 +67,8 @@ def test_lad_tile_rtl_equals_golden_fpga_structure():
 
 def test_lad_tile_rtl_equals_golden_on_real_smollm2_head():
     """A real decode sequence (SmolLM2 layer 12, head 4; benchmarks/record_lad_trace.py) at the
-    default config, shortened to keep the suite fast (the benchmark runs it longer)."""
-    cfg = PRESETS["default"]
+    default config for one head, shortened to keep the suite fast (the benchmark runs it longer)."""
+    cfg = ONE_HEAD
     r = simulate("lad-tile", cfg, "testbenches.tb.tb_lad_tile", seed=SEED, name="trace",
                  params={"trace": str(TRACE), "head": 1, "steps": 32, "latency": [1, 4]})
     assert r["mismatches"] == 0 and r["steps"] == 32
@@ -105,7 +105,7 @@ def test_lad_tile_group_rtl_equals_golden_on_a_real_smollm2_kv_group():
 def test_bit_accurate_within_bound_of_float_on_real_heads():
     """Stated bound (docs/lad-tile.md): |o_bits - o_float| <= 0.05 max|v| per step; decisions
     (candidates) may differ only where a score sits within rounding of a boundary."""
-    cfg = PRESETS["default"]
+    cfg = ONE_HEAD
     t = torch.load(TRACE)
     f = cfg.kv_format
     worst, decisions, total = 0.0, 0, 0

@@ -26,7 +26,7 @@ def per_layer_means(ctl, key):
 def test_lad_counts_are_the_bit_accurate_models(smollm2):
     from golden.llm.runs import teacher_forced
     ctl, ids = smollm2
-    tile = LadTileConfig()
+    tile = LadTileConfig(group=1)   # the system model prices one-head tiles (synth/system/engines.py)
     teacher_forced(ctl, ids[:41], "lad-tile", 0, tile=tile, progress=False)
     rec = activity(ctl.layer_steps, 16, engine="lad-tile", config=tile.to_dict())
     eng = lad_engine(SHAPES["smollm2"], 40, rec)

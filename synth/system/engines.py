@@ -67,8 +67,9 @@ def record_path(engine: str, context: int) -> Path:
 
 def record_hint(engine: str, context: int) -> str:
     method = "lad" if engine == "lad-tile" else "mac"
+    one_head = " --set group=1" if engine == "lad-tile" else ""   # the model prices one-head LAD tiles
     return (f"ladmac eval {method} --hardware --context {context - STEPS - 1} --tokens {STEPS} --prompts 0 "
-            f"--variants {engine} --activity FILE")
+            f"--variants {engine}{one_head} --activity FILE")
 
 
 def load_record(engine: str, context: int, path: Path | None = None) -> dict:
@@ -158,7 +159,7 @@ def lad_engine(shape: ModelShape, context: int, record: dict, clock_mhz: float |
     cfg = LadTileConfig(**record["config"])
     if cfg.group != 1:
         raise DataError(f"the system model prices one LAD tile per query head; this record's tile serves "
-                        f"a group of {cfg.group} (no RTL of it yet to price its logic and SRAM traffic)")
+                        f"a group of {cfg.group} (a group tile's logic and shared SRAM traffic are not priced yet)")
     layers, steps = layer_means(record)
     notes = []
     if shape.head_dim != cfg.head_dim or shape is not SHAPES["smollm2"]:

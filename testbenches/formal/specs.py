@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from golden.dense import DenseConfig
-from golden.lad_tile import LadTileConfig
+from golden.lad_tile import ONE_HEAD_V2, LadTileConfig
 from golden.mac_decode import MacDecodeConfig
 from golden.mac_unit import MacUnitConfig
 from golden.sfm import SfmConfig
@@ -166,8 +166,9 @@ _TINY_DECODE = MacDecodeConfig(window=2, head_dim=2, heads=1, lanes=1, q_width=4
 _SMALL_DECODE = MacDecodeConfig(window=4, head_dim=4, heads=2, lanes=2, q_width=6, q_frac=3, score_width=10,
                                 score_frac=4, sum_width=14, sum_frac=8, out_width=6, out_frac=3, mantissa_frac=8,
                                 band=2, min_context=3, sinks=0, max_positions=8, kv_width=6, kv_frac=3)
-_TINY_LAD = LadTileConfig(head_dim=4, lanes=1, vpus=4, max_positions=4, max_centers=2)
-_SMALL_LAD = LadTileConfig(head_dim=8, lanes=2, vpus=5, max_positions=8, max_centers=4)
+# one head with keys as centers (the KV-group and compact-center RTL: `ladmac formal BLOCK --set group=3`)
+_TINY_LAD = LadTileConfig(head_dim=4, lanes=1, vpus=4, max_positions=4, max_centers=2, **ONE_HEAD_V2)
+_SMALL_LAD = LadTileConfig(head_dim=8, lanes=2, vpus=5, max_positions=8, max_centers=4, **ONE_HEAD_V2)
 _TINY_MAC = MacUnitConfig(window=2, head_dim=2, heads=1, lanes=1, q_width=4, q_frac=2, score_width=8,
                           score_frac=2, sum_width=8, sum_frac=4, out_width=4, out_frac=2, mantissa_frac=8)
 _SMALL_MAC = MacUnitConfig(window=4, head_dim=4, heads=2, lanes=2, q_width=6, q_frac=3, score_width=10,
