@@ -32,6 +32,49 @@ class TwoSlices(wiring.Component):
         return m
 
 
+class Stage(RegisterSlice):
+    """A register slice with a config (its width): parts of one module are one class at one config."""
+    def __init__(self, width: int):
+        super().__init__(unsigned(width))
+        self.cfg = width
+
+
+class TwoStages(wiring.Component):
+    """Two equal register slices in series, both instances of the module ``stage``."""
+    i: In(stream.Signature(unsigned(12)))
+    o: Out(stream.Signature(unsigned(12)))
+
+    def elaborate(self, platform):
+        m = Module()
+        first, second = Stage(12), Stage(12)
+        add_part(m, "stage", first, module="stage")
+        add_part(m, "stage1", second, module="stage")
+        wiring.connect(m, wiring.flipped(self.i), first.i)
+        wiring.connect(m, first.o, second.i)
+        wiring.connect(m, second.o, wiring.flipped(self.o))
+        return m
+
+
+def test_parts_of_one_module_are_converted_once(tmp_path):
+    """A KV group's per-head MDs and ACs: one module, an instance per head; another config under
+    the same module, or a part's name taken twice, is refused."""
+    with collecting() as parts:
+        text = to_verilog(TwoStages(), "top")
+    assert list(parts) == ["stage"] and "stage stage (" in text and "stage stage1 (" in text
+    modules = convert_parts(parts, lint=True, jobs=2)
+    assert len(modules) == 1 and modules[0].count("module ") == 1
+    whole = tmp_path / "top.v"
+    whole.write_text(text + "".join(modules))
+    lint_verilog(whole)
+    with collecting():
+        m = Module()
+        add_part(m, "a", Stage(12), module="s")
+        with pytest.raises(ValueError, match="module 's' is already another part's"):
+            add_part(m, "b", Stage(8), module="s")
+        with pytest.raises(ValueError, match="module 's' is already another part's"):
+            add_part(m, "s", Stage(12))
+
+
 def test_parts_are_instances_only_while_collecting(tmp_path):
     m = Module()
     add_part(m, "slice", RegisterSlice(unsigned(4)))

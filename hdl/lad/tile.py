@@ -144,10 +144,12 @@ class LadTile(wiring.Component):
         eas, apid, sfm = Eas(cfg), Apid(cfg), Sfm(sfm_cfg)
         exact_path = cfg.kv_positions > cfg.max_positions   # else a step past max_positions is BEYOND at once
         exact = DenseAttention(cfg.fallback()) if exact_path else None
-        for name, part in (*((head_name("ac", h), a) for h, a in enumerate(ac)), ("eas", eas), ("exact", exact),
-                           *((head_name("md", h), d) for h, d in enumerate(md)), ("apid", apid), ("sfm", sfm)):
+        # (the heads' ACs are instances of one module "ac", their MDs of "md": each converted once)
+        for name, part, module in (*((head_name("ac", h), a, "ac") for h, a in enumerate(ac)), ("eas", eas, None),
+                                   ("exact", exact, None), *((head_name("md", h), d, "md") for h, d in enumerate(md)),
+                                   ("apid", apid, None), ("sfm", sfm, None)):
             if part is not None:
-                add_part(m, name, part)
+                add_part(m, name, part, module)
         # between the blocks, for the clock (docs/synthesis.md): AC's commands and the SFM's requests
         # go through register slices (registered valid, payload and ready; one cycle each; AC's a FIFO
         # slice, whose payload registers AC's late ready does not enable), and the

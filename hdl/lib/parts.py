@@ -29,25 +29,30 @@ from .verilog import lint_verilog, part_ports, to_verilog
 _collector: contextvars.ContextVar[dict | None] = contextvars.ContextVar("ladmac_parts", default=None)
 
 
-def add_part(m, name: str, component: wiring.Component) -> None:
-    """``m.submodules[name] = component``, or, while collecting, an instance of the module
-    ``name`` that :func:`convert_parts` emits for it."""
+def add_part(m, name: str, component: wiring.Component, module: str | None = None) -> None:
+    """``m.submodules[name] = component``, or, while collecting, an instance ``name`` of the module
+    ``module`` (default ``name``) that :func:`convert_parts` emits for it. Parts of one module (a
+    KV group's per-head MDs and ACs) are one class at one ``cfg``: the module is converted once."""
     found = _collector.get()
     if found is None:
         m.submodules[name] = component
         return
-    if name in found:
-        raise ValueError(f"two parts named {name!r}")
-    found[name] = component
+    module = module or name
     component._MustUse__used = True   # elaborated in the part's own process, not here (no UnusedElaboratable)
+    if module in found:
+        first = found[module]
+        same = type(first) is type(component) and hasattr(component, "cfg") and first.cfg == component.cfg
+        if module == name or not same:
+            raise ValueError(f"part {name!r}: module {module!r} is already another part's")
+    found[module] = found.get(module, component)
     ports = {("i_" if flow == In else "o_") + port: value for port, (value, flow) in part_ports(component).items()}
-    m.submodules[name] = Instance(name, i_clk=ClockSignal(), i_rst=ResetSignal(), **ports)
+    m.submodules[name] = Instance(module, i_clk=ClockSignal(), i_rst=ResetSignal(), **ports)
 
 
 @contextmanager
 def collecting():
-    """Parts added while converting inside this block are collected (yielded dict, in the
-    order added) instead of elaborated in place."""
+    """Parts added while converting inside this block are collected (yielded dict of module name
+    to component, in the order added) instead of elaborated in place."""
     found: dict = {}
     token = _collector.set(found)
     try:
