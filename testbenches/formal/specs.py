@@ -206,7 +206,8 @@ SPECS: dict[str, FormalSpec] = {s.block: s for s in [
     FormalSpec("mac-unit", _TINY_MAC, _SMALL_MAC, _unit_rules, _d(2, 24, 28, 24)),
     FormalSpec("dense", DenseConfig(head_dim=4, lanes=1, max_positions=2, kv_width=6, kv_frac=3),
                DenseConfig(head_dim=8, lanes=2, max_positions=4, kv_width=8, kv_frac=4), _dense_rules,
-               _d(None, 20, None, 64, deep=44), abstract=CUT, note=_FSM_NOTE),   # out first done at step 62
+               # out first done at step 62; a KV group's further heads' query and out beats push it later
+               lambda cfg: Depths(None, 20, None, 64 + 16 * (cfg.group - 1), 44), abstract=CUT, note=_FSM_NOTE),
     # prefix: the first step's query and K pass (its first out beat is at cycle 76 of the run, its
     # entry-store requests at 65); the second step's K pass is free (its kv_req stalled at 85)
     FormalSpec("mac-decode", _TINY_DECODE, _SMALL_DECODE, _decode_rules,
