@@ -44,9 +44,11 @@ def _block(name, summary, config_module, config_class, component, tests, one_hea
     file, _, keyword = tests.partition(" -k ")
     presets = {}
     for k, c in config_module.PRESETS.items():   # a one-head block: each preset's module, as the tile builds it
-        c = replace(c, group=1) if one_head else c
-        if c not in presets.values():
-            presets[k] = c
+        if one_head:
+            c = replace(c, group=1)
+            if c in presets.values():
+                continue
+        presets[k] = c
     return Block(name, summary, getattr(config_module, config_class), presets, build,
                  module_name.replace(".", "/") + ".py", f"testbenches.tb.tb_{name.replace('-', '_')}",
                  (f"testbenches/{file}", *(("-k", keyword) if keyword else ())), one_head)

@@ -117,7 +117,7 @@ def run(block: str, cfg=None, mode: str = "prove", depth: int | None = None, *, 
     check_tools()
     spec = SPECS[block]
     cfg = cfg if cfg is not None else (spec.big if big else spec.small)
-    prefix = (prefix or spec.prefix) if mode in ("prefix", "cover") else None
+    prefix = (prefix or spec.prefix_of(cfg)) if mode in ("prefix", "cover") else None
     if mode == "prefix" and prefix is None:
         raise ValueError(f"{block} has no simulated prefix (FormalSpec.prefix)")
     depth = depth if depth is not None else getattr(spec.depths(cfg), mode)

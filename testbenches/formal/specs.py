@@ -54,8 +54,12 @@ class FormalSpec:
     # the real one, and more); a cover reached there counts only when its trace, replayed on the
     # real design (replay.py), reaches it too.
     abstract: tuple = ()
-    # The simulated prefix of the ``prefix`` task and of the covers (then on the real model).
-    prefix: Prefix | None = None
+    # The simulated prefix of the ``prefix`` task and of the covers (then on the real model), or
+    # cfg -> Prefix where its length depends on the config.
+    prefix: Prefix | Callable | None = None
+
+    def prefix_of(self, cfg) -> Prefix | None:
+        return self.prefix(cfg) if callable(self.prefix) else self.prefix
 
 
 # Beats a stall-all pipeline may hold: above the VPU's, SFM's and merge unit's stage counts
@@ -215,9 +219,11 @@ SPECS: dict[str, FormalSpec] = {s.block: s for s in [
     # prefix: step 0 (its out at cycles 111-115 of the run) and step 1 up to its candidates' KV
     # reads (kv_req from 218, one stalled at 222): every cover in the run; the solver checks every
     # continuation for 24 cycles more (the covers' task is the run alone: a solver's cover search
-    # along it did not finish, docs/verification.md)
-    FormalSpec("lad-tile", _TINY_LAD, _SMALL_LAD, _tile_rules, _d(None, 12, None, 224, deep=30, prefix=248),
-               abstract=CUT, note=_FSM_NOTE, prefix=Prefix(224, seed=1)),
+    # along it did not finish, docs/verification.md). At one head; a KV group's g heads take about
+    # g times as long a step (their loads and outputs, their modules in turn on the SFM)
+    FormalSpec("lad-tile", _TINY_LAD, _SMALL_LAD, _tile_rules,
+               lambda cfg: Depths(None, 12, None, 224 * cfg.group, 30, 224 * cfg.group + 24),
+               abstract=CUT, note=_FSM_NOTE, prefix=lambda cfg: Prefix(224 * cfg.group, seed=1)),
     FormalSpec("lad-eas", _TINY_LAD, _SMALL_LAD, _eas_rules, _d(None, 2, None, 32, deep=24), abstract=CUT,
                note=_FSM_NOTE),
     FormalSpec("lad-apid", _TINY_LAD, _SMALL_LAD, _apid_rules, _d(None, 10, None, 12, deep=16), abstract=CUT,
