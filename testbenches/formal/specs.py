@@ -186,6 +186,12 @@ _FSM_NOTE = ("k-induction does not close at small k (unreachable FSM / counter s
 CUT = ("$mul", "$shl", "$shr", "$sshl", "$sshr", "$shift", "$shiftx")
 
 
+def _tile_run(cfg) -> int:
+    """Cycles of the LAD tile's simulated run (its prefix and covers): 224 at one head, 260 more a
+    further head of a KV group."""
+    return 224 + 260 * (cfg.group - 1)
+
+
 def _d(prove, bmc, live, cover, deep=None, prefix=None):
     return lambda cfg: Depths(prove, bmc, live, cover, deep, prefix)
 
@@ -219,11 +225,12 @@ SPECS: dict[str, FormalSpec] = {s.block: s for s in [
     # prefix: step 0 (its out at cycles 111-115 of the run) and step 1 up to its candidates' KV
     # reads (kv_req from 218, one stalled at 222): every cover in the run; the solver checks every
     # continuation for 24 cycles more (the covers' task is the run alone: a solver's cover search
-    # along it did not finish, docs/verification.md). At one head; a KV group's g heads take about
-    # g times as long a step (their loads and outputs, their modules in turn on the SFM)
+    # along it did not finish, docs/verification.md). At one head; a KV group's heads take longer a
+    # step (their loads and outputs, their modules in turn on the SFM): at group 3 step 1's first KV
+    # read is at cycle 720, one stalled at 724
     FormalSpec("lad-tile", _TINY_LAD, _SMALL_LAD, _tile_rules,
-               lambda cfg: Depths(None, 12, None, 224 * cfg.group, 30, 224 * cfg.group + 24),
-               abstract=CUT, note=_FSM_NOTE, prefix=lambda cfg: Prefix(224 * cfg.group, seed=1)),
+               lambda cfg: Depths(None, 12, None, _tile_run(cfg), 30, _tile_run(cfg) + 24),
+               abstract=CUT, note=_FSM_NOTE, prefix=lambda cfg: Prefix(_tile_run(cfg), seed=1)),
     FormalSpec("lad-eas", _TINY_LAD, _SMALL_LAD, _eas_rules, _d(None, 2, None, 32, deep=24), abstract=CUT,
                note=_FSM_NOTE),
     FormalSpec("lad-apid", _TINY_LAD, _SMALL_LAD, _apid_rules, _d(None, 10, None, 12, deep=16), abstract=CUT,
