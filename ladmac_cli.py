@@ -15,11 +15,12 @@ def _config(args):
 
 
 def cmd_blocks(args) -> int:
-    from hdl.registry import BLOCKS
+    from hdl.registry import BLOCKS, make_config
     for block in BLOCKS.values():
         print(f"{block.name}: {block.summary}")
-        for name, default, help_text in block.config_class.describe():
-            print(f"    {name:<18} = {default!s:<8} {help_text}")
+        defaults = make_config(block.name)   # the block's own (a one-head module's at group 1)
+        for name, _, help_text in block.config_class.describe():
+            print(f"    {name:<18} = {getattr(defaults, name)!s:<8} {help_text}")
         print(f"    presets: {', '.join(block.presets)}")
     return 0
 

@@ -72,7 +72,7 @@ BLOCKS: dict[str, Block] = {b.name: b for b in [
     _block("dense", "dense PWL attention baseline: reads every key and value (LAD's reference point)",
            golden_dense, "DenseConfig", "hdl.lad.dense:DenseAttention",
            "test_dense.py -k rtl"),
-    _block("lad-tile", "LAD tile: EAS, APID, MD, AC, VPU pool, SFM and SRAM banks for one head's decode",
+    _block("lad-tile", "LAD tile: EAS, APID, MD, AC, VPU pool, SFM and SRAM banks for a KV group's decode (or one head's)",
            golden_lad_tile, "LadTileConfig", "hdl.lad.tile:LadTile", "test_lad_tile.py -k rtl_equals"),
     _block("lad-eas", "LAD EAS: directional centers, the new key's center and rho, approximate scores",
            golden_lad_tile, "LadTileConfig", "hdl.lad.eas:Eas", "test_lad_modules.py -k lad_eas"),
