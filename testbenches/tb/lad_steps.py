@@ -35,8 +35,8 @@ def random_sequence(cfg: LadTileConfig, seed: int, steps: int, kind: str):
         drift = torch.cumsum(torch.randn(steps, d, generator=gen) * 0.15, 0)
         q = 1.5 * torch.randn(d, generator=gen) + drift
         v = torch.randn(steps, d, generator=gen) * 2.0
-        v[1] = 127.0                 # corner: extreme value rows
-        k[2] = -100.0
+        v[1:2] = 127.0               # corner: extreme value rows (where the sequence is that long)
+        k[2:3] = -100.0
     return f.quantize(q), f.quantize(k), f.quantize(v)
 
 
