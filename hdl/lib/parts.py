@@ -44,7 +44,7 @@ def add_part(m, name: str, component: wiring.Component, module: str | None = Non
         same = type(first) is type(component) and hasattr(component, "cfg") and first.cfg == component.cfg
         if module == name or not same:
             raise ValueError(f"part {name!r}: module {module!r} is already another part's")
-    found[module] = found.get(module, component)
+    found.setdefault(module, component)
     ports = {("i_" if flow == In else "o_") + port: value for port, (value, flow) in part_ports(component).items()}
     m.submodules[name] = Instance(module, i_clk=ClockSignal(), i_rst=ResetSignal(), **ports)
 
