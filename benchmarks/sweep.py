@@ -183,7 +183,7 @@ def energy_uj(activity: Path) -> float:
     rec = read_activity(activity)
     shape, tech = SHAPES["smollm2"], Tech()
     eng = lad_engine(shape, rec["windows"][-1]["last_context"], rec)
-    return 1e6 * decode_step(eng, shape, tech, tech.dram(ENERGY_DRAM), shape.q_heads, ENERGY_RESIDENCY).joules
+    return 1e6 * decode_step(eng, shape, tech, tech.dram(ENERGY_DRAM), None, ENERGY_RESIDENCY).joules
 
 
 def summarize(point: dict[str, str], result: dict, hardware: bool, out: str | Path | None = None) -> dict:
@@ -206,7 +206,6 @@ def summarize(point: dict[str, str], result: dict, hardware: bool, out: str | Pa
         cfg = point_config(point, True)
         row["sram_kib"] = sram_bits_per_head(cfg) / 8192   # per query head
         found = out is not None and activity_path(out).is_file()   # points run before records were kept lack it
-        found = found and cfg.group == 1                            # the system model has no group tile yet
         row["energy_uj"] = energy_uj(activity_path(out)) if found else float("nan")
     return row
 

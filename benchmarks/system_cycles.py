@@ -56,7 +56,7 @@ def dense(quick: bool) -> dict:
 
 
 def lad(quick: bool, steps: int, t0: float) -> dict:
-    cfg = LadTileConfig(**load_record("lad-tile", 4096)["config"])   # the activity records' config
+    cfg = LadTileConfig(**load_record("lad-tile", 4096, one_head=True)["config"])   # the one-head records' config
     data = torch.load(DATA / "smollm2_lad_trace.pt")
     pairs = [tuple(p) for p in data["pairs"]]
     trace = {n: data[n].float() for n in ("q", "k", "v")}

@@ -38,14 +38,14 @@ def test_bad_sweeps_exit_2_before_running(argv, fragment, capsys):
 def test_hardware_sweep_runs_points_ranks_them_by_energy_caches_them_and_plots(tmp_path, capsys):
     """Two points of the bit-accurate tile (--hardware), each a Ray task: the table, JSON and Pareto
     plot written; each point keeps its activity record and the table gains the system model's
-    energy per token (SmolLM2, DDR4-3200, state streamed), a Pareto axis; a second run reruns nothing.
-    One head per tile: the system model prices one-head tiles (a group's energy is n/a)."""
-    argv = ["sweep", "lad", "--hardware", "--set", "center_cos=0.5,0.98", "--set", "group=1", "--tokens", "24",
+    energy per token (SmolLM2, DDR4-3200, state streamed; a tile per KV group), a Pareto axis; a
+    second run reruns nothing."""
+    argv = ["sweep", "lad", "--hardware", "--set", "center_cos=0.5,0.98", "--tokens", "24",
             "--out", str(tmp_path), "--workers", "2"]
     assert main(argv) == 0
     data = json.loads((tmp_path / "sweep.json").read_text())
     rows = data["rows"]
-    assert [r["point"] for r in rows] == [{"center_cos": "0.5", "group": "1"}, {"center_cos": "0.98", "group": "1"}]
+    assert [r["point"] for r in rows] == [{"center_cos": "0.5"}, {"center_cos": "0.98"}]
     for r in rows:
         assert "error" not in r and math.isfinite(r["perplexity"]) and r["perplexity"] > 1
         assert 0 < r["keys_read_pct"] <= 100

@@ -7,12 +7,13 @@ import os
 
 import pytest
 
-from golden.lad_tile import LadTileConfig
+from golden.lad_tile import ONE_HEAD_V2, LadTileConfig
 from golden.llm.activity import activity
 from golden.mac_decode import MacDecodeConfig
+from hdl.lad.common import sram_bits
 from synth.system.cli import DEFAULT_CONTEXTS
-from synth.system.engines import dense_engine, lad_engine, load_record, mac_engine
-from synth.system.model import decode_step
+from synth.system.engines import dense_engine, lad_engine, load_record, mac_engine, record_path
+from synth.system.model import decode_step, default_tiles
 from synth.system.shapes import SHAPES, shape_from_config
 from synth.system.tech import Tech
 
@@ -23,17 +24,21 @@ def per_layer_means(ctl, key):
     return [sum(s["layers"][layer][key] for s in steps) / len(steps) for layer in range(30)]
 
 
-def test_lad_counts_are_the_bit_accurate_models(smollm2):
+@pytest.mark.parametrize("tile", [LadTileConfig(), LadTileConfig(**ONE_HEAD_V2)], ids=["group", "one-head"])
+def test_lad_counts_are_the_bit_accurate_models(smollm2, tile):
     from golden.llm.runs import teacher_forced
     ctl, ids = smollm2
-    tile = LadTileConfig(group=1)   # the system model prices one-head tiles (synth/system/engines.py)
     teacher_forced(ctl, ids[:41], "lad-tile", 0, tile=tile, progress=False)
     rec = activity(ctl.layer_steps, 16, engine="lad-tile", config=tile.to_dict())
-    eng = lad_engine(SHAPES["smollm2"], 40, rec)
+    shape = SHAPES["smollm2"]
+    eng = lad_engine(shape, 40, rec)
     assert [s.cycles for s in eng.layers] == pytest.approx(per_layer_means(ctl, "tile_cycles"))
     kv = per_layer_means(ctl, "kv_beats")
     assert [s.kv_bytes for s in eng.layers] == pytest.approx([b * tile.lanes * tile.kv_width / 8 for b in kv])
     assert min(kv) > 0 and ctl.totals["candidates"] > 0
+    # a tile per KV group: 3 tiles a layer, each holding its group's state (one center table)
+    assert eng.heads_per_tile == tile.group and default_tiles(eng, shape) == shape.q_heads // tile.group
+    assert eng.state_bits_per_head * tile.group < sram_bits(tile)
 
 
 def test_mac_counts_are_the_bit_accurate_models(smollm2):
@@ -65,9 +70,10 @@ def test_whole_model_at_4096_on_the_recorded_activity():
     dram = tech.dram("ddr4-3200")
     lad = lad_engine(shape, 4096, load_record("lad-tile", 4096))
     dense = dense_engine(shape, 4096)
-    r_dense = decode_step(dense, shape, tech, dram, 9, "resident")
-    r_res = decode_step(lad, shape, tech, dram, 9, "resident")
-    r_str = decode_step(lad, shape, tech, dram, 9, "streamed")
+    r_dense = decode_step(dense, shape, tech, dram, None, "resident")
+    r_res = decode_step(lad, shape, tech, dram, None, "resident")
+    r_str = decode_step(lad, shape, tech, dram, None, "streamed")
+    assert (r_dense.tiles, r_res.tiles) == (9, 3)                       # a LAD tile per KV group
     for r in (r_dense, r_res, r_str):
         assert r.tokens_per_s > 1 and all(v > 0 for k, v in r.energy.items() if k != "sram" or r.engine != "dense")
         # weights alone bound the step from below: every weight crosses the DRAM once per token
@@ -75,6 +81,14 @@ def test_whole_model_at_4096_on_the_recorded_activity():
     assert r_res.attention_seconds < r_dense.attention_seconds          # LAD reads a fraction of the keys
     assert r_res.sram_mib > 20 * r_str.sram_mib                          # every head's table on chip
     assert r_str.dram_bytes > r_res.dram_bytes                           # the tables come from DRAM
+
+
+def test_a_shape_without_groups_of_three_gets_one_head_lad_tiles(capsys):
+    from ladmac_cli import main
+    assert main(["system", "--model", "llama2-7b", "--contexts", "4096", "--dram", "hbm2e",
+                 "--engines", "lad-tile"]) == 0
+    out = capsys.readouterr().out
+    assert "32 lad-tile attention tiles" in out and "one-head records" in out
 
 
 def test_shape_from_a_transformers_config(tmp_path):
@@ -96,12 +110,15 @@ def test_shape_from_a_transformers_config(tmp_path):
     (["--tiles", "0"], "--tiles must be positive"),
     (["--residency", "cached"], "unknown residency 'cached'"),
     (["--node", "3"], "no scaling to 3 nm"),
+    (["--model", "llama2-7b", "--contexts", "4096", "--activity", "{group_record}"],
+     "serves a KV group of 3 query heads"),
 ])
 def test_system_bad_input_exits_2_with_one_line(argv, fragment, tmp_path, capsys):
     from ladmac_cli import main
     (tmp_path / "bad.json").write_text("{")
     (tmp_path / "nolayers.json").write_text(json.dumps({"hidden_size": 64}))
-    files = {"bad_json": str(tmp_path / "bad.json"), "no_layers": str(tmp_path / "nolayers.json")}
+    files = {"bad_json": str(tmp_path / "bad.json"), "no_layers": str(tmp_path / "nolayers.json"),
+             "group_record": str(record_path("lad-tile", 4096))}
     code = main(["system", *[a.format(**files) for a in argv]])
     err = capsys.readouterr().err
     assert code == 2, err

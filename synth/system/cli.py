@@ -15,10 +15,11 @@ from pathlib import Path
 
 from golden.cli import AtLeast, Parser
 from golden.errors import ConfigError
+from golden.lad_tile import LadTileConfig
 from golden.llm.activity import read_activity
 
 from .engines import ENGINES, dense_engine, lad_engine, load_record, mac_engine
-from .model import RESIDENCY, decode_step, tiles_in_budget
+from .model import RESIDENCY, decode_step, default_tiles, tiles_in_budget
 from .shapes import SHAPES, get_shape
 from .tech import Tech
 
@@ -45,7 +46,8 @@ def parser() -> Parser:
     ap.add_argument("--contexts", default=DEFAULT_CONTEXTS, help="context lengths (each needs activity records)")
     ap.add_argument("--dram", default="ddr4-3200,hbm2e", help="DRAM standards (ddr4-3200, lpddr5-6400, hbm2e)")
     ap.add_argument("--engines", default=",".join(ENGINES), help="attention engines (dense, lad-tile, mac-decode)")
-    ap.add_argument("--tiles", action=AtLeast, help="attention tiles (default: the model's query heads per layer)")
+    ap.add_argument("--tiles", action=AtLeast, help="attention tiles of each engine (default: one per query head of "
+                    "a layer, or per KV group for the LAD tile serving one)")
     ap.add_argument("--residency", default=",".join(RESIDENCY), help="resident, streamed or both")
     ap.add_argument("--node", type=int, help="technology node in nm (default: the constants' 45)")
     ap.add_argument("--clock", type=float, help="clock in MHz for every engine (default: each block's post-route "
@@ -65,8 +67,18 @@ def build_engines(engines, shape, context, records: dict, clock):
         if name == "dense":
             out.append(dense_engine(shape, context, clock))
             continue
-        rec = records.get((name, context)) or load_record(name, context)
-        out.append((lad_engine if name == "lad-tile" else mac_engine)(shape, context, rec, clock))
+        rec = records.get((name, context))
+        if rec is None:
+            rec = load_record(name, context)
+            if name == "lad-tile" and (shape.q_heads // shape.kv_heads) % rec["config"]["group"]:
+                # the default tile serves a KV group the shape does not have: its one-head records
+                rec = load_record(name, context, one_head=True)
+                rec = {**rec, "note": f"{shape.name}'s KV groups are not groups of {LadTileConfig().group}: "
+                                      f"the LAD tile serves one query head (one-head records)"}
+        eng = (lad_engine if name == "lad-tile" else mac_engine)(shape, context, rec, clock)
+        if "note" in rec:
+            eng.notes.insert(0, rec["note"])
+        out.append(eng)
     return out
 
 
@@ -86,14 +98,14 @@ def run(args) -> dict:
         rec = read_activity(Path(path))
         records[(rec.get("engine"), rec["windows"][-1]["last_context"] + 1)] = rec
         records[(rec.get("engine"), rec["windows"][-1]["last_context"])] = rec
-    tiles = args.tiles or shape.q_heads
-    rows, notes = [], []
+    rows, notes, tiles = [], [], {}
     for context in contexts:
         for eng in build_engines(engines, shape, context, records, args.clock):
             notes += [n for n in eng.notes if n not in notes]
+            tiles[eng.name] = (args.tiles or default_tiles(eng, shape), eng.heads_per_tile)
             for dram in drams:
                 for res in residencies:
-                    r = decode_step(eng, shape, tech, dram, tiles, res).to_dict()
+                    r = decode_step(eng, shape, tech, dram, args.tiles, res).to_dict()
                     r.update(dram=dram.key, source=eng.source)
                     if args.sram_budget is not None:
                         r["tiles_in_budget"] = tiles_in_budget(eng, shape, res, args.sram_budget)
@@ -105,8 +117,14 @@ def run(args) -> dict:
             "sram_budget_mib": args.sram_budget, "notes": notes, "rows": rows}
 
 
+def tiles_text(tiles: dict) -> str:
+    """'9 dense, 3 lad-tile (3 heads each), 9 mac-decode attention tiles'."""
+    return ", ".join(f"{n} {name}" + (f" ({h} heads each)" if h > 1 else "")
+                     for name, (n, h) in tiles.items()) + " attention tiles"
+
+
 def print_result(res: dict) -> None:
-    print(f"{res['model']}: decode step, {res['tiles']} attention tiles, {res['node_nm']} nm")
+    print(f"{res['model']}: decode step, {tiles_text(res['tiles'])}, {res['node_nm']} nm")
     for note in res["notes"]:
         print(f"  note: {note}")
     print("  ppl: the recorded SmolLM2 run's perplexity change against full attention (bit-accurate engine)")

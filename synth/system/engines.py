@@ -26,6 +26,7 @@ RESULTS = PROJECT_ROOT / "benchmarks" / "results"
 STEPS = 256                  # decode steps of a record averaged for one context (its last ones)
 # synthesis records giving each tile's logic (generic NAND2 equivalents) and post-route clock
 SYNTH_RECORDS = {"dense": "synth-s57-dense.json", "lad-tile": "synth-s54-tile.json",
+                 "lad-tile-group": "synth-lad-tile-group3-generic.json",
                  "mac-decode": "synth-mac-decode-seed1.json", "vpu": "synth-s50-vpu-sfm-sram.json"}
 # kept across steps: these banks, each head's modes (apid.modes<h>) and AC's caches (ac.*)
 LAD_PERSISTENT = ("eas.centers", "eas.center_recips", "apid.centers")
@@ -58,26 +59,33 @@ class Engine:
     perplexity_delta_pct: float | None
     source: str
     notes: list = field(default_factory=list)
+    heads_per_tile: int = 1     # query heads one tile serves (the LAD tile per KV group: its group)
 
 
 # -- activity records ----------------------------------------------------------------------------
-def record_path(engine: str, context: int) -> Path:
-    return RESULTS / f"activity-{engine}-{context}.json"
+# the LAD tile's one-head records (LAD tile v2's format: one query head per tile, keys as centers,
+# cutoff -8): for shapes whose KV groups the default group tile cannot serve, and for the LAD paper's
+# Table III and the cycle check against the one-head RTL (benchmarks/system_cycles.py)
+ONE_HEAD = " --set group=1 --set center_bits=0 --set cutoff=-8"
 
 
-def record_hint(engine: str, context: int) -> str:
+def record_path(engine: str, context: int, one_head: bool = False) -> Path:
+    return RESULTS / f"activity-{engine}{'-one-head' if one_head else ''}-{context}.json"
+
+
+def record_hint(engine: str, context: int, one_head: bool = False) -> str:
     method = "lad" if engine == "lad-tile" else "mac"
-    one_head = " --set group=1" if engine == "lad-tile" else ""   # the model prices one-head LAD tiles
     return (f"ladmac eval {method} --hardware --context {context - STEPS - 1} --tokens {STEPS} --prompts 0 "
-            f"--variants {engine}{one_head} --activity FILE")
+            f"--variants {engine}{ONE_HEAD if one_head else ''} --activity FILE")
 
 
-def load_record(engine: str, context: int, path: Path | None = None) -> dict:
-    """The activity record of ``engine`` ending at ``context`` (the repository's, or ``path``)."""
-    path = path or record_path(engine, context)
+def load_record(engine: str, context: int, path: Path | None = None, one_head: bool = False) -> dict:
+    """The activity record of ``engine`` ending at ``context`` (the repository's at the engine's
+    defaults, its one-head LAD record with ``one_head``, or ``path``)."""
+    path = path or record_path(engine, context, one_head)
     if not path.is_file():
         raise DataError(f"no {engine} activity record at context {context} ({path.name}); record one with "
-                        f"`{record_hint(engine, context)}` and pass it with --activity")
+                        f"`{record_hint(engine, context, one_head)}` and pass it with --activity")
     record = read_activity(path)
     if record.get("engine") != engine:
         raise DataError(f"{path} records {record.get('engine')}, not {engine}")
@@ -116,11 +124,12 @@ def logic_ge(record: dict) -> float:
 
 # -- transfer to another shape -------------------------------------------------------------------
 def _transfer(layers: list[dict], shape: ModelShape, d_source: int, per_dim: tuple, cycles: str,
-              dense_head_cycles: float) -> list[dict]:
+              dense_head_cycles: float, heads_per_unit: int = 1) -> list[dict]:
     """SmolLM2's per-layer counts on ``shape``: each target layer takes the source layer at the same
     depth, per-head means times the shape's query heads; the counts in ``per_dim`` (bytes, beats)
     scale with the head dimension; ``cycles`` keeps its recorded ratio to the dense tile's cycles,
-    times the dense tile's cycles of a head at the shape's head dimension."""
+    times the dense tile's cycles of a unit (a head, or a group of ``heads_per_unit`` heads on the
+    group-aware dense tile) at the shape's head dimension."""
     out = []
     for i in range(shape.layers):
         src = layers[min(len(layers) - 1, i * len(layers) // shape.layers)]
@@ -128,8 +137,9 @@ def _transfer(layers: list[dict], shape: ModelShape, d_source: int, per_dim: tup
         t = {k: v / h * shape.q_heads for k, v in src.items()}
         for k in per_dim:
             t[k] *= shape.head_dim / d_source
-        t[cycles] = src[cycles] / src["dense_cycles"] * dense_head_cycles * shape.q_heads
-        t["dense_cycles"] = dense_head_cycles * shape.q_heads
+        units = shape.q_heads // heads_per_unit
+        t[cycles] = src[cycles] / src["dense_cycles"] * dense_head_cycles * units
+        t["dense_cycles"] = dense_head_cycles * units
         out.append(t)
     return out
 
@@ -155,11 +165,14 @@ def dense_engine(shape: ModelShape, context: int, clock_mhz: float | None = None
 
 def lad_engine(shape: ModelShape, context: int, record: dict, clock_mhz: float | None = None,
                vpus: int | None = None) -> Engine:
-    """The LAD tile (hdl/lad/tile.py) from its activity record's per-layer counts."""
+    """The LAD tile (hdl/lad/tile.py) from its activity record's per-layer counts: a tile per query
+    head, or per KV group of ``group`` query heads (one center table and each position's center for
+    the group, EAS reading each center once for it; per head its modes, AC's caches, MD's scores)."""
     cfg = LadTileConfig(**record["config"])
-    if cfg.group != 1:
-        raise DataError(f"the system model prices one LAD tile per query head; this record's tile serves "
-                        f"a group of {cfg.group} (a group tile's logic and shared SRAM traffic are not priced yet)")
+    g = cfg.group
+    if (shape.q_heads // shape.kv_heads) % g:
+        raise DataError(f"this LAD record's tile serves a KV group of {g} query heads; {shape.name}'s KV groups "
+                        f"have {shape.q_heads // shape.kv_heads} (price it with a one-head record, group 1)")
     layers, steps = layer_means(record)
     notes = []
     if shape.head_dim != cfg.head_dim or shape is not SHAPES["smollm2"]:
@@ -167,30 +180,34 @@ def lad_engine(shape: ModelShape, context: int, record: dict, clock_mhz: float |
         d0 = cfg.head_dim
         eas_beats = max(cfg.eas_beats, shape.head_dim // 64)       # at most 64 EAS lanes
         cfg = LadTileConfig(**{**record["config"], "head_dim": shape.head_dim, "eas_beats": eas_beats})
-        layers = _transfer(layers, shape, d0, ("kv_beats",), "tile_cycles", dense_step_cycles(cfg, context))
+        layers = _transfer(layers, shape, d0, ("kv_beats",), "tile_cycles", dense_step_cycles(cfg, context), g)
     banks = sram_banks(cfg)
     bits = {k: b.depth * b.width for k, b in banks.items()}
-    ac_bits = sum(v for k, v in bits.items() if k.startswith("ac."))
+    ac_bits = sum(v for k, v in bits.items() if k.startswith("ac.")) / g          # one head's caches
     modes = [k for k in bits if k.startswith("apid.modes")]
-    persistent = sum(bits[k] for k in (*LAD_PERSISTENT, *modes)) + ac_bits
+    persistent = sum(bits[k] for k in (*LAD_PERSISTENT, *modes)) + ac_bits * g    # the tile's (its group's)
     scratch = sum(bits.values()) - persistent
     d, kvw = cfg.head_dim, cfg.kv_width
     center_bits = banks["eas.centers"].width * cfg.eas_beats + banks["eas.center_recips"].width
-    meta = banks["apid.centers"].width + sum(banks[k].width for k in modes)   # a position's metadata
-    xw = banks["apid.approx_scores"].width
+    shared_meta = banks["apid.centers"].width           # a position's center and rho, one for the group
+    mode_bits = banks[modes[0]].width                   # a position's mode and counters, per head
+    xw = banks["apid.approx_scores"].width // g         # one head's score
     out = []
     for c in layers:
         n = c["positions"]                      # the tile's positions (one count for the layer)
         exact = c.get("exact_steps", 0)         # heads past max_positions: an exact pass, state untouched
         lad = c["heads"] - exact                # heads that made a LAD step (a layer's heads go together)
-        centers = c["centers"] * lad / c["heads"]
-        # EAS reads every center and its recip; APID reads each position's metadata in pass A and
-        # reads and writes it in pass B; AC reads its caches once (q.A) and updates a row per mode
-        # change; the new key becomes a center and a metadata entry
-        state = (centers * center_bits + lad * n * 3 * meta + lad * ac_bits
-                 + c["mode_changes"] * 2 * ac_bits / d + lad * (center_bits + meta))
-        # streamed: each head's centers, metadata and caches in, metadata and caches out, the new center out
-        stream = (centers * center_bits + lad * n * 2 * meta + lad * 2 * ac_bits + lad * center_bits) / 8
+        groups = lad / g                        # their tiles
+        centers = c["centers"] * lad / c["heads"]          # summed over heads: EAS scores each for each q
+        # EAS reads every center and its recip once for the group; APID reads each position's metadata
+        # (the group's center and rho, each head's mode) in pass A and reads and writes it in pass B; AC
+        # reads each head's caches once (q.A) and updates a row per mode change; the new key becomes
+        # a center and a metadata entry
+        state = (centers / g * center_bits + n * 3 * (groups * shared_meta + lad * mode_bits) + lad * ac_bits
+                 + c["mode_changes"] * 2 * ac_bits / d + groups * (center_bits + shared_meta) + lad * mode_bits)
+        # streamed: each tile's centers, metadata and caches in, metadata and caches out, the new center out
+        stream = (centers / g * center_bits + n * 2 * (groups * shared_meta + lad * mode_bits) + lad * 2 * ac_bits
+                  + groups * center_bits) / 8
         out.append(LayerStep(
             cycles=c["tile_cycles"], kv_bytes=c["kv_beats"] * cfg.lanes * kvw / 8,
             macs=(centers + c["candidates"] + c["active"]) * d + (2 * lad + c["mode_changes"]) * d * d
@@ -199,14 +216,17 @@ def lad_engine(shape: ModelShape, context: int, record: dict, clock_mhz: float |
             scratch_bits=2 * (centers + lad * n + exact * n) * xw, state_bits=state, stream_bytes=stream))
     if any(c.get("exact_steps", 0) for c in layers):
         notes.append(f"past max_positions ({cfg.max_positions}) the tile makes an exact pass (dense arithmetic)")
-    ge = logic_ge(synth_record("lad-tile"))
-    synth_vpus = synth_record("lad-tile")["config"]["vpus"]
-    vpu_ge = logic_ge(synth_record("vpu", "vpu"))
+    routed = synth_record("lad-tile")            # the routed one-head tile (the ecp5-85f preset)
+    logic = routed if g == 1 else synth_record("lad-tile-group")
+    ge = logic_ge(logic)
     want = vpus or cfg.vpus
-    ge += (want - synth_vpus) * vpu_ge       # the synthesised tile had synth_vpus VPUs
-    return Engine("lad-tile", cfg, context, out, persistent, scratch, ge,
-                  clock_mhz or synth_record("lad-tile")["ecp5"]["fmax_mhz"], record.get("perplexity_delta_pct"),
-                  f"{record_source(record)}, {steps} steps", notes)
+    ge += (want - logic["config"]["vpus"]) * g * logic_ge(synth_record("vpu", "vpu"))   # VPUs per head
+    if g > 1 and not clock_mhz:
+        notes.append(f"the LAD tile per KV group has no routed clock yet: priced at the one-head tile's "
+                     f"{routed['ecp5']['fmax_mhz']:.1f} MHz (docs/lad-tile.md, synthesis)")
+    return Engine("lad-tile", cfg, context, out, persistent / g, scratch, ge,
+                  clock_mhz or routed["ecp5"]["fmax_mhz"], record.get("perplexity_delta_pct"),
+                  f"{record_source(record)}, {steps} steps", notes, heads_per_tile=g)
 
 
 def mac_engine(shape: ModelShape, context: int, record: dict, clock_mhz: float | None = None) -> Engine:

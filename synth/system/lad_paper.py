@@ -26,7 +26,7 @@ def table3(context: int = 4096, node_nm: int | None = None, clock_mhz: float | N
     clock = clock_mhz or probe.raw["lad_paper"]["clock_mhz"]
     tech = Tech(node)
     shape = SHAPES[workload]
-    eng = lad_engine(shape, context, load_record("lad-tile", context), clock_mhz=clock, vpus=PAPER_VPUS)
+    eng = lad_engine(shape, context, load_record("lad-tile", context, one_head=True), clock_mhz=clock, vpus=PAPER_VPUS)
     eng = replace(eng, config=replace(eng.config, vpus=PAPER_VPUS))
     heads = len(eng.layers) * shape.q_heads
     cyc = sum(s.cycles for s in eng.layers) / heads                       # one head step

@@ -4,7 +4,8 @@ one clock and one DRAM. Time per layer is each phase's roofline: ``max(cycles / 
 bytes / bandwidth)``, phases one after the other. Energy: DRAM bits × pJ/bit, SRAM bits × pJ/bit
 of the array they sit in, multiply-accumulates and SFM operations × their energy, and the leakage
 of logic and SRAM over the step's time. Per-head state is either resident (every head's in SRAM)
-or streamed (a tile holds one head's at a time; it comes from DRAM and goes back every step)."""
+or streamed (a tile holds the state of the heads it serves, one head or a KV group, at a time; it
+comes from DRAM and goes back every step)."""
 from __future__ import annotations
 
 import math
@@ -63,9 +64,17 @@ def gemv_lanes_for(dram: Dram, clock_mhz: float, weight_bits: int) -> int:
     return max(1, math.ceil(dram.bandwidth_gb_s * 1e9 / (clock_mhz * 1e6 * weight_bits / 8)))
 
 
-def decode_step(engine: Engine, shape: ModelShape, tech: Tech, dram: Dram, tiles: int, residency: str,
+def default_tiles(engine: Engine, shape: ModelShape) -> int:
+    """One tile per unit of a layer's work: a query head, or a KV group for a tile serving one."""
+    return shape.q_heads // engine.heads_per_tile
+
+
+def decode_step(engine: Engine, shape: ModelShape, tech: Tech, dram: Dram, tiles: int | None, residency: str,
                 clock_mhz: float | None = None, gemv_lanes: int | None = None) -> StepResult:
-    """The whole model's decode step with ``engine``'s attention (see the module's docstring)."""
+    """The whole model's decode step with ``engine``'s attention (see the module's docstring) on
+    ``tiles`` tiles (None: :func:`default_tiles`)."""
+    units = default_tiles(engine, shape)
+    tiles = tiles or units
     f = (clock_mhz or engine.clock_mhz) * 1e6
     bw = dram.bandwidth_gb_s * 1e9
     lanes = gemv_lanes or gemv_lanes_for(dram, f / 1e6, shape.weight_bits)
@@ -73,7 +82,7 @@ def decode_step(engine: Engine, shape: ModelShape, tech: Tech, dram: Dram, tiles
     sfm = (tech.op_pj("int16_mult") + 2 * tech.op_pj("int32_add")) * 1e-12   # a PWL segment: multiply, two adds
     dram_j = dram.pj_per_bit * 1e-12 * 8
     streamed = residency == "streamed"
-    state_array = engine.state_bits_per_head / 8
+    state_array = engine.state_bits_per_head * engine.heads_per_tile / 8      # a tile's state array
     scratch_array = max(engine.scratch_bits / 8, 1)
 
     # attention: time, DRAM, SRAM, arithmetic per layer
@@ -81,7 +90,7 @@ def decode_step(engine: Engine, shape: ModelShape, tech: Tech, dram: Dram, tiles
     kv_write = shape.kv_heads * 2 * shape.head_dim * 2                      # the new key and value, 16 bits
     for step in engine.layers:
         dram_bytes = step.kv_bytes + kv_write + (step.stream_bytes if streamed else 0)
-        att_s += max(step.cycles / min(tiles, shape.q_heads) / f, dram_bytes / bw)
+        att_s += max(step.cycles / min(tiles, units) / f, dram_bytes / bw)
         att_dram += dram_bytes
         # the state is read and written in SRAM either way (streamed: in the tile's copy, after DRAM)
         att_sram += (step.scratch_bits * tech.sram_pj_per_bit(scratch_array)
@@ -94,7 +103,7 @@ def decode_step(engine: Engine, shape: ModelShape, tech: Tech, dram: Dram, tiles
     seconds = att_s + gemv_s
 
     # silicon: tiles (logic + scratch, + one head's state when streamed), resident state, the GEMV
-    tile_sram_bits = engine.scratch_bits + (engine.state_bits_per_head if streamed else 0)
+    tile_sram_bits = engine.scratch_bits + (engine.state_bits_per_head * engine.heads_per_tile if streamed else 0)
     resident_bits = 0 if streamed else engine.state_bits_per_head * shape.layers * shape.q_heads
     sram_bits = tiles * tile_sram_bits + resident_bits
     tile_logic = tech.logic_mm2(engine.logic_ge)
@@ -117,7 +126,8 @@ def decode_step(engine: Engine, shape: ModelShape, tech: Tech, dram: Dram, tiles
 
 def tiles_in_budget(engine: Engine, shape: ModelShape, residency: str, budget_mib: float) -> int:
     """How many tiles fit ``budget_mib`` of SRAM (0: not even the resident state fits)."""
-    per_tile = engine.scratch_bits + (engine.state_bits_per_head if residency == "streamed" else 0)
+    per_tile = engine.scratch_bits + (engine.state_bits_per_head * engine.heads_per_tile
+                                      if residency == "streamed" else 0)
     resident = 0 if residency == "streamed" else engine.state_bits_per_head * shape.layers * shape.q_heads
     left = budget_mib * 8 * 2**20 - resident
     return max(0, int(left // per_tile)) if per_tile else 10**9
