@@ -55,8 +55,8 @@ LIB_HELPERS = ["hdl/lib/arith.py", "hdl/lib/pipe.py", "hdl/lib/slice.py"]
 LAD_HELPERS = LIB_HELPERS + ["hdl/lad/common.py"]
 # Blocks built of other blocks (parts or submodules): their own lines only (the parts' sources and
 # the helpers are mutated with the blocks that own them, whose benches reach them at many more
-# configs); the LAD tile's own lines include the part mechanism it alone uses.
-COMPOSITES = {"mac-unit": [], "mac-decode": [], "lad-tile": ["hdl/lib/parts.py"]}
+# configs); the LAD tile's own lines include the part mechanism and the KV-request union it alone uses.
+COMPOSITES = {"mac-unit": [], "mac-decode": [], "lad-tile": ["hdl/lib/parts.py", "hdl/lad/kv_union.py"]}
 # block -> (its RTL sources, the pytest arguments that are its tests), from the registry
 BLOCKS = {name: ([b.source, *COMPOSITES.get(name, [])], list(b.tests)) for name, b in REGISTRY.items()}
 
