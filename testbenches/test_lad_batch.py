@@ -339,22 +339,28 @@ def test_scores_far_below_m_keep_the_cache_identity():
     assert far_below_m(small_with(max_centers=64, score_width=16, score_frac=10))[0] > 0.2
 
 
-def test_llm_layer_state_counts_exact_passes_and_stops_past_the_kv_memory():
+@pytest.mark.parametrize("group", [1, 3])
+def test_llm_layer_state_counts_exact_passes_and_stops_past_the_kv_memory(group):
     """golden.llm.hooks.TileLayerState (the eval's per-layer tile): past max_positions every head's
-    step is an exact pass (all keys and values read, output = the dense baseline's), past
-    kv_positions a one-line ConfigError."""
+    step is an exact pass (all keys and values read once per tile, output = the dense baseline's;
+    its KV beats counted, for a tile of one head and of a group), past kv_positions a one-line
+    ConfigError."""
     from golden.errors import ConfigError
     from golden.llm.hooks import TileLayerState
-    cfg = small_with(max_positions=8, max_centers=8, kv_positions=12)
+    cfg = small_with(max_positions=8, max_centers=8, kv_positions=12, group=group)
     H, d, f = 3, cfg.head_dim, cfg.kv_format
     q, k, v = (f.to_float(x) for x in random_heads(cfg, SEEDS[1], H, 13, kind="all_active"))
-    layer = TileLayerState(cfg, H, 1 / d ** 0.5)
+    k[1:], v[1:] = k[0], v[0]                    # one KV head: the group's query heads share it
+    layer = TileLayerState(cfg, H, 1 / d ** 0.5, kv_group=H)
+    tiles = H // group
     for i in range(12):
         o, st = layer.step(q[:, i], k[:, i], v[:, i])
         if i < 8:
-            assert st["exact_steps"] == 0 and st["keys_read"] < H * (i + 1) or i == 0
+            assert st["exact_steps"] == 0 and st["keys_read"] <= tiles * (i + 1)
+            assert (st["kv_beats"] > 0 or i == 0) and st["kv_beats"] <= tiles * 2 * (i + 1) * cfg.beats
         else:
-            assert st["exact_steps"] == H and st["keys_read"] == st["values_read"] == H * (i + 1)
+            assert st["exact_steps"] == H and st["keys_read"] == st["values_read"] == tiles * (i + 1)
+            assert st["kv_beats"] == tiles * 2 * (i + 1) * cfg.beats
             raw = [f.quantize(t) for t in (q, k, v)]
             for h in range(H):
                 ref, _, _ = dense_attention_bits(raw[0][h, i], raw[1][h, :i + 1], raw[2][h, :i + 1], cfg.fallback())

@@ -81,7 +81,9 @@ class TileLayerState:
         g = self.cfg.group
         readers = self.heads // g
         if g > 1:   # the KV port's beats: a group's tile reads a candidate's key, an active's value once
-            tot["kv_beats"] = self.cfg.beats * int((st["group_candidates"] + st["group_active"]).sum()) // g
+            lad_step = st["path"] == StepPath.LAD                  # (an exact pass: every key and value once)
+            tot["kv_beats"] = (self.cfg.beats * int(((st["group_candidates"] + st["group_active"]) * lad_step).sum())
+                               + int(st["kv_beats"][~lad_step].sum())) // g
         # a step whose Z is clamped to 0 before RECIP returns a saturated o (docs/lad-tile.md, "Z <= 0"): counted
         z_clamped = int(((st["z"] <= 0) & (st["path"] == StepPath.LAD)).sum())
         tot.update(heads=self.heads, readers=readers, saturated=sat, z_clamped=z_clamped,
