@@ -15,7 +15,6 @@ from pathlib import Path
 
 from golden.cli import AtLeast, Parser
 from golden.errors import ConfigError
-from golden.lad_tile import LadTileConfig
 from golden.llm.activity import read_activity
 
 from .engines import ENGINES, dense_engine, lad_engine, load_record, mac_engine
@@ -70,11 +69,12 @@ def build_engines(engines, shape, context, records: dict, clock):
         rec = records.get((name, context))
         if rec is None:
             rec = load_record(name, context)
-            if name == "lad-tile" and (shape.q_heads // shape.kv_heads) % rec["config"]["group"]:
+            group = rec["config"]["group"] if name == "lad-tile" else 1
+            if (shape.q_heads // shape.kv_heads) % group:
                 # the default tile serves a KV group the shape does not have: its one-head records
-                rec = load_record(name, context, one_head=True)
-                rec = {**rec, "note": f"{shape.name}'s KV groups are not groups of {LadTileConfig().group}: "
-                                      f"the LAD tile serves one query head (one-head records)"}
+                rec = {**load_record(name, context, one_head=True),
+                       "note": f"{shape.name}'s KV groups are not groups of {group}: the LAD tile serves one "
+                               f"query head (one-head records)"}
         eng = (lad_engine if name == "lad-tile" else mac_engine)(shape, context, rec, clock)
         if "note" in rec:
             eng.notes.insert(0, rec["note"])
