@@ -70,7 +70,7 @@ def build_engines(engines, shape, context, records: dict, clock):
         if rec is None:
             rec = load_record(name, context)
             group = rec["config"]["group"] if name == "lad-tile" else 1
-            if (shape.q_heads // shape.kv_heads) % group:
+            if shape.kv_group % group:
                 # the default tile serves a KV group the shape does not have: its one-head records
                 rec = {**load_record(name, context, one_head=True),
                        "note": f"{shape.name}'s KV groups are not groups of {group}: the LAD tile serves one "

@@ -61,6 +61,11 @@ class Engine:
     notes: list = field(default_factory=list)
     heads_per_tile: int = 1     # query heads one tile serves (the LAD tile per KV group: its group)
 
+    @property
+    def state_bits_per_tile(self) -> float:
+        """The state one tile holds: its heads' (one center table for a KV group's)."""
+        return self.state_bits_per_head * self.heads_per_tile
+
 
 # -- activity records ----------------------------------------------------------------------------
 # the LAD tile's one-head records (LAD tile v2's format: one query head per tile, keys as centers,
@@ -170,9 +175,9 @@ def lad_engine(shape: ModelShape, context: int, record: dict, clock_mhz: float |
     the group, EAS reading each center once for it; per head its modes, AC's caches, MD's scores)."""
     cfg = LadTileConfig(**record["config"])
     g = cfg.group
-    if (shape.q_heads // shape.kv_heads) % g:
+    if shape.kv_group % g:
         raise DataError(f"this LAD record's tile serves a KV group of {g} query heads; {shape.name}'s KV groups "
-                        f"have {shape.q_heads // shape.kv_heads} (price it with a one-head record, group 1)")
+                        f"have {shape.kv_group} (price it with a one-head record, group 1)")
     layers, steps = layer_means(record)
     notes = []
     if shape.head_dim != cfg.head_dim or shape is not SHAPES["smollm2"]:

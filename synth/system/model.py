@@ -82,7 +82,7 @@ def decode_step(engine: Engine, shape: ModelShape, tech: Tech, dram: Dram, tiles
     sfm = (tech.op_pj("int16_mult") + 2 * tech.op_pj("int32_add")) * 1e-12   # a PWL segment: multiply, two adds
     dram_j = dram.pj_per_bit * 1e-12 * 8
     streamed = residency == "streamed"
-    state_array = engine.state_bits_per_head * engine.heads_per_tile / 8      # a tile's state array
+    state_array = engine.state_bits_per_tile / 8
     scratch_array = max(engine.scratch_bits / 8, 1)
 
     # attention: time, DRAM, SRAM, arithmetic per layer
@@ -103,7 +103,7 @@ def decode_step(engine: Engine, shape: ModelShape, tech: Tech, dram: Dram, tiles
     seconds = att_s + gemv_s
 
     # silicon: tiles (logic + scratch, + one head's state when streamed), resident state, the GEMV
-    tile_sram_bits = engine.scratch_bits + (engine.state_bits_per_head * engine.heads_per_tile if streamed else 0)
+    tile_sram_bits = engine.scratch_bits + (engine.state_bits_per_tile if streamed else 0)
     resident_bits = 0 if streamed else engine.state_bits_per_head * shape.layers * shape.q_heads
     sram_bits = tiles * tile_sram_bits + resident_bits
     tile_logic = tech.logic_mm2(engine.logic_ge)
@@ -126,8 +126,7 @@ def decode_step(engine: Engine, shape: ModelShape, tech: Tech, dram: Dram, tiles
 
 def tiles_in_budget(engine: Engine, shape: ModelShape, residency: str, budget_mib: float) -> int:
     """How many tiles fit ``budget_mib`` of SRAM (0: not even the resident state fits)."""
-    per_tile = engine.scratch_bits + (engine.state_bits_per_head * engine.heads_per_tile
-                                      if residency == "streamed" else 0)
+    per_tile = engine.scratch_bits + (engine.state_bits_per_tile if residency == "streamed" else 0)
     resident = 0 if residency == "streamed" else engine.state_bits_per_head * shape.layers * shape.q_heads
     left = budget_mib * 8 * 2**20 - resident
     return max(0, int(left // per_tile)) if per_tile else 10**9

@@ -29,6 +29,11 @@ class ModelShape:
     weight_bits: int = 16
 
     @property
+    def kv_group(self) -> int:
+        """Query heads that share one KV head (GQA's group; 1 without GQA)."""
+        return self.q_heads // self.kv_heads
+
+    @property
     def layer_weights(self) -> int:
         """Weights one layer reads per token: q, k, v, o and the MLP's gate, up and down."""
         attn = self.hidden * self.head_dim * (2 * self.q_heads + 2 * self.kv_heads)
