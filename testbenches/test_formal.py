@@ -87,16 +87,40 @@ def test_cover_trace_replays_on_the_design():
     assert starved.hit is None and starved.left_env is None
 
 
-def test_prefix_pins_the_inputs():
-    """A prefixed task (prefix.py: the inputs of a simulated run, then free) follows the run:
-    mac-match's covers with a 12-cycle prefix are all reached, by traces whose first 12 steps
-    have the run's inputs; a VPU whose output drops valid in a stall fails, with the stall inside
-    the prefix (10 cycles), after it (2 cycles), and with no solver steps at all (depth 12 within
-    a 12-cycle prefix: the simulation's check alone)."""
+def test_prefix_continuation_starts_in_the_simulated_state(tmp_path):
+    """The solver's first state is the simulated run's last: mac-decode's continuation after its
+    60-cycle prefix (registers, memory rows and synchronous read ports' outputs carried over),
+    driven with the inputs of the run's next 24 cycles, gives the run's outputs in each of them
+    (yosys-smtbmc: the inputs assumed, every output port asserted equal)."""
+    from hdl.lib.verilog import top_ports
+    from testbenches.formal.prefix import continuation, simulate, smtc
+    from testbenches.formal.sby import _status, solve, wrapper
+    block = "lad-tile"
+    spec = SPECS[block]
+    cfg, cycles, more = spec.small, 100, 20
+    longer = simulate(wrapper(block, cfg, "prefix", replay=True), spec.rules(cfg), cycles + more)
+    top = wrapper(block, cfg, "prefix", replay=True)
+    text = continuation(top, simulate(top, spec.rules(cfg), cycles), top_ports(top))
+    widths = {name: len(value) for name, (value, _) in top_ports(top).items()}
+    outputs = {name: values[cycles:] for name, values in longer.outputs.items()}
+    assert any(any(v) for name, v in outputs.items() if name.endswith("payload"))   # non-trivial
+    log = solve(tmp_path, text, "bmc", more, timeout=600,
+                smtc=smtc({name: values[cycles:] for name, values in longer.inputs.items()}, widths, outputs))
+    assert _status(log) == "PASS", log[-2000:]
+
+
+def test_prefix_continues_the_simulated_run():
+    """A prefixed task (prefix.py: the solver starts in the state a simulated run ends in)
+    continues the run: mac-match's covers with a 12-cycle prefix are all reached, and each trace
+    the solver wrote, replayed on the design from reset after the run's inputs, reaches its cover
+    in the cycle the task reports (the registers, memory rows and read ports' outputs carried over:
+    a wrong one and the replay differs); a VPU whose output drops valid in a stall fails, with the
+    stall inside the prefix (10 cycles), after it (2 cycles), and with no solver steps at all
+    (depth 12 within a 12-cycle prefix: the simulation's check alone)."""
     from testbenches.formal.prefix import simulate
+    from testbenches.formal.replay import replay
     from testbenches.formal.sby import wrapper
     from testbenches.formal.specs import Prefix
-    from testbenches.formal.vcd import read_vcd
     prefix, spec = Prefix(12, seed=3), SPECS["mac-match"]
     result = run("mac-match", mode="cover", depth=24, prefix=prefix)
     _ok(result)
@@ -105,11 +129,13 @@ def test_prefix_pins_the_inputs():
                          prefix.cycles, prefix.seed)
     inputs = simulated.inputs
     assert any(inputs["query__valid"]) and not all(inputs["result__ready"])   # offered, and stalled
-    assert result.traces
-    for cover, trace in result.traces.items():
-        table, _ = read_vcd(trace)
-        steps = min(prefix.cycles, result.reached_at[cover] + 1)
-        assert all(table[name][:steps] == values[:steps] for name, values in inputs.items()), cover
+    assert simulated.memories and simulated.read_data   # the run's state has both kinds
+    after = {cover: trace for cover, trace in result.traces.items() if cover not in simulated.covers}
+    assert after   # covers only the solver reached, after the run
+    for cover, trace in after.items():
+        assert result.reached_at[cover] >= prefix.cycles, cover
+        again = replay(wrapper("mac-match", spec.small, "cover", replay=True), trace, cover, before=inputs)
+        assert again.left_env is None and again.hit == result.reached_at[cover], (cover, again)
     for cycles, depth in ((10, 16), (2, 16), (12, 12)):   # inside the prefix, after it, the simulation alone
         broken = run("vpu", mode="prefix", depth=depth, prefix=Prefix(cycles), mutation=Mutation("o", "drop_valid"))
         assert broken.status == "FAIL" and broken.failed == ["o.valid_held"], broken.line()

@@ -25,12 +25,18 @@ class Replay:
     left_env: str | None = None   # the assumption that broke first ("name at step n"), if one did
 
 
-def replay(top, trace_vcd, cover: str, force: dict | None = None) -> Replay:
+def replay(top, trace_vcd, cover: str, force: dict | None = None, before: dict | None = None) -> Replay:
     """Drive ``top`` (a :class:`~testbenches.formal.harness.FormalWrapper` built with ``replay=True``
     around the real block) with the inputs of ``trace_vcd`` and look for ``cover``'s test.
-    ``force``: input port name -> a value held in every step instead of the trace's."""
+    ``force``: input port name -> a value held in every step instead of the trace's; ``before``:
+    input port name -> its values in the steps before the trace's (a prefixed task's run: its
+    traces start in the state the run ends in), counted in the step ``hit`` reports."""
     table, steps = read_vcd(trace_vcd)
     table.update({name: [value] * steps for name, value in (force or {}).items()})
+    if before:
+        n = len(next(iter(before.values())))
+        table = {name: list(before.get(name, [None] * n)) + list(values) for name, values in table.items()}
+        steps += n
     ports = {name: value for name, (value, flow) in part_ports(top).items() if flow == In}
     missing = [name for name in ports if name not in table]
     if missing:

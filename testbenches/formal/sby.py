@@ -80,8 +80,8 @@ class Result:
         if self.abstract:
             extra += f"; {'/'.join(self.abstract)} cut"
         if self.prefix:
-            extra += f"; inputs of a simulated run (seed {self.prefix.seed}) in steps 0..{self.prefix.cycles - 1}"
-            extra += "" if self.solver else ", no solver steps: the simulated run alone"
+            extra += f"; a simulated run (seed {self.prefix.seed}) in cycles 0..{self.prefix.cycles - 1}"
+            extra += ", the solver from its last state" if self.solver else ", no solver steps: the simulated run alone"
         return f"{self.block:<10} {self.mode:<6} {what:<26} {self.status:<7} {self.seconds:6.1f} s{extra}"
 
 
@@ -100,6 +100,27 @@ def check_tools() -> None:
                if shutil.which(t, path=env["PATH"]) is None]
     if missing:
         raise RuntimeError(f"formal tools missing ({', '.join(missing)}): install the 'formal' extra (make venv)")
+
+
+def solve(workdir: Path, rtlil_text: str, mode: str, depth: int, *, timeout: int | None = None,
+          script=(), smtc: str | None = None) -> str:
+    """SymbiYosys in ``workdir`` on ``rtlil_text`` (top module ``top``), its log: ``mode`` (SBY's
+    bmc, prove or cover) to ``depth``; ``script``: Yosys commands after ``prep``; ``smtc``:
+    yosys-smtbmc constraints."""
+    (workdir / "top.il").write_text(rtlil_text)
+    files = ["top.il"] + (["task.smtc"] if smtc else [])
+    if smtc:
+        (workdir / "task.smtc").write_text(smtc)
+    (workdir / "task.sby").write_text("\n".join([
+        "[options]", f"mode {mode}", f"depth {depth}", "multiclock off",
+        *([f"timeout {timeout}"] if timeout else []), *(["smtc task.smtc"] if smtc else []),
+        "", "[engines]", ENGINE, "", "[script]", "read_rtlil top.il", "prep -top top", *script, "",
+        "[files]", *files, ""]))
+    done = subprocess.run(["yowasp-sby", "-f", "-d", "run", "task.sby"], cwd=workdir, env=tool_env(),
+                          capture_output=True, text=True)
+    log = done.stdout + done.stderr
+    (workdir / "sby.log").write_text(log)
+    return log
 
 
 def wrapper(block: str, cfg, mode: str, mutation: Mutation | None = None, replay: bool = False) -> FormalWrapper:
@@ -121,43 +142,36 @@ def run(block: str, cfg=None, mode: str = "prove", depth: int | None = None, *, 
     if mode == "prefix" and prefix is None:
         raise ValueError(f"{block} has no simulated prefix (FormalSpec.prefix)")
     depth = depth if depth is not None else getattr(spec.depths(cfg), mode)
-    top = wrapper(block, cfg, mode, mutation)
-    text = rtlil.convert(top, name="top", ports=top_ports(top), emit_src=True)
+    top = wrapper(block, cfg, mode, mutation, replay=bool(prefix))
     name = f"{block}-{cfg.key()}-{mode}-{depth}" + (f"-{mutation.port}-{mutation.kind}" if mutation else "")
     workdir = (workroot or BUILD_ROOT / "formal") / f"{name}-{os.getpid()}"
     if workdir.exists():
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
-    (workdir / "top.il").write_text(text)
-    # a prefixed task runs on the real model: the prefix's inputs fix its state
+    # a prefixed task runs on the real model: the run's last state is the solver's first
     cuts = [f"cutpoint t:{cell}" for cell in spec.abstract] if mode in _CUT_MODES and cut and not prefix else []
-    files = ["top.il"]
+    start = 0   # the solver's step 0 is the design's cycle `start`
     t0 = time.time()
     if prefix:
-        from .prefix import simulate, smtc
-        simulated = simulate(wrapper(block, cfg, mode, mutation, replay=True), spec.rules(cfg), prefix.cycles, prefix.seed)
+        from .prefix import continuation, simulate, smtc
+        simulated = simulate(top, spec.rules(cfg), prefix.cycles, prefix.seed)
         widths = {name: len(value) for name, (value, _) in top_ports(top).items()}
-        inputs = {name: values[:depth] for name, values in simulated.inputs.items()}
-        (workdir / "prefix.smtc").write_text(smtc(inputs, widths))
-        files.append("prefix.smtc")
+        (workdir / "prefix.smtc").write_text(smtc(simulated.inputs, widths))   # the run's inputs, a record
+        start = prefix.cycles
     if prefix and depth <= prefix.cycles:   # every step is the simulation's: no solver
         covers = [p.split(":", 1)[1] for p in top.property_names if p.startswith("cover:")]
         result = Result(block, mode, depth, "PASS", 0.0, top.property_names, workdir=workdir, prefix=prefix,
                         unreached=covers, solver=False)
     else:
-        (workdir / "task.sby").write_text("\n".join([
-            "[options]", f"mode {_MODE[mode]}", f"depth {depth}", "multiclock off",
-            *([f"timeout {timeout}"] if timeout else []), *(["smtc prefix.smtc"] if prefix else []),
-            "", "[engines]", ENGINE, "", "[script]", "read_rtlil top.il", "prep -top top", *cuts, "",
-            "[files]", *files, ""]))
-        done = subprocess.run(["yowasp-sby", "-f", "-d", "run", "task.sby"], cwd=workdir, env=tool_env(),
-                              capture_output=True, text=True)
-        log = done.stdout + done.stderr
-        (workdir / "sby.log").write_text(log)
+        if prefix:
+            text = continuation(top, simulated, top_ports(top))
+        else:
+            text = rtlil.convert(top, name="top", ports=top_ports(top), emit_src=True)
+        log = solve(workdir, text, _MODE[mode], depth - start, timeout=timeout, script=cuts)
         result = Result(block, mode, depth, _status(log), 0.0, top.property_names, workdir=workdir,
                         abstract=tuple(spec.abstract) if cuts else (), prefix=prefix,
                         log_tail="\n".join(log.splitlines()[-25:]))
-        _parse(log, result)
+        _parse(log, result, start)
     if prefix:
         _add_prefix(result, simulated, depth)
     result.seconds = time.time() - t0
@@ -195,6 +209,8 @@ def _add_prefix(result: Result, simulated, depth: int) -> None:
         result.reached_at[name] = min(cycle, result.reached_at.get(name, cycle))
     if result.mode == "cover" and result.unreached:
         result.status = "FAIL"
+    elif result.mode == "cover" and result.status == "FAIL" and not result.failed:
+        result.status = "PASS"   # the solver's unreached covers were reached in the prefix
 
 
 def _concretize(result: Result, make_top) -> None:
@@ -215,13 +231,14 @@ def _status(log: str) -> str:
     return m.group(1) if m else "ERROR"
 
 
-def _parse(log: str, result: Result) -> None:
-    """Failed assertions, reached / unreached covers, the counterexample's step and trace."""
+def _parse(log: str, result: Result, start: int = 0) -> None:
+    """Failed assertions, reached / unreached covers, the counterexample's step and trace; the
+    solver's steps are the design's cycles from ``start`` on (a prefixed task's continuation)."""
     for m in re.finditer(r"(?:Assert(?:ion)? failed in top: |failed assertion \S+ at )([^\s(]+?):0\b(?: step (\d+))?", log):
         if m.group(1) not in result.failed:
             result.failed.append(m.group(1))
         if m.group(2) is not None:
-            result.step = int(m.group(2))
+            result.step = start + int(m.group(2))
     pending = []   # covers reached, their trace written next
     for m in re.finditer(r"Reached cover statement (?:in step (\d+) )?at top: ([^\s(]+?):0\b|"
                          r"Writing trace to VCD file: (\S+\.vcd)", log):
@@ -232,13 +249,13 @@ def _parse(log: str, result: Result) -> None:
             result.reached.append(m.group(2))
             pending.append(m.group(2))
             if m.group(1) is not None:
-                result.reached_at[m.group(2)] = int(m.group(1))
+                result.reached_at[m.group(2)] = start + int(m.group(1))
     for m in re.finditer(r"Unreached cover statement at top: ([^\s(]+?):0\b", log):
         if m.group(1) not in result.unreached:
             result.unreached.append(m.group(1))
     steps = [int(n) for n in re.findall(r"Checking assertions in step (\d+)", log)]
     if steps:
-        result.checked = max(steps) + (result.status == "PASS")
+        result.checked = start + max(steps) + (result.status == "PASS")
     m = re.search(r"counterexample trace(?: \[\w+\])?: (\S+\.vcd)", log)
     if m:
         result.trace = result.workdir / m.group(1)
