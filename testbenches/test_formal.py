@@ -88,10 +88,12 @@ def test_cover_trace_replays_on_the_design():
 
 
 def test_prefix_continuation_starts_in_the_simulated_state(tmp_path):
-    """The solver's first state is the simulated run's last: mac-decode's continuation after its
-    60-cycle prefix (registers, memory rows and synchronous read ports' outputs carried over),
-    driven with the inputs of the run's next 24 cycles, gives the run's outputs in each of them
-    (yosys-smtbmc: the inputs assumed, every output port asserted equal)."""
+    """The solver's first state is the simulated run's last: the LAD tile's continuation after 100
+    cycles (registers, memory rows and synchronous read ports' outputs carried over), driven with
+    the inputs of the run's next 20 cycles, gives the run's outputs in each of them (yosys-smtbmc:
+    the inputs assumed, every output port asserted equal). It fails with the memory rows, the read
+    ports' outputs or the registers left out (mac-decode's run reads no memory within 24 cycles of
+    its prefix, so the tile it is)."""
     from hdl.lib.verilog import top_ports
     from testbenches.formal.prefix import continuation, simulate, smtc
     from testbenches.formal.sby import _status, solve, wrapper
@@ -113,8 +115,8 @@ def test_prefix_continues_the_simulated_run():
     """A prefixed task (prefix.py: the solver starts in the state a simulated run ends in)
     continues the run: mac-match's covers with a 12-cycle prefix are all reached, and each trace
     the solver wrote, replayed on the design from reset after the run's inputs, reaches its cover
-    in the cycle the task reports (the registers, memory rows and read ports' outputs carried over:
-    a wrong one and the replay differs); a VPU whose output drops valid in a stall fails, with the
+    in the cycle the task reports (the cycles line up; that the state carries over whole is the
+    test above's); a VPU whose output drops valid in a stall fails, with the
     stall inside the prefix (10 cycles), after it (2 cycles), and with no solver steps at all
     (depth 12 within a 12-cycle prefix: the simulation's check alone)."""
     from testbenches.formal.prefix import simulate
