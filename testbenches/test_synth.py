@@ -560,3 +560,32 @@ def test_dsp_registers_take_a_synchronous_reset(tmp_path, srmode, moved):
     if moved:
         p, c = dsp["parameters"], dsp["connections"]
         assert p["RESETMODE"] == "SYNC" and c[p["REG_OUTPUT_RST"]] == [7]
+
+
+def test_netlist_paths_ranks_the_deepest_register_to_register_path(tmp_path, capsys):
+    """benchmarks/netlist_paths.py on a hand-made netlist: FF a -> LUT -> LUT -> FF c (two routed
+    LUTs) and FF a -> FF b (one hop); the deep path is worst at its per-cell costs, named by its
+    source and endpoint, and a missing netlist is one line, exit 2."""
+    from benchmarks import netlist_paths as paths
+
+    def ff(d, q):
+        return {"type": "TRELLIS_FF", "parameters": {}, "port_directions": {"DI": "input", "Q": "output"},
+                "connections": {"DI": [d], "Q": [q]}}
+
+    def lut(a, z):
+        return {"type": "LUT4", "parameters": {}, "port_directions": {"A": "input", "Z": "output"},
+                "connections": {"A": [a], "Z": [z]}}
+    cells = {"src.a_TRELLIS_FF_Q": ff(9, 2), "deep.c_TRELLIS_FF_Q": ff(4, 5), "near.b_TRELLIS_FF_Q": ff(2, 6),
+             "l1": lut(2, 3), "l2": lut(3, 4)}
+    (tmp_path / "top.json").write_text(json.dumps({"modules": {"core": {"cells": cells}}}))
+    assert paths.main([str(tmp_path), "--module", "core", "--threshold", "0"]) == 0
+    r = paths.report(paths.Netlist({"cells": cells}), 0.0, 10)
+    deep = paths.FF_CLK_TO_Q + 2 * (paths.ROUTE + paths.LUT) + paths.ROUTE + paths.SETUP
+    assert r["worst_ns"] == pytest.approx(deep, abs=0.01) and r["endpoints"] == 3
+    first = r["groups"][0]
+    assert (first["source"], first["endpoint_module"], first["levels"]) == ("src", "deep", 3)
+    assert r["groups"][1]["worst_ns"] == pytest.approx(paths.FF_CLK_TO_Q + paths.ROUTE + paths.SETUP, abs=0.01)
+    assert "worst 3.6 ns" in capsys.readouterr().out
+    assert paths.main([str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("netlist_paths: error: no netlist") and err.count("\n") == 1
