@@ -23,7 +23,8 @@ models is the target, not yet reached):
    the running maxima of the sinks, the middle range (band / prefix) and the tail.
 3. **Range attention** (``attend_bits``) of a range ``[lo, hi)`` with its maximum ``m``: one V
    burst; each score read back, ``x = sat(s - m)`` registered, the SFM's EXP2, ``p =
-   round_shift(me << (sum_frac - mantissa_frac), ke)`` registered, into a FIFO and ``z += p``; the VPU's AXPY
+   round_shift(me << (sum_frac - mantissa_frac), ke)`` in two registered steps (the half added,
+   then the shift), into a FIFO and ``z += p``; the VPU's AXPY
    accumulates ``N += p v`` exactly; RECIP of ``sat(z)`` and a four-stage output pipeline
    ``sat(round_shift(round_shift(N, kr - G) · r, out_shift))`` (the product as registered
    partial products, summed with the rounding half) into the state SRAM. Ranges: tail;
@@ -210,7 +211,10 @@ class _Attend(NamedTuple):
     x_reg: Signal
     recip_m: Signal
     pre: Signal
-    p_value: Signal
+    p_half_next: Signal
+    p_half_valid: Signal
+    p_half: Signal
+    p_shift: Signal
     p_valid: Signal
     p_reg: Signal
     accumulate: object
@@ -390,15 +394,20 @@ class MacDecodeEngine(wiring.Component):
         x_valid, x_reg = Signal(), Signal(signed(sw))
         recip_m = Signal(sfm_cfg.value_width)
         pre = Signal(range(64))
-        # p = round_shift(me << (sum_frac - mantissa_frac), ke) of an EXP2 result
+        # p = round_shift(me << (sum_frac - mantissa_frac), ke) of an EXP2 result, in two registered
+        # steps: the rounding half added (p_half, with ke in p_shift), then the shift by ke (p_reg,
+        # with its valid, before the p FIFO and z's add). The half's decode, its carry chain and the
+        # barrel shift in one cycle were the engine's worst path before placement (13.6 ns,
+        # benchmarks/netlist_paths.py); with z's add as well, 34 levels (56.7 MHz routed)
         me, ke = sfm.o.payload.value, sfm.o.payload.exponent
-        p_value = Signal(vcfg.in_width)
-        m.d.comb += p_value.eq(round_shift(me << (cfg.sum_frac - cfg.mantissa_frac), ke))
-        # p registered (with its valid) before the p FIFO and z's add: the shift's rounding and
-        # z's carry chain in series were the engine's critical path (34 levels, 56.7 MHz)
+        half_added = (me << (cfg.sum_frac - cfg.mantissa_frac)) + ((Const(1, 1) << ke) >> 1)
+        p_half_next = Signal(half_added.shape())
+        m.d.comb += p_half_next.eq(half_added)
+        p_half_valid, p_half, p_shift = Signal(), Signal(half_added.shape()), Signal.like(ke)
         p_valid, p_reg = Signal(), Signal(vcfg.in_width)
         return _Attend(r_lo, r_hi, r_m, r_dst, sc_pos, done_pos, done_beat, numer, z_sum, z_sat, x_valid, x_reg,
-                       recip_m, pre, p_value, p_valid, p_reg, self._numer_accumulate(m, numer))
+                       recip_m, pre, p_half_next, p_half_valid, p_half, p_shift, p_valid, p_reg,
+                       self._numer_accumulate(m, numer))
 
     def _numer_accumulate(self, m, numer):
         """``accumulate(beat, vec)``: the statements that add the VPU's lanes ``vec`` into N's word
@@ -507,7 +516,10 @@ class MacDecodeEngine(wiring.Component):
             # below min_context (or without reuse, the config's or the step's) the step does not
             # wait for the match: the MatchUnit scans and writes its ring meanwhile, and its result
             # is dropped (``ready`` is high in every state; the next query is taken only after it)
-            engage = int(cfg.reuse) & st.reuse & (position + 1 >= cfg.min_context)
+            # (position >= min_context - 1, not position + 1 >= min_context: the compare shared L's
+            # adder, and the two carry chains in series decided the next state, 10.5 ns before placement)
+            at_context = position >= cfg.min_context - 1 if cfg.min_context > 0 else Const(1, 1)
+            engage = int(cfg.reuse) & st.reuse & at_context
             m.d.sync += [L.eq(position + 1), F.eq(Mux(position + 1 > cfg.sinks, cfg.sinks, position + 1)),
                          engaged.eq(engage)]
             with m.If(~st.started[st.head]):
@@ -674,10 +686,15 @@ class MacDecodeEngine(wiring.Component):
                 m.d.sync += [x_valid.eq(score_resp.valid),
                              x_reg.eq(saturate(score_resp.payload.as_signed() - r_m, signed(sw)))]
             m.d.comb += [sfm.i.valid.eq(x_valid), sfm.i.payload.op.eq(SfmOp.EXP2), sfm.i.payload.x.eq(x_reg),
-                         sfm.o.ready.eq(~p_valid | p_fifo.w_rdy),
                          p_fifo.w_data.eq(p_reg), p_fifo.w_en.eq(p_valid)]
-            with m.If(sfm.o.ready):   # (p_valid is clear when the pass ends: the V beats take every p)
-                m.d.sync += [p_valid.eq(sfm.o.valid), p_reg.eq(at.p_value)]
+            # (both valids are clear when the pass ends: the V beats take every p)
+            p_takes = ~p_valid | p_fifo.w_rdy
+            m.d.comb += sfm.o.ready.eq(~at.p_half_valid | p_takes)
+            with m.If(sfm.o.ready):
+                m.d.sync += [at.p_half_valid.eq(sfm.o.valid), at.p_half.eq(at.p_half_next),
+                             at.p_shift.eq(sfm.o.payload.exponent)]
+            with m.If(p_takes):
+                m.d.sync += [p_valid.eq(at.p_half_valid), p_reg.eq(at.p_half >> at.p_shift)]
             with m.If(p_valid & p_fifo.w_rdy):
                 m.d.sync += z_sum.eq(z_sum + p_reg)
             # AXPY with acc = 0 gives the exact products p v; they are added into N's beat
@@ -728,8 +745,14 @@ class MacDecodeEngine(wiring.Component):
         rd0_req, rd0_resp, rd1_req, rd1_resp = parts.rd0_req, parts.rd0_resp, parts.rd1_req, parts.rd1_resp
         m_arr, s_arr, ptrs = st.m_arr, st.s_arr, st.ptrs
         c_op, c_a, c_b, c_dst, c_target, c_flag, feed_beat, mo_beat = cb
+        # the operands' maxima and sums, registered as COMBINE reads them: the slot select and
+        # MergeUnit's m1 - m2 carry chain in one cycle were 10.8 ns before placement
+        # (benchmarks/netlist_paths.py); no state changes them before the MergeUnit takes its beats
+        c_m1, c_m2 = Signal.like(m_arr[0], name="c_m1"), Signal.like(m_arr[0], name="c_m2")
+        c_s1, c_s2 = Signal.like(s_arr[0], name="c_s1"), Signal.like(s_arr[0], name="c_s2")
         with m.State("COMBINE"):
-            m.d.sync += [feed_beat.eq(0), mo_beat.eq(0), c_flag.eq(0)]
+            m.d.sync += [feed_beat.eq(0), mo_beat.eq(0), c_flag.eq(0),
+                         c_m1.eq(m_arr[c_a]), c_s1.eq(s_arr[c_a]), c_m2.eq(m_arr[c_b]), c_s2.eq(s_arr[c_b])]
             with m.If(s_arr[c_b] == 0):
                 m.d.sync += ptrs[c_target].eq(c_a)
                 m.next = "DISPATCH"
@@ -748,8 +771,7 @@ class MacDecodeEngine(wiring.Component):
                          q.i.payload.eq(Cat(rd0_resp.payload, rd1_resp.payload)),
                          rd0_resp.ready.eq(q.i.ready), rd1_resp.ready.eq(q.i.ready),
                          merge.i.valid.eq(q.o.valid), q.o.ready.eq(merge.i.ready),
-                         mi.op.eq(c_op), mi.m1.eq(m_arr[c_a]), mi.s1.eq(s_arr[c_a]),
-                         mi.m2.eq(m_arr[c_b]), mi.s2.eq(s_arr[c_b]),
+                         mi.op.eq(c_op), mi.m1.eq(c_m1), mi.s1.eq(c_s1), mi.m2.eq(c_m2), mi.s2.eq(c_s2),
                          mi.o1.eq(q.o.payload[:len(rd0_resp.payload)]), mi.o2.eq(q.o.payload[len(rd0_resp.payload):])]
             m.d.comb += merge.o.ready.eq(1)
             with m.If(merge.o.valid):
