@@ -29,13 +29,15 @@ from pathlib import Path
 
 from golden.cli import AtLeast, Parser
 from golden.errors import ConfigError
+from synth.absorb import bit_drivers, param
 
 ROUTE, LUT, MUX, CARRY, CARRY_CHAIN, LUTRAM, DSP_COMB = 0.8, 0.25, 0.15, 0.45, 0.06, 0.6, 4.0
 FF_CLK_TO_Q, HARD_CLK_TO_Q, SETUP = 0.5, 2.0, 0.2
 
 
-def _registered(value) -> bool:
-    return value not in (None, "NONE")
+def _registered(cell: dict, register: str) -> bool:
+    """Whether the DSP's ``register`` (OUTPUT, INPUTA, INPUTB) is clocked."""
+    return param(cell, f"REG_{register}_CLK", "NONE") != "NONE"
 
 
 class Netlist:
@@ -43,33 +45,27 @@ class Netlist:
 
     def __init__(self, module: dict):
         self.cells = module["cells"]
-        self.driver: dict[int, tuple[str, str]] = {}
-        for name, c in self.cells.items():
-            for port, bits in c["connections"].items():
-                if c["port_directions"].get(port) == "output":
-                    for b in bits:
-                        if isinstance(b, int):
-                            self.driver[b] = (name, port)
+        self.driver: dict[int, tuple[str, str]] = bit_drivers(module)
         self.arrival: dict[int, tuple[float, int | None]] = {}
 
     def starts_path(self, cell: dict) -> float | None:
         """Clock-to-output time if the cell's outputs are registered, else None."""
-        t, p = cell["type"], cell["parameters"]
+        t = cell["type"]
         if t == "TRELLIS_FF":
             return FF_CLK_TO_Q
-        if t == "DP16KD" or (t == "MULT18X18D" and _registered(p.get("REG_OUTPUT_CLK"))):
+        if t == "DP16KD" or (t == "MULT18X18D" and _registered(cell, "OUTPUT")):
             return HARD_CLK_TO_Q
         return None
 
     def ends_path(self, cell: dict, port: str) -> bool:
-        t, p = cell["type"], cell["parameters"]
+        t = cell["type"]
         if t in ("TRELLIS_FF", "DP16KD"):
             return True
         if t == "MULT18X18D":
             if port.startswith("A"):
-                return _registered(p.get("REG_INPUTA_CLK"))
+                return _registered(cell, "INPUTA")
             if port.startswith("B"):
-                return _registered(p.get("REG_INPUTB_CLK"))
+                return _registered(cell, "INPUTB")
             return True
         return t == "TRELLIS_DPR16X4" and port != "RAD"     # the write side is synchronous
 
@@ -93,39 +89,40 @@ class Netlist:
             return 0.0      # dedicated wires inside a slice
         return ROUTE
 
+    def _inputs(self, cell: dict) -> list[tuple[str, int]]:
+        """(port, bit) of the cell's inputs that a path runs through (not its registered ones)."""
+        return [(port, b) for port, bits in cell["connections"].items()
+                if cell["port_directions"].get(port) == "input" and not self.ends_path(cell, port)
+                for b in bits if isinstance(b, int)]
+
     def arrive(self, bit: int) -> float:
-        """Estimated arrival of ``bit`` (iterative depth-first walk, loops cut)."""
-        stack = [bit]
+        """Estimated arrival of ``bit``: an iterative depth-first walk, each bit finished after all
+        its inputs; an input on the walk's own path (a combinational loop) is left out."""
+        on_path: set[int] = set()
+        stack = [(bit, False)]
         while stack:
-            b = stack[-1]
+            b, expanded = stack.pop()
             if b in self.arrival:
-                stack.pop()
                 continue
-            if b not in self.driver:
-                self.arrival[b] = (0.0, None)
-                stack.pop()
-                continue
-            name, out = self.driver[b]
-            c = self.cells[name]
-            start = self.starts_path(c)
-            if start is not None:
+            driver = self.driver.get(b)
+            cell = self.cells[driver[0]] if driver else None
+            start = self.starts_path(cell) if cell else 0.0
+            if start is not None:            # an input port, or a register's output
                 self.arrival[b] = (start, None)
-                stack.pop()
                 continue
-            inputs = [(port, ib) for port, bits in c["connections"].items()
-                      if c["port_directions"].get(port) == "input" and not self.ends_path(c, port)
-                      for ib in bits if isinstance(ib, int)]
-            pending = [ib for _, ib in inputs if ib not in self.arrival and ib not in stack]
-            if pending:
-                stack.extend(pending)
+            if not expanded:
+                on_path.add(b)
+                stack.append((b, True))
+                stack += [(ib, False) for _, ib in self._inputs(cell) if ib not in self.arrival and ib not in on_path]
                 continue
+            on_path.discard(b)
             best = (0.0, None)
-            for port, ib in inputs:
-                t = self.arrival.get(ib, (0.0, None))[0] + self._hop(c, port) + self._delay(c, port, out)
-                if t > best[0]:
-                    best = (t, ib)
+            for port, ib in self._inputs(cell):
+                if ib in self.arrival:
+                    t = self.arrival[ib][0] + self._hop(cell, port) + self._delay(cell, port, driver[1])
+                    if t > best[0]:
+                        best = (t, ib)
             self.arrival[b] = best
-            stack.pop()
         return self.arrival[bit][0]
 
     def trace(self, bit: int) -> list[int]:

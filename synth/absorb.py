@@ -38,7 +38,7 @@ from collections import defaultdict
 from pathlib import Path
 
 
-def _param(cell: dict, name: str, default: str = "") -> str:
+def param(cell: dict, name: str, default: str = "") -> str:
     return str(cell["parameters"].get(name, default)).strip()   # Yosys marks strings with a trailing space
 
 
@@ -71,12 +71,12 @@ def _plain_ff(ff: dict | None) -> tuple | None:
         return None
     c = ff["connections"]
     reset = tuple(c.get("LSR", ["0"]))
-    if (_param(ff, "CLKMUX", "CLK") != "CLK" or _param(ff, "GSR") != "DISABLED"
-            or _param(ff, "LSRMUX", "LSR") != "LSR" or _param(ff, "REGSET", "RESET") != "RESET"
-            or _param(ff, "CEMUX", "CE") not in ("CE", "1")
-            or (reset != ("0",) and _param(ff, "SRMODE", "LSR_OVER_CE") != "LSR_OVER_CE")):
+    if (param(ff, "CLKMUX", "CLK") != "CLK" or param(ff, "GSR") != "DISABLED"
+            or param(ff, "LSRMUX", "LSR") != "LSR" or param(ff, "REGSET", "RESET") != "RESET"
+            or param(ff, "CEMUX", "CE") not in ("CE", "1")
+            or (reset != ("0",) and param(ff, "SRMODE", "LSR_OVER_CE") != "LSR_OVER_CE")):
         return None
-    return tuple(c["CLK"]), (tuple(c["CE"]) if _param(ff, "CEMUX", "CE") == "CE" else ("1",)), reset
+    return tuple(c["CLK"]), (tuple(c["CE"]) if param(ff, "CEMUX", "CE") == "CE" else ("1",)), reset
 
 
 def _is_pin(pin: str, prefix: str) -> bool:
@@ -126,7 +126,7 @@ def _output_register(ram: dict, ports: str, loads: dict, cells: dict) -> int:
     one enable and no reset: ``REGMODE OUTREG`` on each of ``ports`` (both, in the pseudo dual-port
     mode, as the vendor tools set it), that enable on their ``OCE``; the flip-flops are removed."""
     conn, clock = ram["connections"], ram["connections"].get(f"CLK{ports[-1]}")
-    if any(_param(ram, f"REGMODE_{p}") != "NOREG" or conn.get(f"RST{p}") != ["0"] or conn.get(f"CLK{p}") != clock
+    if any(param(ram, f"REGMODE_{p}") != "NOREG" or conn.get(f"RST{p}") != ["0"] or conn.get(f"CLK{p}") != clock
            for p in ports):
         return 0
     found = _registered_outputs(ram, tuple(f"DO{p}" for p in ports), loads, cells)
@@ -164,7 +164,7 @@ def _only_registers_read(ff: dict, loads: dict, cells: dict) -> bool:
                                  for name, pin in readers)
 
 
-def _drivers(module: dict) -> dict:
+def bit_drivers(module: dict) -> dict:
     """bit -> (cell, pin) driving it."""
     return {bit: (name, pin) for name, cell in module.get("cells", {}).items()
             for pin, bits in cell["connections"].items()
@@ -196,9 +196,9 @@ def _registered_inputs(dsp: dict, port: str, loads: dict, drivers: dict, cells: 
 def _dsps(module: dict) -> int:
     cells, moved, operand_ffs = module.get("cells", {}), 0, set()
     dsps = [c for c in cells.values() if c["type"] == "MULT18X18D" and _plain_dsp(c)
-            and all(_param(c, f"REG_{r}_CLK", "NONE") == "NONE" for r in ("INPUTA", "INPUTB", "INPUTC",
+            and all(param(c, f"REG_{r}_CLK", "NONE") == "NONE" for r in ("INPUTA", "INPUTB", "INPUTC",
                                                                              "PIPELINE", "OUTPUT"))]
-    loads, drivers = _loads(module), _drivers(module)
+    loads, drivers = _loads(module), bit_drivers(module)
     for dsp in dsps:
         control = None
         found = _registered_outputs(dsp, ("P",), loads, cells)
