@@ -9,9 +9,11 @@ LAD §1.4, the q A / q D cache products of §1.2, the squared L2 match distance 
 - ``SQDIST``: ``acc = sat(acc + sum_l (a_l - b_l)**2)`` per beat; emits on the last beat.
 - ``AXPY``:   per lane ``y_l = sat(acc_l + round_shift(scalar * a_l, axpy_shift))``, every beat.
 
-Inputs are signed ``in_width``-bit integers (the caller owns the scale); the
-accumulator is ``acc_width`` bits and saturates (never wraps). With no saturation
-DOT and SQDIST are exact; AXPY is within half an LSB of the float ``acc + scalar*a/2**shift``.
+Inputs are signed ``in_width``-bit integers (the caller owns the scale), except ``a``, every
+product's second factor, which may be narrower (``a_width``: a KV beat against a wide operand,
+half the multipliers per lane past 18 bits; SQDIST then cannot run); the accumulator is
+``acc_width`` bits and saturates (never wraps). With no saturation DOT and SQDIST are exact;
+AXPY is within half an LSB of the float ``acc + scalar*a/2**shift``.
 """
 from __future__ import annotations
 
@@ -40,6 +42,9 @@ class VpuConfig(BlockConfig):
     in_width: int = param(16, "bits of each signed input element and of the AXPY scalar")
     acc_width: int = param(40, "bits of the signed saturating accumulator / output lanes")
     axpy_shift: int = param(15, "AXPY: right shift (round half up) of scalar*a before the add")
+    a_width: int = param(0, "bits of each signed element of a, every product's second factor (DOT's "
+                            "b*a, AXPY's scalar*a): 0 = in_width; narrower halves a product's "
+                            "MULT18X18D past 18 bits, and leaves no SQDIST")
 
     def validate(self):
         self.require(1 <= self.lanes <= 64, f"lanes must be 1..64, got {self.lanes}")
@@ -50,6 +55,8 @@ class VpuConfig(BlockConfig):
                      f"difference fits), got {self.acc_width}")
         self.require(0 <= self.axpy_shift <= 2 * self.in_width,
                      f"axpy_shift must be 0..{2 * self.in_width}, got {self.axpy_shift}")
+        self.require(self.a_width == 0 or 2 <= self.a_width <= self.in_width,
+                     f"a_width must be 0 (in_width) or 2..in_width ({self.in_width}), got {self.a_width}")
 
     @property
     def in_format(self) -> FixedFormat:
@@ -58,6 +65,16 @@ class VpuConfig(BlockConfig):
     @property
     def acc_format(self) -> FixedFormat:
         return FixedFormat(self.acc_width, 0)
+
+    @property
+    def a_format(self) -> FixedFormat:
+        """The elements of ``a`` (``a_width``, 0 = ``in_width``)."""
+        return FixedFormat(self.a_width or self.in_width, 0)
+
+    @property
+    def ops(self) -> frozenset:
+        """The operations this format runs: SQDIST's ``a - b`` needs ``a`` at ``in_width``."""
+        return frozenset(VpuOp) if self.a_format.width == self.in_width else frozenset((VpuOp.DOT, VpuOp.AXPY))
 
 
 PRESETS = {
@@ -76,8 +93,18 @@ def to_beats(vector: torch.Tensor, lanes: int) -> torch.Tensor:
     return out.reshape(*vector.shape[:-1], n, lanes)
 
 
+def _check_a(a: torch.Tensor, op: int, cfg: VpuConfig) -> None:
+    """``a`` and ``op`` within what ``cfg``'s multipliers take (else ValueError: no wrapped product)."""
+    if op not in cfg.ops:
+        raise ValueError(f"VPU: {VpuOp(op).name} needs a_width = in_width ({cfg.in_width}), got {cfg.a_width}")
+    lo, hi = cfg.a_format.min_raw, cfg.a_format.max_raw
+    if a.numel() and not (lo <= int(a.min()) and int(a.max()) <= hi):
+        raise ValueError(f"VPU: a outside its {cfg.a_format.width} bits ({lo}..{hi})")
+
+
 def reduce_beats(op: int, a_beats: torch.Tensor, b_beats: torch.Tensor, cfg: VpuConfig) -> int:
     """Bit-accurate DOT / SQDIST over beats ``(n, lanes)``: saturating accumulate per beat."""
+    _check_a(a_beats, op, cfg)
     terms = a_beats * b_beats if op == VpuOp.DOT else (a_beats - b_beats) ** 2
     acc = 0
     for beat_sum in terms.sum(-1).tolist():
@@ -87,6 +114,7 @@ def reduce_beats(op: int, a_beats: torch.Tensor, b_beats: torch.Tensor, cfg: Vpu
 
 def axpy(scalar: int, a: torch.Tensor, acc: torch.Tensor, cfg: VpuConfig) -> torch.Tensor:
     """Bit-accurate AXPY lanes: ``sat(acc + round_shift(scalar * a, axpy_shift))``."""
+    _check_a(a, VpuOp.AXPY, cfg)
     return saturate(acc + round_shift(scalar * a, cfg.axpy_shift), cfg.acc_format)
 
 

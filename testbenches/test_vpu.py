@@ -1,5 +1,7 @@
 """VPU under Verilator vs golden.vpu (bit-exact) and golden bit-accurate vs float bounds."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -45,6 +47,32 @@ def test_vpu_config_rejects_bad_values():
         VpuConfig(in_width=16, acc_width=20)
     with pytest.raises(ConfigError, match="lanes"):
         VpuConfig(lanes=0)
+    with pytest.raises(ConfigError, match="a_width"):
+        VpuConfig(in_width=16, a_width=17)
+
+
+def test_vpu_narrow_a_halves_the_wide_multipliers():
+    """AC's VPU (30-bit operands, a = q, k or v at 16 bits): two 18 x 18 pieces a lane instead of
+    four, no SQDIST (refused by the block and the model), and a value of a past its width refused by
+    the model (the RTL would cut it: no silent garbage)."""
+    from amaranth.back import rtlil
+    from hdl.lib.vpu import Vpu
+    narrow = CONFIGS["ac"]
+    assert narrow.a_format.width == 16 and VpuOp.SQDIST not in narrow.ops
+    muls = {name: rtlil.convert(Vpu(c, ops=(VpuOp.DOT, VpuOp.AXPY))).count("cell $mul ")
+            for name, c in (("narrow", narrow), ("full", replace(narrow, a_width=0)))}
+    assert muls == {"narrow": 2 * narrow.lanes, "full": 4 * narrow.lanes}
+    with pytest.raises(ValueError, match="SQDIST"):
+        Vpu(narrow, ops=(VpuOp.SQDIST,))
+    beats = torch.ones(2, narrow.lanes, dtype=torch.int64)
+    with pytest.raises(ValueError, match="SQDIST"):
+        reduce_beats(VpuOp.SQDIST, beats, beats, narrow)
+    top = (2 ** 15 - 1) * (2 ** 29 - 1)   # a's and b's largest
+    assert reduce_beats(VpuOp.DOT, beats * (2 ** 15 - 1), beats * (2 ** 29 - 1), narrow) == 2 * narrow.lanes * top
+    with pytest.raises(ValueError, match="a outside its 16 bits"):
+        reduce_beats(VpuOp.DOT, beats * 2 ** 15, beats, narrow)
+    with pytest.raises(ValueError, match="a outside"):
+        axpy(1, torch.full((narrow.lanes,), -2 ** 15 - 1), torch.zeros(narrow.lanes, dtype=torch.int64), narrow)
 
 
 def test_vpu_builds_only_its_users_operations():

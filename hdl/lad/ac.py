@@ -325,17 +325,17 @@ class Ac(wiring.Component):
         q_read, = beat_copy(m, cfg, self.q_load, "q_copy", L, 1)   # q, AC's copy (read by the dot passes)
 
         # The q.A_r and q.D_r passes' VPU operands, registered twice: a word of A (or D) rounded
-        # (dot_r), then saturated to the VPU's input format (dot_a), per VPU, with q's beat; the
+        # (dot_r), then saturated to the VPU's input format (dot_word), per VPU, with q's beat; the
         # rounding's carry chain runs between two registers (it ran from the RAM's output pins to the
         # VPU's first stage: 58.4 MHz), and the saturation and the choice of A or D in the next
         # stage (with the rounding, from D's registered beat: 86.8 MHz)
-        dot_valid, dot_last, dot_b = Signal(), Signal(), Signal(L * kw)
+        dot_valid, dot_last, dot_q = Signal(), Signal(), Signal(L * kw)
         r_shape = round_shift(Signal(signed(aw)), cfg.cache_dot_shift).shape()
         dot_r = [[Signal(r_shape, name=f"dot_r{p}_{i}") for i in range(L)] for p in range(P)]
         m.d.sync += dot_valid.eq(0)
-        dot2_valid, dot2_last, dot2_b = (delayed(m, x, f"dot2_{n}") for x, n in
-                                         ((dot_valid, "valid"), (dot_last, "last"), (dot_b, "b")))
-        dot_a = [[delayed(m, saturate(dot_r[p][i], signed(ow)), f"dot_a{p}_{i}") for i in range(L)] for p in range(P)]
+        dot2_valid, dot2_last, dot2_q = (delayed(m, x, f"dot2_{n}") for x, n in
+                                         ((dot_valid, "valid"), (dot_last, "last"), (dot_q, "q")))
+        dot_word = [[delayed(m, saturate(dot_r[p][i], signed(ow)), f"dot_word{p}_{i}") for i in range(L)] for p in range(P)]
         d_word, d_valid, d_beat = delayed(m, D.beat_word, "d_word"), Signal(), Signal(range(nb))   # q.D_r: D's beat, read
         m.d.sync += d_valid.eq(0)
 
@@ -345,7 +345,7 @@ class Ac(wiring.Component):
         m.d.comb += [q_beat.eq(Mux(qa_shifting, split(resp_cnt, nb)[1], d_beat)), q_read.addr.eq(q_beat)]
 
         def dot_load(words):   # VPU p's next beat: A's (D's) words[p], q's beat
-            m.d.sync += [dot_valid.eq(1), dot_last.eq(q_beat == nb - 1), dot_b.eq(q_read.data)]
+            m.d.sync += [dot_valid.eq(1), dot_last.eq(q_beat == nb - 1), dot_q.eq(q_read.data)]
             for p, word in enumerate(words):
                 m.d.sync += [dot_r[p][i].eq(round_shift(word[i * aw:(i + 1) * aw].as_signed(), cfg.cache_dot_shift))
                              for i in range(L)]
@@ -353,8 +353,8 @@ class Ac(wiring.Component):
         def dot_feed(p):             # VPU p's input from those registers (a DOT beat; its results always taken)
             vi = vpus[p].i
             m.d.comb += [vi.valid.eq(dot2_valid), vi.payload.op.eq(VpuOp.DOT), vi.payload.last.eq(dot2_last)]
-            m.d.comb += [vi.payload.a[i].eq(dot_a[p][i]) for i in range(L)]
-            m.d.comb += [vi.payload.b[i].eq(dot2_b[i * kw:(i + 1) * kw].as_signed()) for i in range(L)]
+            m.d.comb += [vi.payload.b[i].eq(dot_word[p][i]) for i in range(L)]   # (q is the VPU's narrow a)
+            m.d.comb += [vi.payload.a[i].eq(dot2_q[i * kw:(i + 1) * kw].as_signed()) for i in range(L)]
 
         def start_qa_pass(then_combine):
             m.d.sync += [resp_cnt.eq(0), out_cnt.eq(0), combine_next.eq(then_combine)]

@@ -3,11 +3,12 @@
 Implements golden/vpu.py bit for bit (see its docstring for the three operations).
 Seven pipeline stages that stall together when the output is not taken (latency 7):
 stage 1 registers the multiplier operands per lane (the multiplier is shared: ``a*b`` for
-DOT, ``(a-b)**2`` for SQDIST, ``scalar*a`` for AXPY); stages 2-4 register them once more,
+DOT, ``(a-b)**2`` for SQDIST, ``scalar*a`` for AXPY; a narrower ``a``, ``a_width`` bits, is the
+second factor in each); stages 2-4 register them once more,
 the product, and the product once more (a MULT18X18D per lane with its own input and output
-registers, synth/absorb.py; for operands over 17 bits, AC's, the product's pieces, a MULT18X18D
-each, and their sum); stages 5 and 6 register the beat's balanced adder tree (pair
-sums, then the rest) and the rounded AXPY products, then those plus ``acc``; stage 7 adds
+registers, synth/absorb.py; for operands over 17 bits, AC's and mac-decode's, the product's
+pieces, a MULT18X18D each, and their sum: two a lane where ``a`` fits 18 bits); stages 5 and 6
+register the beat's balanced adder tree (pair sums, then the rest) and the rounded AXPY products, then those plus ``acc``; stage 7 adds
 the beat into the saturating accumulator (DOT/SQDIST, emitted on the ``last`` beat) or forms
 the saturated AXPY lanes (every beat).
 """
@@ -28,7 +29,7 @@ def vpu_in_layout(cfg: VpuConfig) -> data.StructLayout:
         "op": VpuOp,
         "last": unsigned(1),
         "scalar": signed(cfg.in_width),
-        "a": data.ArrayLayout(signed(cfg.in_width), cfg.lanes),
+        "a": data.ArrayLayout(signed(cfg.a_format.width), cfg.lanes),
         "b": data.ArrayLayout(signed(cfg.in_width), cfg.lanes),
         "acc": data.ArrayLayout(signed(cfg.acc_width), cfg.lanes),
     })
@@ -62,15 +63,17 @@ class Vpu(wiring.Component):
 
     LATENCY = PIPELINE_LATENCY   # cycles from a beat's transfer on ``i`` to its result on ``o`` when nothing stalls
 
-    def __init__(self, cfg: VpuConfig, ops=tuple(VpuOp)):
-        """``ops``: the operations its user issues (all by default); the others' datapaths are
-        not built (a DOT-only VPU has no AXPY lanes: ``o.vec`` stays 0), for a smaller netlist
-        and faster Verilog generation; an op outside ``ops`` on ``i`` gives no defined result."""
+    def __init__(self, cfg: VpuConfig, ops=None):
+        """``ops``: the operations its user issues (by default all that ``cfg`` runs, ``cfg.ops``);
+        the others' datapaths are not built (a DOT-only VPU has no AXPY lanes: ``o.vec`` stays 0),
+        for a smaller netlist and faster Verilog generation; an op outside ``ops`` on ``i`` gives
+        no defined result."""
         self.cfg = cfg
-        self.ops = frozenset(ops)
-        if not self.ops or not self.ops <= set(VpuOp):
+        self.ops = cfg.ops if ops is None else frozenset(ops)
+        if not self.ops or not self.ops <= cfg.ops:
             self._MustUse__silence = True   # (never built: no "unused elaboratable" warning)
-            raise ValueError(f"Vpu ops must be a non-empty set of VpuOp, got {ops!r}")
+            raise ValueError(f"Vpu ops must be a non-empty set of VpuOp within {sorted(o.name for o in cfg.ops)} "
+                             f"(SQDIST needs a_width = in_width), got {ops!r}")
         super().__init__({
             "i": In(stream.Signature(vpu_in_layout(cfg))),
             "o": Out(stream.Signature(vpu_out_layout(cfg))),
@@ -85,8 +88,10 @@ class Vpu(wiring.Component):
         # Stage 1: the multiplier operands per lane (a, b for DOT; a-b twice for SQDIST;
         # scalar, a for AXPY), so the multiplier has registers on both sides.
         s0_valid, s0_op, s0_last = Signal(), Signal(VpuOp), Signal()
+        # (a - b takes w + 1 bits; with a narrower a there is no SQDIST, and s0_y is a itself)
+        yw = w + 1 if cfg.a_format.width == w else cfg.a_format.width
         s0_x = [Signal(signed(w + 1), name=f"s0_x{l}") for l in range(cfg.lanes)]
-        s0_y = [Signal(signed(w + 1), name=f"s0_y{l}") for l in range(cfg.lanes)]
+        s0_y = [Signal(signed(yw), name=f"s0_y{l}") for l in range(cfg.lanes)]
         s0_acc = [Signal(signed(cfg.acc_width), name=f"s0_acc{l}") for l in range(cfg.lanes)]
         p = self.i.payload
         axpy = VpuOp.AXPY in self.ops
@@ -96,7 +101,8 @@ class Vpu(wiring.Component):
             for l in range(cfg.lanes):
                 operands = {}
                 if VpuOp.DOT in self.ops:
-                    operands[VpuOp.DOT] = (p.a[l], p.b[l])
+                    # (a narrower a is the second factor, s0_y, in every op)
+                    operands[VpuOp.DOT] = (p.b[l], p.a[l]) if yw < w + 1 else (p.a[l], p.b[l])
                 if VpuOp.SQDIST in self.ops:
                     diff = Signal(signed(w + 1), name=f"diff{l}")
                     m.d.comb += diff.eq(p.a[l] - p.b[l])
@@ -129,7 +135,7 @@ class Vpu(wiring.Component):
             m.d.sync += [s1_valid.eq(s0_valid), s1_op.eq(s0_op), s1_last.eq(s0_last)]
             if axpy:
                 m.d.sync += [s1_acc[l].eq(s0_acc[l]) for l in range(cfg.lanes)]
-        if w + 1 <= CHUNK + 1:   # one MULT18X18D a lane
+        if w + 1 <= CHUNK + 1:   # one MULT18X18D a lane (a narrower a: the same)
             with m.If(ce):
                 m.d.sync += [s1_prod[l].eq(s0_x[l] * s0_y[l]) for l in range(cfg.lanes)]
             s1_prod = _delayed(m, ce, "s1b_prod", *s1_prod)

@@ -79,13 +79,14 @@ P_E, P_O, P_OUT = 0, 1, 2
 
 def attend_vpu(cfg: MacDecodeConfig) -> VpuConfig:
     """The engine's VPU: DOT of q·k (kv_width) and AXPY of N += p v with the weight ``p`` (up to
-    2^(sum_frac+1)) as the scalar, exact (axpy_shift 0, N below 2^(acc_width-1))."""
+    2^(sum_frac+1)) as the scalar, exact (axpy_shift 0, N below 2^(acc_width-1)); ``a`` is k or v
+    (kv_width), so a product takes two MULT18X18D, not four."""
     width = max(cfg.kv_width, cfg.sum_frac + 2)
     acc = max(2 * width + 2, cfg.max_positions.bit_length() + cfg.sum_frac + cfg.kv_width + 2)
     if width > 30 or acc > 62:
         raise ConfigError(f"mac-decode: sum_frac {cfg.sum_frac} / max_positions {cfg.max_positions} need a "
                           f"{width}-bit weight and {acc}-bit accumulator (VPU limits 30 / 62)")
-    return VpuConfig(lanes=cfg.lanes, in_width=width, acc_width=acc, axpy_shift=0)
+    return VpuConfig(lanes=cfg.lanes, in_width=width, acc_width=acc, axpy_shift=0, a_width=cfg.kv_width)
 
 
 def query_layout(cfg: MacDecodeConfig) -> data.StructLayout:

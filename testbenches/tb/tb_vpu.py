@@ -17,8 +17,10 @@ def _beat(cfg, op, last, a, b=None, acc=None, scalar=0):
             "b": b if b is not None else [0] * cfg.lanes, "acc": acc if acc is not None else [0] * cfg.lanes}
 
 
-def _vector(cfg, rng, style):
-    lo, hi = cfg.in_format.min_raw, cfg.in_format.max_raw
+def _vector(cfg, rng, style, fmt=None):
+    """``lanes`` elements of ``fmt`` (default ``in_format``; ``a_format`` for a)."""
+    fmt = fmt or cfg.in_format
+    lo, hi = fmt.min_raw, fmt.max_raw
     if style == "small":   # within the format: in_width 4 holds -8..7
         return [rng.randint(max(lo, -8), min(hi, 8)) for _ in range(cfg.lanes)]
     if style == "extreme":
@@ -40,17 +42,17 @@ def _reduce_case(cfg, op, a, b):
 
 def transaction(cfg, rng, op=None, beats=None, style=None):
     """(beats to send, expected output): {'dot': int} or {'vec': list}."""
-    op = op if op is not None else rng.choice((VpuOp.DOT, VpuOp.SQDIST, VpuOp.AXPY))
+    op = op if op is not None else rng.choice(sorted(cfg.ops))
     style = style or rng.choice(("uniform", "uniform", "small", "extreme"))
     if op == VpuOp.AXPY:
-        a = _vector(cfg, rng, style)
+        a = _vector(cfg, rng, style, cfg.a_format)
         lo, hi = cfg.acc_format.min_raw, cfg.acc_format.max_raw
         acc = [rng.choice((rng.randint(lo, hi), rng.randint(-1000, 1000), lo, hi)) for _ in range(cfg.lanes)]
         scalar = rng.choice((rng.randint(cfg.in_format.min_raw, cfg.in_format.max_raw), cfg.in_format.min_raw,
                              cfg.in_format.max_raw, 0, 1, -1))
         return _axpy_case(cfg, scalar, a, acc, last=rng.random() < 0.5)
     n = beats or rng.randint(1, 8)
-    a = [_vector(cfg, rng, style) for _ in range(n)]
+    a = [_vector(cfg, rng, style, cfg.a_format) for _ in range(n)]
     b = [_vector(cfg, rng, style) for _ in range(n)]
     return _reduce_case(cfg, op, a, b)
 
@@ -58,7 +60,7 @@ def transaction(cfg, rng, op=None, beats=None, style=None):
 def interleaved(cfg, rng):
     """A DOT / SQDIST with an AXPY beat between two of its beats: (beats, [AXPY's result, the
     reduction's])."""
-    red_beats, red_want = transaction(cfg, rng, rng.choice((VpuOp.DOT, VpuOp.SQDIST)), beats=rng.randint(2, 8))
+    red_beats, red_want = transaction(cfg, rng, rng.choice(sorted(cfg.ops - {VpuOp.AXPY})), beats=rng.randint(2, 8))
     ax_beats, ax_want = transaction(cfg, rng, VpuOp.AXPY)
     k = rng.randint(1, len(red_beats) - 1)
     return red_beats[:k] + ax_beats + red_beats[k:], [ax_want, red_want]
@@ -66,11 +68,13 @@ def interleaved(cfg, rng):
 
 def corner_cases(cfg, rng):
     lo, hi = cfg.in_format.min_raw, cfg.in_format.max_raw
-    long = 1 + (1 << (cfg.acc_width - 2 * cfg.in_width + 2)) // cfg.lanes  # enough beats to saturate
+    alo, ahi = cfg.a_format.min_raw, cfg.a_format.max_raw   # (a narrower a: its own extremes)
+    long = 1 + (1 << (cfg.acc_width - cfg.in_width - cfg.a_format.width + 2)) // cfg.lanes  # enough beats to saturate
     cases = [_reduce_case(cfg, op, [[va] * cfg.lanes] * long, [[vb] * cfg.lanes] * long)
-             for op, va, vb in ((VpuOp.DOT, lo, lo), (VpuOp.DOT, lo, hi), (VpuOp.SQDIST, lo, hi), (VpuOp.DOT, 0, hi))]
+             for op, va, vb in ((VpuOp.DOT, alo, lo), (VpuOp.DOT, alo, hi), (VpuOp.SQDIST, alo, hi), (VpuOp.DOT, 0, hi))
+             if op in cfg.ops]
     amax, amin = cfg.acc_format.max_raw, cfg.acc_format.min_raw
-    for scalar, av, accv in ((hi, hi, amax), (lo, hi, amin), (lo, lo, amax), (0, hi, 0), (1, -1, 0)):
+    for scalar, av, accv in ((hi, ahi, amax), (lo, ahi, amin), (lo, alo, amax), (0, ahi, 0), (1, -1, 0)):
         cases.append(_axpy_case(cfg, scalar, [av] * cfg.lanes, [accv] * cfg.lanes))
     cases.append(transaction(cfg, rng, VpuOp.DOT, beats=1, style="extreme"))
     return cases
