@@ -11,9 +11,9 @@ along the chain), a PFUMX / L6MUX21 0.15 (no routing from its LUTs), a LUT-RAM r
 without an output register 4.0; a flip-flop, a block RAM and a registered DSP start (0.5 / 2.0 ns)
 and end (0.2 ns setup) paths. No placement, so long wires and congestion are not in it: it ranks
 paths, it does not predict Fmax. Calibration on the LAD tile: the `ecp5-85f` preset (104.0 MHz
-routed, mean of 3 seeds) has its worst path at 8.1 ns here; the group-of-3 variant at 48.0 MHz
-(nextpnr's estimate after placement) had 15.4 ns, and with those paths cut to 8.3 ns it still
-placed at 49.9 MHz: in a design that fills the device, distance, which this cannot see, decides.
+routed, mean of 3 seeds) has its worst path at 8.1 ns here; the group-of-3 variant had 15.4 ns, now
+8.2 ns (docs/lad-tile.md, "A group of 3 on the LFE5U-85F"). nextpnr's own estimate after placement
+does not predict Fmax either: it gives the one-head preset 65.2 MHz.
 
 Prints a histogram of the endpoints' estimated arrival and, for endpoints past ``--threshold``, one
 line per (source module, endpoint module): how many endpoints, the worst estimate, the modules the
