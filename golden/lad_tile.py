@@ -221,9 +221,9 @@ class LadTileConfig(HeadConfig):
     @cached_property
     def ac_vpu(self) -> VpuConfig:
         """AC: q.A_r / q.D_r dots and the AXPYs into N, B, C, D, A; ``a`` is always q, k or v (a
-        kv beat), so a product takes two MULT18X18D, not four."""
+        kv beat), so a product takes two MULT18X18D, not four (none narrower than the operands)."""
         return VpuConfig(lanes=self.lanes, in_width=self.ac_operand_width, acc_width=self.ac_acc_width, axpy_shift=0,
-                         a_width=self.kv_width)
+                         a_width=min(self.kv_width, self.ac_operand_width))
 
     @property
     def ef_format(self) -> FixedFormat:
