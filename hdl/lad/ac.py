@@ -335,7 +335,8 @@ class Ac(wiring.Component):
         m.d.sync += dot_valid.eq(0)
         dot2_valid, dot2_last, dot2_q = (delayed(m, x, f"dot2_{n}") for x, n in
                                          ((dot_valid, "valid"), (dot_last, "last"), (dot_q, "q")))
-        dot_word = [[delayed(m, saturate(dot_r[p][i], signed(ow)), f"dot_word{p}_{i}") for i in range(L)] for p in range(P)]
+        dot_word = [[delayed(m, saturate(dot_r[p][i], signed(ow)), f"dot_word{p}_{i}") for i in range(L)]
+                    for p in range(P)]
         d_word, d_valid, d_beat = delayed(m, D.beat_word, "d_word"), Signal(), Signal(range(nb))   # q.D_r: D's beat, read
         m.d.sync += d_valid.eq(0)
 

@@ -4,11 +4,11 @@ Implements golden/vpu.py bit for bit (see its docstring for the three operations
 Seven pipeline stages that stall together when the output is not taken (latency 7):
 stage 1 registers the multiplier operands per lane (the multiplier is shared: ``a*b`` for
 DOT, ``(a-b)**2`` for SQDIST, ``scalar*a`` for AXPY; a narrower ``a``, ``a_width`` bits, is the
-second factor in each); stages 2-4 register them once more,
-the product, and the product once more (a MULT18X18D per lane with its own input and output
-registers, synth/absorb.py; for operands over 17 bits, AC's and mac-decode's, the product's
-pieces, a MULT18X18D each, and their sum: two a lane where ``a`` fits 18 bits); stages 5 and 6
-register the beat's balanced adder tree (pair sums, then the rest) and the rounded AXPY products, then those plus ``acc``; stage 7 adds
+second factor in each); stages 2-4 register them once more, the product, and the product once
+more (a MULT18X18D per lane with its own input and output registers, synth/absorb.py; for
+operands over 17 bits, AC's and mac-decode's, the product's pieces, a MULT18X18D each, and their
+sum: two a lane where ``a`` fits 18 bits); stages 5 and 6 register the beat's balanced adder tree
+(pair sums, then the rest) and the rounded AXPY products, then those plus ``acc``; stage 7 adds
 the beat into the saturating accumulator (DOT/SQDIST, emitted on the ``last`` beat) or forms
 the saturated AXPY lanes (every beat).
 """
