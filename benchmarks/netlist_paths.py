@@ -47,6 +47,7 @@ class Netlist:
         self.cells = module["cells"]
         self.driver: dict[int, tuple[str, str]] = bit_drivers(module)
         self.arrival: dict[int, tuple[float, int | None]] = {}
+        self.inputs: dict[str, list[tuple[str, int]]] = {}
 
     def starts_path(self, cell: dict) -> float | None:
         """Clock-to-output time if the cell's outputs are registered, else None."""
@@ -89,11 +90,15 @@ class Netlist:
             return 0.0      # dedicated wires inside a slice
         return ROUTE
 
-    def _inputs(self, cell: dict) -> list[tuple[str, int]]:
-        """(port, bit) of the cell's inputs that a path runs through (not its registered ones)."""
-        return [(port, b) for port, bits in cell["connections"].items()
-                if cell["port_directions"].get(port) == "input" and not self.ends_path(cell, port)
-                for b in bits if isinstance(b, int)]
+    def _inputs(self, name: str) -> list[tuple[str, int]]:
+        """(port, bit) of cell ``name``'s inputs that a path runs through (not its registered ones);
+        listed once per cell, for each of its output bits and both visits of the walk."""
+        if name not in self.inputs:
+            cell = self.cells[name]
+            self.inputs[name] = [(port, b) for port, bits in cell["connections"].items()
+                                 if cell["port_directions"].get(port) == "input" and not self.ends_path(cell, port)
+                                 for b in bits if isinstance(b, int)]
+        return self.inputs[name]
 
     def arrive(self, bit: int) -> float:
         """Estimated arrival of ``bit``: an iterative depth-first walk, each bit finished after all
@@ -113,11 +118,12 @@ class Netlist:
             if not expanded:
                 on_path.add(b)
                 stack.append((b, True))
-                stack += [(ib, False) for _, ib in self._inputs(cell) if ib not in self.arrival and ib not in on_path]
+                stack += [(ib, False) for _, ib in self._inputs(driver[0])
+                          if ib not in self.arrival and ib not in on_path]
                 continue
             on_path.discard(b)
             best = (0.0, None)
-            for port, ib in self._inputs(cell):
+            for port, ib in self._inputs(driver[0]):
                 if ib in self.arrival:
                     t = self.arrival[ib][0] + self._hop(cell, port) + self._delay(cell, port, driver[1])
                     if t > best[0]:

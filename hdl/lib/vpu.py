@@ -88,10 +88,11 @@ class Vpu(wiring.Component):
         # Stage 1: the multiplier operands per lane (a, b for DOT; a-b twice for SQDIST;
         # scalar, a for AXPY), so the multiplier has registers on both sides.
         s0_valid, s0_op, s0_last = Signal(), Signal(VpuOp), Signal()
-        # (a - b takes w + 1 bits; with a narrower a there is no SQDIST, and s0_y is a itself)
-        yw = w + 1 if cfg.a_format.width == w else cfg.a_format.width
+        # a narrower a is the second factor, s0_y, in every op (there is no SQDIST, whose a - b
+        # takes w + 1 bits in both)
+        narrow = cfg.a_format.width < w
         s0_x = [Signal(signed(w + 1), name=f"s0_x{l}") for l in range(cfg.lanes)]
-        s0_y = [Signal(signed(yw), name=f"s0_y{l}") for l in range(cfg.lanes)]
+        s0_y = [Signal(signed(cfg.a_format.width if narrow else w + 1), name=f"s0_y{l}") for l in range(cfg.lanes)]
         s0_acc = [Signal(signed(cfg.acc_width), name=f"s0_acc{l}") for l in range(cfg.lanes)]
         p = self.i.payload
         axpy = VpuOp.AXPY in self.ops
@@ -101,8 +102,7 @@ class Vpu(wiring.Component):
             for l in range(cfg.lanes):
                 operands = {}
                 if VpuOp.DOT in self.ops:
-                    # (a narrower a is the second factor, s0_y, in every op)
-                    operands[VpuOp.DOT] = (p.b[l], p.a[l]) if yw < w + 1 else (p.a[l], p.b[l])
+                    operands[VpuOp.DOT] = (p.b[l], p.a[l]) if narrow else (p.a[l], p.b[l])
                 if VpuOp.SQDIST in self.ops:
                     diff = Signal(signed(w + 1), name=f"diff{l}")
                     m.d.comb += diff.eq(p.a[l] - p.b[l])
