@@ -49,7 +49,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
-from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib import data, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from golden.errors import ConfigError
@@ -206,7 +206,8 @@ class _Attend(NamedTuple):
     sc_pos: Signal
     done_pos: Signal
     done_beat: Signal
-    numer: Array
+    numer_first: Signal
+    numer_out: object
     z_sum: Signal
     z_sat: Signal
     x_valid: Signal
@@ -390,7 +391,11 @@ class MacDecodeEngine(wiring.Component):
         r_last = Signal(pos_t)   # hi - lo - 1, the last key's index in the pass, registered in R_START
         sc_pos, done_pos = Signal(pos_t), Signal(pos_t)
         done_beat = Signal(range(nb))
-        numer = Array(Signal(lanes * aw, name=f"numer_beat{b}") for b in range(nb))
+        # N: d/L words of the lanes' accumulators in LUT RAM (one write port; the accumulation's
+        # and the output's read ports); numer_first, set in R_START, makes the first key's products
+        # overwrite the words instead of adding to them (nothing zeroes N)
+        m.submodules.numer = numer = memory.Memory(shape=unsigned(lanes * aw), depth=nb, init=[])
+        numer_first = Signal()
         z_sum = Signal(cfg.sum_width + 2)
         z_sat = Signal(cfg.sum_width)
         m.d.comb += z_sat.eq(saturate(z_sum, unsigned(cfg.sum_width)))
@@ -408,37 +413,35 @@ class MacDecodeEngine(wiring.Component):
         m.d.comb += p_half_next.eq(half_added)
         p_half_valid, p_half, p_shift = Signal(), Signal(half_added.shape()), Signal.like(ke)
         p_valid, p_reg = Signal(), Signal(vcfg.in_width)
-        return _Attend(r_lo, r_hi, r_m, r_dst, r_last, sc_pos, done_pos, done_beat, numer, z_sum, z_sat, x_valid, x_reg,
-                       recip_m, pre, p_half_next, p_half_valid, p_half, p_shift, p_valid, p_reg,
-                       self._numer_accumulate(m, numer))
+        return _Attend(r_lo, r_hi, r_m, r_dst, r_last, sc_pos, done_pos, done_beat, numer_first,
+                       numer.read_port(domain="comb"), z_sum, z_sat, x_valid, x_reg, recip_m, pre, p_half_next,
+                       p_half_valid, p_half, p_shift, p_valid, p_reg,
+                       self._numer_accumulate(m, numer, done_beat, numer_first))
 
-    def _numer_accumulate(self, m, numer):
-        """``accumulate(beat, vec)``: the statements that add the VPU's lanes ``vec`` into N's word
-        ``beat``. With two beats or more a vector, a read-modify-write in two registered steps: the
-        word, its beat and ``vec`` registered, then the lanes' adds written back (the word's 8:1
-        select and the adds in one cycle were the engine's critical path, 68.7 MHz); a beat is read
-        again ``d/L`` >= 2 cycles later, after its write has landed. With one beat (``d = L``), in one
-        step."""
+    def _numer_accumulate(self, m, numer, beat, first):
+        """``accumulate(vec)``: the statements that add the VPU's lanes ``vec`` into N's word
+        ``beat`` (into zeros while ``first``), a read-modify-write in two registered steps: the word
+        read, its beat and ``vec`` registered, then the lanes' adds written back (the word's select
+        and the adds in one cycle were the engine's critical path, 68.7 MHz, with N in flip-flops).
+        A beat is read again ``d/L`` cycles later: with two beats or more its write has landed; with
+        one (``d = L``) the sum being written is forwarded."""
         nb, lanes, aw = self.cfg.beats, self.cfg.lanes, self.vpu_cfg.acc_width
-
-        def lanes_sum(word, vec):
-            return Cat(*[(word[l * aw:(l + 1) * aw].as_signed() + vec[l])[:aw] for l in range(lanes)])
-        if nb == 1:
-            return lambda beat, vec: [numer[beat].eq(lanes_sum(numer[beat], vec))]
+        wr, rd = numer.write_port(), numer.read_port(domain="comb")
         valid, beat_reg = Signal(), Signal(range(nb))
-        word, vec_reg = Signal.like(numer[0], name="numer_word"), Signal(lanes * aw, name="numer_vec")
+        word, vec_reg = Signal(lanes * aw, name="numer_word"), Signal(lanes * aw, name="numer_vec")
         m.d.sync += valid.eq(0)             # (the state's update below sets it, later in the statements' order)
-        with m.If(valid):
-            m.d.sync += numer[beat_reg].eq(lanes_sum(word, [vec_reg[l * aw:(l + 1) * aw].as_signed()
-                                                            for l in range(lanes)]))
-        return lambda beat, vec: [valid.eq(1), beat_reg.eq(beat), word.eq(numer[beat]), vec_reg.eq(vec.as_value())]
+        m.d.comb += [rd.addr.eq(beat), wr.en.eq(valid), wr.addr.eq(beat_reg),
+                     wr.data.eq(Cat(*[(word[l * aw:(l + 1) * aw].as_signed() + vec_reg[l * aw:(l + 1) * aw].as_signed())
+                                      [:aw] for l in range(lanes)]))]
+        word_read = Mux(first, 0, Mux(valid, wr.data, rd.data) if nb == 1 else rd.data)
+        return lambda vec: [valid.eq(1), beat_reg.eq(beat), word.eq(word_read), vec_reg.eq(vec.as_value())]
 
     def _range_output_pipeline(self, m, at: _Attend) -> _RangeOut:
         """The range output pipeline: sat(round_shift(round_shift(N, kr - G) · r, out_shift)) per beat."""
         cfg = self.cfg
         nb, lanes, sfm_cfg = cfg.beats, cfg.lanes, cfg.sfm
         ow, aw = cfg.out_width, self.vpu_cfg.acc_width
-        numer, recip_m, pre = at.numer, at.recip_m, at.pre
+        numer_out, recip_m, pre = at.numer_out, at.recip_m, at.pre
         # output pipeline: N's beat (the word select registered); plus the rounding half of kr - G
         # (registered: the select, the 57-bit add and the barrel shift in one cycle were the
         # engine's critical path, 19.4 ns, 51.5 MHz); shifted by kr - G; partial products of that
@@ -451,9 +454,10 @@ class MacDecodeEngine(wiring.Component):
         beat = [Signal(range(nb), name=f"ro_beat{i}") for i in range(stages)]
         m.d.sync += [valid[0].eq(o_issue), beat[0].eq(o_beat),
                      *(x[i + 1].eq(x[i]) for x in (valid, beat) for i in range(stages - 1))]
-        word = Signal.like(numer[0], name="ro_word")
+        word = Signal.like(numer_out.data, name="ro_word")
         pre_half = Signal(64, name="ro_pre_half")
-        m.d.sync += [word.eq(numer[o_beat]), pre_half.eq((Const(1, 1) << pre) >> 1)]
+        m.d.comb += numer_out.addr.eq(o_beat)
+        m.d.sync += [word.eq(numer_out.data), pre_half.eq((Const(1, 1) << pre) >> 1)]
         sums = [Signal(signed(max(aw, 64) + 2), name=f"ro_sum{l}") for l in range(lanes)]
         o0_lane = [Signal(signed(aw + 1), name=f"ro0_lane{l}") for l in range(lanes)]
         pw = aw + 1 + sfm_cfg.value_width + 1
@@ -663,14 +667,14 @@ class MacDecodeEngine(wiring.Component):
         nb, lanes, sw, aw = cfg.beats, cfg.lanes, cfg.score_width, self.vpu_cfg.acc_width
         vpu, sfm, p_fifo, score_req, score_resp = parts.vpu, parts.sfm, parts.p_fifo, parts.score_req, parts.score_resp
         m_arr, s_arr, resp_beat = st.m_arr, st.s_arr, kp.resp_beat
-        r_lo, r_hi, r_m, r_dst, sc_pos, done_pos, done_beat, numer = (at.r_lo, at.r_hi, at.r_m, at.r_dst, at.sc_pos,
-                                                                      at.done_pos, at.done_beat, at.numer)
+        r_lo, r_hi, r_m, r_dst, sc_pos, done_pos, done_beat = (at.r_lo, at.r_hi, at.r_m, at.r_dst, at.sc_pos,
+                                                               at.done_pos, at.done_beat)
         z_sum, z_sat, x_valid, x_reg, p_valid, p_reg = at.z_sum, at.z_sat, at.x_valid, at.x_reg, at.p_valid, at.p_reg
         o_beat, o_issued = ro.o_beat, ro.o_issued
         with m.State("R_START"):
             m.d.sync += [sc_pos.eq(r_lo), done_pos.eq(0), done_beat.eq(0), resp_beat.eq(0), z_sum.eq(0),
                          at.r_last.eq(r_hi - r_lo - 1)]
-            m.d.sync += [numer[b].eq(0) for b in range(nb)]
+            m.d.sync += at.numer_first.eq(1)
             m.d.comb += [self.kv_req.payload.head.eq(st.head), self.kv_req.payload.value.eq(1),
                          self.kv_req.payload.first.eq(r_lo), self.kv_req.payload.count.eq(r_hi - r_lo)]
             with m.If(r_hi == r_lo):              # the empty state; its o is read as zeros (s = 0)
@@ -714,9 +718,9 @@ class MacDecodeEngine(wiring.Component):
                 m.d.sync += resp_beat.eq(incr(resp_beat, nb))
             m.d.comb += vpu.o.ready.eq(1)
             with m.If(vpu.o.valid):
-                m.d.sync += [*at.accumulate(done_beat, vpu.o.payload.vec), done_beat.eq(incr(done_beat, nb))]
+                m.d.sync += [*at.accumulate(vpu.o.payload.vec), done_beat.eq(incr(done_beat, nb))]
                 with m.If(done_beat == nb - 1):
-                    m.d.sync += done_pos.eq(done_pos + 1)
+                    m.d.sync += [done_pos.eq(done_pos + 1), at.numer_first.eq(0)]
                     # (against a register: hi - lo - 1 and the compare in series decided the
                     # next state, 10.8 ns before placement, benchmarks/netlist_paths.py)
                     with m.If(done_pos == at.r_last):
