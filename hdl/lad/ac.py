@@ -61,6 +61,47 @@ def registered_write(m: Module, port, en, addr, data):
         m.d.sync += [port.addr.eq(addr), port.data.eq(data)]
 
 
+class RowFile:
+    """``rows`` values of ``width`` bits (q.A_r) in LUT RAM, written ``put`` rows at a time and read
+    ``get`` rows at a time, each in row order from row 0 and back to row 0 after the last: a pass
+    of writes, then passes of reads (each counter wraps to where it started, as a shift register
+    rotated a full turn would). One memory of lcm(put, get) rows a word, written ``put`` rows at a time
+    (``write``: registered next to the memory, it lands at the end of the next cycle); the read
+    address is a register (``read_next``): the rows are there the cycle after. As flip-flops, q.A_r
+    was a 64 x 62-bit shift register at ``ecp5-85f``, 3,968 flip-flops with a select each."""
+
+    def __init__(self, m: Module, name: str, rows: int, put: int, get: int, width: int):
+        u = math.lcm(put, get)
+        self._puts, self._gets, self._words = u // put, u // get, rows // u
+        m.submodules[name] = mem = memory.Memory(shape=unsigned(u * width), depth=self._words, init=[])
+        self._wr, rd = mem.write_port(granularity=put * width), mem.read_port(domain="comb")
+        self._w_word, self._w_put = Signal(range(self._words), name=f"{name}_w_word"), Signal(range(self._puts), name=f"{name}_w_put")
+        # the read address: the last rows between passes, so that read_next's step reads row 0 first
+        self._r_word = Signal(range(self._words), name=f"{name}_r_word", init=self._words - 1)
+        self._r_get = Signal(range(self._gets), name=f"{name}_r_get", init=self._gets - 1)
+        m.d.comb += rd.addr.eq(self._r_word)
+        slices = [rd.data[i * get * width:(i + 1) * get * width] for i in range(self._gets)]
+        self.rows = slices[0] if self._gets == 1 else Array(slices)[self._r_get]   # the rows read
+
+    @staticmethod
+    def _step(m: Module, word, sub, words: int, subs: int):
+        m.d.sync += sub.eq(incr(sub, subs))
+        with m.If(sub == subs - 1):
+            m.d.sync += word.eq(incr(word, words))
+
+    def write(self, m: Module, en, data):
+        """Write the next ``put`` rows ``data`` where ``en`` (registered: lands at the end of the next cycle)."""
+        wr = self._wr
+        m.d.sync += wr.en.eq(Mux(en, Const(1, self._puts) << self._w_put, 0))
+        with m.If(en):
+            m.d.sync += [wr.addr.eq(self._w_word), wr.data.eq(data.replicate(self._puts))]
+            self._step(m, self._w_word, self._w_put, self._words, self._puts)
+
+    def read_next(self, m: Module):
+        """Read the next ``get`` rows in the next cycle (in the current control context)."""
+        self._step(m, self._r_word, self._r_get, self._words, self._gets)
+
+
 class LaneFile:
     """A vector of ``beats x groups x group_lanes`` lanes of ``width`` bits (N, B, C, D) in
     ``groups`` LUT-RAM memories, one word per beat each (one write port): memory ``r`` holds lane
@@ -230,20 +271,20 @@ class Ac(wiring.Component):
         AL = cfg.ac_group                   # lanes of the scalar-times-vector arithmetic per cycle
         G = L // AL                         # cycles (lane groups) per beat
         assert nb * G >= 4, "BEATS' read-modify-write needs 4 groups between two of one word (validate: nb >= 4)"
-        # N, B, C, D: lane files (LUT RAM, a group per write); g, qa: flat registers
+        # N, B, C, D: lane files (LUT RAM, a group per write); q.A_r: rows in LUT RAM, P written
+        # a cycle in QA, AL read a cycle in COMBINE
         N, B, C, D = (LaneFile(m, name, nb, G, AL, aw) for name in ("n", "b", "c", "d"))
-        qa = Signal(d * aw)                 # q.A_r rows, shifted in P at a time
+        qa = RowFile(m, "qa", d, P, AL, aw)
         qa_fresh = Signal()                 # qa is q.A_r of the current q and A (no update since)
         # qa_fresh is cleared by registered events alone, a cycle after the command's transfer (by
         # b0's update group, by COMBINE): TERMS, which reads it, waits for BEATS' groups to drain and
         # no QA pass overlaps either. Cleared by the transfer's decode (AC's take, whose nets span
         # the device), it would be the tile's critical path (92.87 MHz, seed 1)
         combine_next = Signal()             # the q.A_r pass was started by TERMS: COMBINE follows
-        # qa's shift (QA) and rotation (COMBINE) are chosen by two flags that are set and cleared with
-        # those states, not by the state's decode: qa's ~2,000 flip-flops take that choice as their
-        # enable and select, and the decode, through VPU 0's valid, reached them across the device
-        # (tile 94.62 MHz, seed 2)
-        qa_shifting, qa_rotating = Signal(), Signal()   # the main FSM is in QA, in COMBINE
+        # QA is marked by a flag set and cleared with the state, not by the state's decode: the VPUs'
+        # operands and qa's writes take it as their enable (the decode, through VPU 0's valid,
+        # reached qa's ~2,000 flip-flops across the device when they were registers: tile 94.62 MHz)
+        qa_shifting = Signal()              # the main FSM is in QA
         # g and k of an update, two copies each in memories: BEATS writes copy g_wsel (the waiting
         # update's), the A engine reads the other (the one in progress); taking an update flips
         # g_wsel (as flip-flops, g and k were copied into the engine's: that copy's enable reached
@@ -278,7 +319,7 @@ class Ac(wiring.Component):
         s = Wires(cfg=cfg, L=L, nb=nb, P=P, aw=aw, ow=ow, kw=kw, gw=gw, zw=zw, mf=mf, rows=rows,
                    words=words, vpus=vpus, banks=banks, ports=ports, AL=AL, G=G, N=N, B=B, C=C, D=D, qa=qa,
                    qa_fresh=qa_fresh, combine_next=combine_next, qa_shifting=qa_shifting,
-                   qa_rotating=qa_rotating, g_file=g_file, k_write=k_write, k_read=k_read, g_wsel=g_wsel,
+                   g_file=g_file, k_write=k_write, k_read=k_read, g_wsel=g_wsel,
                    k_take=k_take, waiting=waiting, engine_busy=engine_busy, E=E, F=F, Z=Z, recip_z=recip_z,
                    m_ref=m_ref, issue=issue, resp_cnt=resp_cnt, out_cnt=out_cnt, e_resp=e_resp, e_out=e_out,
                    a_issue=a_issue, rm=rm, S=S, main_busy=main_busy)
@@ -451,14 +492,15 @@ class Ac(wiring.Component):
         # B's and C's read address), c1 (the words registered), cache_terms, the write
         c_beat, c_sub, c_last, c_step = group_counter("combine")
         c_issue = Signal()
-        c0_valid, c0_last, c0_qa = Signal(), Signal(), Signal(AL * aw)
+        c0_valid, c0_last = Signal(), Signal()
         c0_beat, c0_sub = Signal(range(nb)), Signal(range(G))
         m.d.sync += c0_valid.eq(c_issue)
         with m.If(c_issue):
-            m.d.sync += [c0_qa.eq(qa[:AL * aw]), c0_beat.eq(c_beat), c0_sub.eq(c_sub), c0_last.eq(c_last), *c_step]
+            m.d.sync += [c0_beat.eq(c_beat), c0_sub.eq(c_sub), c0_last.eq(c_last), *c_step]
+            qa.read_next(m)
             for f in (B, C):
                 f.read_next(m, c_beat, c_sub)
-        c1_qa, c1_b, c1_c = (delayed(m, w, f"c1_{n}") for w, n in ((c0_qa, "qa"), (B.group_word, "b"), (C.group_word, "c")))
+        c1_qa, c1_b, c1_c = (delayed(m, w, f"c1_{n}") for w, n in ((qa.rows, "qa"), (B.group_word, "b"), (C.group_word, "c")))
         n_terms = [cache_terms(m, c1_qa[j * aw:(j + 1) * aw].as_signed(), S, m_ref, B.lane(c1_b, j), C.lane(c1_c, j),
                                cfg.n_cache_shifts, signed(aw), f"n_terms{j}") for j in range(AL)]
         cw_valid, cw_last, cw_beat, cw_sub = (pipe(s, 1 + TERMS_STAGES, f"cw_{n}") for s, n in
@@ -527,11 +569,10 @@ class Ac(wiring.Component):
               o_shift=o_shift, o_zero=o_zero, o_half=o_half, out_done=out_done)
 
     def _vpu_operands(self, m, s):
-        """busy, RECIP's operand, the VPUs' dot operands and qa's shift (QA) and rotation (COMBINE),
-        outside the FSM."""
+        """busy, RECIP's operand, the VPUs' dot operands and qa's writes (QA), outside the FSM."""
         main_busy, engine_busy, waiting, beats_busy = s.main_busy, s.engine_busy, s.waiting, s.beats_busy
         recip_z, qa_shifting, ports, dot_load = s.recip_z, s.qa_shifting, s.ports, s.dot_load
-        d_valid, d_word, qa_rotating, qa, AL, aw = s.d_valid, s.d_word, s.qa_rotating, s.qa, s.AL, s.aw
+        d_valid, d_word, qa = s.d_valid, s.d_word, s.qa
         vpus, P = s.vpus, s.P
         m.d.comb += self.busy.eq(main_busy | engine_busy | waiting | beats_busy)
 
@@ -546,15 +587,12 @@ class Ac(wiring.Component):
             dot_load([port[1].payload for port in ports])
         with m.Elif(d_valid):
             dot_load([d_word])
-        with m.If(qa_rotating):   # a group a cycle, for COMBINE's issue
-            m.d.sync += qa.eq(Cat(qa[AL * aw:], qa[:AL * aw]))
-        with m.Elif(qa_shifting & vpus[0].o.valid):   # P rows of q.A_r
-            m.d.sync += qa.eq(Cat(qa[P * aw:], *[vpus[p].o.payload.dot for p in range(P)]))
+        qa.write(m, qa_shifting & vpus[0].o.valid, Cat(*[vpus[p].o.payload.dot for p in range(P)]))   # P rows of q.A_r
 
     def _idle_state(self, m, s):
         """IDLE: takes the commands (BEATS' groups into the pipeline, QA, TERMS, FINISH)."""
         G, in_sub, c, waiting, b0_take, beats_busy = s.G, s.in_sub, s.c, s.waiting, s.b0_take, s.beats_busy
-        start_qa_pass, m_ref, qa_fresh, qa_rotating = s.start_qa_pass, s.m_ref, s.qa_fresh, s.qa_rotating
+        start_qa_pass, m_ref, qa_fresh = s.start_qa_pass, s.m_ref, s.qa_fresh
         recip_z, Z, k_take, in_b, nb, in_step = s.recip_z, s.Z, s.k_take, s.in_b, s.nb, s.in_step
         with m.State("IDLE"):
             beat_done = Const(1) if G == 1 else (in_sub == G - 1)   # a BEATS command's last group
@@ -569,7 +607,6 @@ class Ac(wiring.Component):
                     with m.Case(AcOp.TERMS):   # a QA serves one TERMS (COMBINE clears qa_fresh)
                         m.d.sync += m_ref.eq(c.m)
                         with m.If(qa_fresh):
-                            m.d.sync += qa_rotating.eq(1)
                             m.next = "COMBINE"
                         with m.Else():
                             start_qa_pass(1)
@@ -589,7 +626,7 @@ class Ac(wiring.Component):
         main_busy, engine_busy, waiting, a_issue = s.main_busy, s.engine_busy, s.waiting, s.a_issue
         qa_shifting, P, ports, words, dot_feed = s.qa_shifting, s.P, s.ports, s.words, s.dot_feed
         resp_cnt, vpus, out_cnt, rows, qa_fresh = s.resp_cnt, s.vpus, s.out_cnt, s.rows, s.qa_fresh
-        combine_next, qa_rotating, c_issue, c_last = s.combine_next, s.qa_rotating, s.c_issue, s.c_last
+        combine_next, c_issue, c_last = s.combine_next, s.c_issue, s.c_last
         issue, D, cw_valid, cw_last, nb, d_valid = s.issue, s.D, s.cw_valid, s.cw_last, s.nb, s.d_valid
         d_beat, z_start, z_done, Z, z_terms = s.d_beat, s.z_start, s.z_done, s.Z, s.z_terms
         with m.State("QA_WAIT"):   # A must hold every update handed over so far
@@ -610,16 +647,15 @@ class Ac(wiring.Component):
             with m.If(vpus[0].o.valid):
                 m.d.sync += out_cnt.eq(out_cnt + 1)
                 with m.If(out_cnt == rows - 1):
-                    m.d.sync += [qa_fresh.eq(~combine_next), qa_shifting.eq(0), qa_rotating.eq(combine_next)]
+                    m.d.sync += [qa_fresh.eq(~combine_next), qa_shifting.eq(0)]
                     with m.If(combine_next):
                         m.next = "COMBINE"
                     with m.Else():
                         m.next = "IDLE"
-        with m.State("COMBINE"):   # issue the groups (qa rotates a group a cycle), wait for the last write
+        with m.State("COMBINE"):   # issue the groups (qa's rows AL at a time), wait for the last write
             m.d.comb += [main_busy.eq(1), c_issue.eq(1)]
             m.d.sync += qa_fresh.eq(0)   # qa served its TERMS
             with m.If(c_last):
-                m.d.sync += qa_rotating.eq(0)
                 m.next = "COMBINE_WAIT"
         with m.State("COMBINE_WAIT"):
             m.d.comb += main_busy.eq(1)

@@ -673,8 +673,7 @@ class MacDecodeEngine(wiring.Component):
         o_beat, o_issued = ro.o_beat, ro.o_issued
         with m.State("R_START"):
             m.d.sync += [sc_pos.eq(r_lo), done_pos.eq(0), done_beat.eq(0), resp_beat.eq(0), z_sum.eq(0),
-                         at.r_last.eq(r_hi - r_lo - 1)]
-            m.d.sync += at.numer_first.eq(1)
+                         at.r_last.eq(r_hi - r_lo - 1), at.numer_first.eq(1)]
             m.d.comb += [self.kv_req.payload.head.eq(st.head), self.kv_req.payload.value.eq(1),
                          self.kv_req.payload.first.eq(r_lo), self.kv_req.payload.count.eq(r_hi - r_lo)]
             with m.If(r_hi == r_lo):              # the empty state; its o is read as zeros (s = 0)
