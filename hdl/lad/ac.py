@@ -2,7 +2,8 @@
 steps 3, 5 and 6).
 
 Owns caches A (``ac_vpus`` SRAM banks, row ``l`` in bank ``l mod P``, ``beats`` words per row),
-B, C, D, E, F and the step's ``N``, ``Z`` (N, B, C, D in LUT RAM, ``LaneFile``; E, F, Z registers).
+B, C, D, E, F and the step's ``N``, ``Z`` (N, B, C, D in LUT RAM, ``LaneFile``; the q.A_r rows too,
+``RowFile``; E, F, Z registers).
 Commands on ``cmd``:
 
 - ``QA``: the ``q.A_r`` pass alone (it does not need ``m``): the P VPUs read every row of A (one row
