@@ -2,8 +2,8 @@
 steps 3, 5 and 6).
 
 Owns caches A (``ac_vpus`` SRAM banks, row ``l`` in bank ``l mod P``, ``beats`` words per row),
-B, C, D, E, F and the step's ``N``, ``Z`` (N, B, C, D in LUT RAM, ``LaneFile``; the q.A_r rows too,
-``RowFile``; E, F, Z registers).
+B, C, D, E, F and the step's ``N``, ``Z`` (N, B, C, D in LUT RAM, ``LaneFile``; the q.A_r rows in a
+memory, ``RowFile``; E, F, Z registers).
 Commands on ``cmd``:
 
 - ``QA``: the ``q.A_r`` pass alone (it does not need ``m``): the P VPUs read every row of A (one row
@@ -63,13 +63,14 @@ def registered_write(m: Module, port, en, addr, data):
 
 
 class RowFile:
-    """``rows`` values of ``width`` bits (q.A_r) in LUT RAM, written ``put`` rows at a time and read
+    """``rows`` values of ``width`` bits (q.A_r) in a memory, written ``put`` rows at a time and read
     ``get`` rows at a time, each in row order from row 0 and back to row 0 after the last: a pass
     of writes, then passes of reads (each counter wraps to where it started, as a shift register
     rotated a full turn would). One memory of lcm(put, get) rows a word, written ``put`` rows at a time
     (``write``: registered next to the memory, it lands at the end of the next cycle); the read
-    address is a register (``read_next``): the rows are there the cycle after. As flip-flops, q.A_r
-    was a 64 x 62-bit shift register at ``ecp5-85f``, 3,968 flip-flops with a select each."""
+    address is a register (``read_next``): the rows are there the cycle after, and Yosys takes the
+    register into the read port, so the memory can be block RAM (at ``ecp5-85f``, two DP16KD). As
+    flip-flops, q.A_r was a 64 x 62-bit shift register there, 3,968 flip-flops with a select each."""
 
     def __init__(self, m: Module, name: str, rows: int, put: int, get: int, width: int):
         u = math.lcm(put, get)
@@ -272,7 +273,7 @@ class Ac(wiring.Component):
         AL = cfg.ac_group                   # lanes of the scalar-times-vector arithmetic per cycle
         G = L // AL                         # cycles (lane groups) per beat
         assert nb * G >= 4, "BEATS' read-modify-write needs 4 groups between two of one word (validate: nb >= 4)"
-        # N, B, C, D: lane files (LUT RAM, a group per write); q.A_r: rows in LUT RAM, P written
+        # N, B, C, D: lane files (LUT RAM, a group per write); q.A_r: rows in a memory, P written
         # a cycle in QA, AL read a cycle in COMBINE
         N, B, C, D = (LaneFile(m, name, nb, G, AL, aw) for name in ("n", "b", "c", "d"))
         qa = RowFile(m, "qa", d, P, AL, aw)
