@@ -309,7 +309,7 @@ class MacDecodeEngine(wiring.Component):
         m.submodules.match = match = MatchUnit(cfg)
         m.submodules.merge = merge = MergeUnit(cfg)
         m.submodules.vpu = vpu = Vpu(vcfg)
-        m.submodules.sfm = sfm = Sfm(sfm_cfg)
+        m.submodules.sfm = sfm = Sfm(sfm_cfg, dsp_registers=True)
         m.submodules.scores = scores = SramBank(SramConfig(depth=cfg.max_positions, width=sw, read_latency=2))
         m.submodules.states = states = SramBank(SramConfig(depth=N_SLOTS * nb, width=lanes * ow, read_ports=2,
                                                            read_latency=1))
