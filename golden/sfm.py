@@ -62,6 +62,8 @@ class SfmConfig(BlockConfig):
     table_index_bits: int = param(7, "RECIP/EXP2: top fraction bits that index the line tables")
     table_delta_bits: int = param(10, "RECIP/EXP2: next fraction bits, the offset within a line")
     mantissa_frac: int = param(16, "RECIP/EXP2: fraction bits of the output mantissa (in (0.5, 1])")
+    dsp_registers: bool = param(False, "RTL: the multiply's operands and products registered twice "
+                                       "(latency 9, not 7; the same results)")
 
     def validate(self):
         self.require(4 <= self.x_width <= 24, f"x_width must be 4..24, got {self.x_width}")
@@ -195,6 +197,7 @@ PRESETS = {
     # scores to +-128: EXP2 clamps |x| at 2^14 raw (44.4 and up give exponent 63), below x's own
     # range, so its clamp from below is built (at the others the clamp is x's range)
     "wide_x": SfmConfig(x_width=16, x_frac=8),
+    "dsp_registers": SfmConfig(dsp_registers=True),   # mac-decode's SFM
     "small": SfmConfig(x_width=12, x_frac=7, coef_frac=12, out_width=12, out_frac=11, intervals=4,
                        cutoff=-6.0, recip_in_width=20, table_index_bits=5, table_delta_bits=6,
                        mantissa_frac=12),

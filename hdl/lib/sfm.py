@@ -11,7 +11,7 @@ shift-and-add in LUTs, ``pipe.constant_product``: no DSP, no carry chain), regis
 slope a stage earlier, so both multiplier operands of stage 5 come straight from registers);
 5. the one multiply; 6. one add or subtract; 7. saturate and select the output. Each stage
 holds at most one multiplier or one long carry chain, and nothing after a carry chain but its
-register (docs/synthesis.md). With ``dsp_registers`` stage 5's operands and products are
+register (docs/synthesis.md). With ``cfg.dsp_registers`` stage 5's operands and products are
 registered twice (latency 9): ``synth/absorb.py`` moves one register of each into the
 MULT18X18D, so only routing lies between the DSP's pins and a fabric register, wherever the
 placer finds a free DSP.
@@ -113,12 +113,10 @@ def _c0_shape(cfg: SfmConfig, fold):
 
 class Sfm(wiring.Component):
     """Special functions. ``i``: (op, x, z); ``o``: EXP -> (p(x), interval),
-    RECIP (of z) and EXP2 (of x) -> (mantissa, exponent). ``dsp_registers``: the multiply's
-    operands and products registered twice, two stages more (a design whose multipliers fill
-    the device: the free DSP can sit far from the stages around it)."""
+    RECIP (of z) and EXP2 (of x) -> (mantissa, exponent)."""
 
-    def __init__(self, cfg: SfmConfig, dsp_registers: bool = False):
-        self.cfg, self.dsp_registers = cfg, dsp_registers
+    def __init__(self, cfg: SfmConfig):
+        self.cfg = cfg
         super().__init__({
             "i": In(stream.Signature(sfm_in_layout(cfg))),
             "o": Out(stream.Signature(sfm_out_layout(cfg))),
@@ -267,11 +265,12 @@ class Sfm(wiring.Component):
 
     def _multiply_stage(self, m, ce, s4):
         """Stage 5: the one multiply (EXP's slope times x in DSP pieces, or c1 times the offset);
-        with ``dsp_registers``, a copy of stage 4 before it and its products registered once more."""
+        with ``cfg.dsp_registers``, a copy of stage 4 before it and its products registered once more
+        (a design whose multipliers fill the device: the free DSP can sit far from the stages around it)."""
         cfg = self.cfg
         offset_width = max(1, cfg.table_delta_bits)
         mant = _mantissa_shape(cfg)
-        if self.dsp_registers:   # the operands' second register (the DSP's input registers)
+        if cfg.dsp_registers:   # the operands' second register (the DSP's input registers)
             s4 = _copy_stage(m, ce, s4, "s4d")
         s5 = _stage("s5", valid=1, op=2, interval=cfg.interval_width, exponent=EXPONENT_WIDTH, special=1,
                     intercept=len(s4["intercept"]), c0=len(s4["c0"]),
@@ -279,7 +278,7 @@ class Sfm(wiring.Component):
         carried = ("valid", "op", "interval", "exponent", "special", "intercept", "c0")
         line_product, exp_pieces = s4["c1"] * s4["offset"], partial_products(s4["slope"], s4["x"])
         src = s4
-        if self.dsp_registers:   # the products' first register (the DSP's output register)
+        if cfg.dsp_registers:   # the products' first register (the DSP's output register)
             src = {k: s4[k] for k in carried}
             src["line_product"] = line_product
             src = _copy_stage(m, ce, src, "s5d")

@@ -46,6 +46,7 @@ empty range costs no pass; a flagged removal is replaced by the fallback before 
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import NamedTuple
 
 from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
@@ -309,7 +310,9 @@ class MacDecodeEngine(wiring.Component):
         m.submodules.match = match = MatchUnit(cfg)
         m.submodules.merge = merge = MergeUnit(cfg)
         m.submodules.vpu = vpu = Vpu(vcfg)
-        m.submodules.sfm = sfm = Sfm(sfm_cfg, dsp_registers=True)
+        # the SFM's multiply with its DSP's registers: at 135 of 156 MULT18X18D the placer put it 83
+        # columns from its operand register (14.9 ns routed, 10.5 of it routing, 67.1 MHz)
+        m.submodules.sfm = sfm = Sfm(replace(sfm_cfg, dsp_registers=True))
         m.submodules.scores = scores = SramBank(SramConfig(depth=cfg.max_positions, width=sw, read_latency=2))
         m.submodules.states = states = SramBank(SramConfig(depth=N_SLOTS * nb, width=lanes * ow, read_ports=2,
                                                            read_latency=1))
