@@ -53,6 +53,13 @@ from ..lib.vpu import Vpu
 from .common import AcOp, Wires, ac_command_layout, beat_copy, beat_layout, beat_load_signature, recip_resp_layout, require_one_head, sram_banks
 
 
+def counter_step(outer, inner, outers: int, inners: int) -> list:
+    """The statements that step a two-level counter: ``inner`` counts to ``inners`` and wraps,
+    ``outer`` (to ``outers``) steps as it wraps."""
+    return [inner.eq(incr(inner, inners)),
+            outer.eq(incr(outer, outers) if inners == 1 else Mux(inner == inners - 1, incr(outer, outers), outer))]
+
+
 def registered_write(m: Module, port, en, addr, data):
     """A memory write registered next to its memory: ``port``'s enable, address and data a cycle
     after ``en`` (the address and data loaded only with it, so copies for several memories stay
@@ -85,23 +92,17 @@ class RowFile:
         slices = [rd.data[i * get * width:(i + 1) * get * width] for i in range(self._gets)]
         self.rows = slices[0] if self._gets == 1 else Array(slices)[self._r_get]   # the rows read
 
-    @staticmethod
-    def _step(m: Module, word, sub, words: int, subs: int):
-        m.d.sync += sub.eq(incr(sub, subs))
-        with m.If(sub == subs - 1):
-            m.d.sync += word.eq(incr(word, words))
-
     def write(self, m: Module, en, data):
         """Write the next ``put`` rows ``data`` where ``en`` (registered: lands at the end of the next cycle)."""
         wr = self._wr
         m.d.sync += wr.en.eq(Mux(en, Const(1, self._puts) << self._w_put, 0))
         with m.If(en):
             m.d.sync += [wr.addr.eq(self._w_word), wr.data.eq(data.replicate(self._puts))]
-            self._step(m, self._w_word, self._w_put, self._words, self._puts)
+            m.d.sync += counter_step(self._w_word, self._w_put, self._words, self._puts)
 
     def read_next(self, m: Module):
         """Read the next ``get`` rows in the next cycle (in the current control context)."""
-        self._step(m, self._r_word, self._r_get, self._words, self._gets)
+        m.d.sync += counter_step(self._r_word, self._r_get, self._words, self._gets)
 
 
 class LaneFile:
@@ -354,9 +355,7 @@ class Ac(wiring.Component):
         def group_counter(name):   # (beat, group) of a pass over the nb * G lane groups; last; its increment
             beat, sub = Signal(range(nb), name=f"{name}_beat"), Signal(range(G), name=f"{name}_sub")
             last = (beat == nb - 1) & (sub == G - 1)
-            step = [sub.eq(incr(sub, G)), *([beat.eq(incr(beat, nb))] if G == 1 else
-                                             [beat.eq(Mux(sub == G - 1, incr(beat, nb), beat))])]
-            return beat, sub, last, step
+            return beat, sub, last, counter_step(beat, sub, nb, G)
 
         in_b, in_sub, _, in_step = group_counter("beats_in")   # BEATS: the beat and group of the next group taken
 

@@ -87,7 +87,7 @@ def _copy_stage(m, ce, src, prefix):
     """A stage that holds every field of ``src`` a cycle later (loaded when ``ce``)."""
     dst = {name: Signal.like(sig, name=f"{prefix}_{name}") for name, sig in src.items()}
     with m.If(ce):
-        m.d.sync += [dst[k].eq(src[k]) for k in src]
+        m.d.sync += _carry(dst, src, *src)
     return dst
 
 

@@ -406,7 +406,7 @@ class MacDecodeEngine(wiring.Component):
         # and the output's read ports); numer_first, set in R_START, makes the first key's products
         # overwrite the words instead of adding to them (nothing zeroes N)
         m.submodules.numer = numer = memory.Memory(shape=unsigned(lanes * aw), depth=nb, init=[])
-        numer_first = Signal()
+        numer_first, numer_out = Signal(), numer.read_port(domain="comb")   # (the output's read port)
         z_sum = Signal(cfg.sum_width + 2)
         z_sat = Signal(cfg.sum_width)
         m.d.comb += z_sat.eq(saturate(z_sum, unsigned(cfg.sum_width)))
@@ -424,9 +424,8 @@ class MacDecodeEngine(wiring.Component):
         m.d.comb += p_half_next.eq(half_added)
         p_half_valid, p_half, p_shift = Signal(), Signal(half_added.shape()), Signal.like(ke)
         p_valid, p_reg = Signal(), Signal(vcfg.in_width)
-        return _Attend(r_lo, r_hi, r_m, r_dst, r_last, sc_pos, done_pos, done_beat, numer_first,
-                       numer.read_port(domain="comb"), z_sum, z_sat, x_valid, x_reg, recip_m, pre, p_half_next,
-                       p_half_valid, p_half, p_shift, p_valid, p_reg,
+        return _Attend(r_lo, r_hi, r_m, r_dst, r_last, sc_pos, done_pos, done_beat, numer_first, numer_out, z_sum,
+                       z_sat, x_valid, x_reg, recip_m, pre, p_half_next, p_half_valid, p_half, p_shift, p_valid, p_reg,
                        self._numer_accumulate(m, numer, done_beat, numer_first))
 
     def _numer_accumulate(self, m, numer, beat, first):
