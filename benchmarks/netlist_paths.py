@@ -155,8 +155,33 @@ def module_of(cell: str) -> str:
     return re.sub(r"(_TRELLIS_FF_Q|_LUT4|_PFUMX|_CCU2C|_L6MUX21).*", "", name)
 
 
-def report(net: Netlist, threshold: float, top: int) -> dict:
+def routed_arrivals(report: Path, prefix: str = "harness.core.") -> dict[str, float]:
+    """Endpoint cell (its name in Yosys's netlist) -> the delay of its worst routed path (ns). A
+    nextpnr ``--report`` written with ``--detailed-timing-report`` lists, for each net into a timing
+    endpoint, the worst path delay to that endpoint (the critical path's is its delay)."""
+    nets = json.loads(report.read_text()).get("detailed_net_timings")
+    if nets is None:
+        raise ConfigError(f"{report} has no net timings (route with nextpnr --detailed-timing-report)")
+    arrivals: dict[str, float] = {}
+    for net in nets:
+        for end in net["endpoints"]:
+            if end["cell"].startswith(prefix):
+                cell = end["cell"][len(prefix):]
+                arrivals[cell] = max(arrivals.get(cell, 0.0), end["delay"][1])
+    return arrivals
+
+
+def report(net: Netlist, threshold: float, top: int, routed: dict[str, float] | None = None) -> dict:
+    """Endpoints past ``threshold`` grouped by (source, endpoint module). With ``routed``
+    (:func:`routed_arrivals`) each endpoint cell's delay is its routed one, and the path shown is
+    the estimate's worst path into that cell (nextpnr names the endpoint, not its path)."""
     ends = net.endpoints()
+    if routed is not None:
+        worst_input: dict[str, tuple[str, int]] = {}
+        for _, cell, port, bit in ends:
+            worst_input.setdefault(cell, (port, bit))
+        ends = sorted(((t, cell, *worst_input[cell]) for cell, t in routed.items() if cell in worst_input),
+                      reverse=True)
     hist = collections.Counter(int(t) for t, *_ in ends)
     groups: dict[tuple[str, str], dict] = {}
     for t, cell, port, bit in ends:
@@ -194,6 +219,9 @@ def _main(argv) -> int:
     p.add_argument("--threshold", type=float, default=7.0, help="list endpoints estimated at or past this (ns)")
     p.add_argument("--top", type=int, action=AtLeast, minimum=1, default=40, help="lines of the list")
     p.add_argument("--module", default="top.harness.core", help="the netlist module to analyse")
+    p.add_argument("--routed", type=Path, metavar="REPORT",
+                   help="a route's nextpnr report with net timings (--detailed-timing-report): each "
+                        "endpoint's routed delay instead of the estimate")
     p.add_argument("--out", type=Path, help="write the report as JSON here")
     args = p.parse_args(argv)
     path = args.netlist / "top.json" if args.netlist.is_dir() else args.netlist
@@ -202,9 +230,16 @@ def _main(argv) -> int:
     modules = json.loads(path.read_text())["modules"]
     if args.module not in modules:
         raise ConfigError(f"{path} has no module {args.module!r}")
-    r = report(Netlist(modules[args.module]), args.threshold, args.top)
+    if args.routed is not None and not args.routed.is_file():
+        raise ConfigError(f"no report at {args.routed}")
+    routed = routed_arrivals(args.routed) if args.routed else None
+    r = report(Netlist(modules[args.module]), args.threshold, args.top, routed)
     r["netlist"] = str(path)
-    print(f"{path}: {r['endpoints']} endpoints, worst {r['worst_ns']:.1f} ns (estimate before placement)")
+    if routed is not None:
+        r["routed"] = str(args.routed)
+    print(f"{path}: {r['endpoints']} endpoint{' cells' if routed is not None else 's'}, worst "
+          f"{r['worst_ns']:.1f} ns " + (f"(routed: {args.routed}; paths shown as estimated)" if routed is not None
+                                      else "(estimate before placement)"))
     for ns, n in r["histogram_ns"].items():
         print(f"  {ns:3d}-{ns + 1:<3d} ns  {n}")
     print(f"endpoints at or past {args.threshold} ns, by source -> endpoint module:")

@@ -539,7 +539,7 @@ class MacDecodeLayer:
 # -- cycles: the schedule's model (docs/mac-unit.md, "Decode engine") ----------------------------
 MATCH_OVERHEAD = 14     # MatchUnit: cycles per match beyond M d/L + 2 d/L (docs/mac-unit.md, RTL-measured; read latency 5, VPU 7)
 MERGE_CYCLES = 22       # MergeUnit: cycles per merge/removal transaction (scalar phase, RTL-measured)
-RANGE_PASS_CYCLES = 40  # a range pass's cycles besides its count·B + B beats (engine RTL, checked cycle-exactly)
+RANGE_PASS_CYCLES = 42  # a range pass's cycles besides its count·B + B beats (engine RTL, checked cycle-exactly)
 PASS_LATENCY = 8        # VPU / SFM pipeline fill of one K or V pass
 NORM_CYCLES = 12        # RECIP of a range state's sum and its first output beat
 # a MergeUnit transaction in the engine besides its B beats: its operands' read and queue
@@ -580,8 +580,8 @@ def engine_step_cycles(cfg: MacDecodeConfig, st: HeadStep, filled: int) -> int:
         match = filled * B + 14 if filled else 2
     head = B + match + 3                 # LOAD (the query's beats), MATCH, RANGES, RANGES2, RANGES3
     keys = st.kv_keys * B + 12 + (cfg.sinks == 0)   # KEYS: DOT, three score stages (no sinks: a request cycle)
-    # a range: R_START, its V burst through EXP2 / p / AXPY (count·B + 20), R_RECIP, RECIP's 7,
-    # R_OUT (B beats through six stages); an empty one: R_START alone
+    # a range: R_START, its V burst through EXP2 / p / AXPY, R_RECIP, RECIP's latency, R_OUT (B
+    # beats through the output pipeline): count·B + B + RANGE_PASS_CYCLES; an empty one: R_START alone
     ranges = sum((hi - lo) * B + B + RANGE_PASS_CYCLES if hi > lo else 1 for lo, hi in st.passes)
     # COMBINE, then a MergeUnit transaction: scalar phase and B beats; a flagged one skips RECIP
     merge = {"merge": B + COMBINE_MERGE_CYCLES, "cancelled": B + COMBINE_CANCELLED_CYCLES, "pointer": 0}

@@ -61,7 +61,7 @@ from golden.sram import SramConfig
 from golden.vpu import VpuConfig, VpuOp
 
 from ..lib.arith import incr, index_width, round_shift, saturate
-from ..lib.pipe import csa_sum, partial_products, placed, register_partials, scaled_round
+from ..lib.pipe import csa_sum, delayed, placed, registered_product, scaled_round
 from ..lib.sfm import Sfm
 from ..lib.slice import FifoSlice
 from ..lib.sram import SramBank
@@ -457,9 +457,13 @@ class MacDecodeEngine(wiring.Component):
         # engine's critical path, 19.4 ns, 51.5 MHz); shifted by kr - G; partial products of that
         # times r (one MULT18X18D each, registered); their sum with the rounding half; shift and
         # saturate. (pre is set in R_RECIP_WAIT, a cycle before the first beat issues, so its
-        # half, a register of its own, is ready when the first beat's word is.)
+        # half, a register of its own, is ready when the first beat's word is.) The product's
+        # operands are copied into registers loaded every cycle and its pieces registered twice,
+        # so synth/absorb.py moves a register of each into the MULT18X18D and only routing lies
+        # between the DSP's pins and the fabric (the DSP placed 77 columns from its operand and
+        # product registers was the engine's worst routed path, 13.45 ns, 74.4 MHz)
         o_issue, o_beat, o_issued = Signal(), Signal(range(nb)), Signal()
-        stages = 6
+        stages = 8
         valid = [Signal(name=f"ro_valid{i}") for i in range(stages)]
         beat = [Signal(range(nb), name=f"ro_beat{i}") for i in range(stages)]
         m.d.sync += [valid[0].eq(o_issue), beat[0].eq(o_beat),
@@ -475,9 +479,10 @@ class MacDecodeEngine(wiring.Component):
         o3_lane = [Signal(signed(ow), name=f"ro3_lane{l}") for l in range(lanes)]
         out_half = 1 << (cfg.out_shift - 1)      # out_shift >= guard + mantissa_frac > 0
         o3_valid, o3_beat = valid[-1], beat[-1]
+        recip_copy = delayed(m, recip_m, "ro_recip")
         for l in range(lanes):
             n_l = word[l * aw:(l + 1) * aw].as_signed()
-            o1_pp = register_partials(m, 1, partial_products(o0_lane[l], recip_m), f"ro1_{l}")
+            o1_pp = registered_product(m, delayed(m, o0_lane[l], f"ro0d_lane{l}"), recip_copy, f"ro1_{l}")
             m.d.sync += [sums[l].eq(n_l + pre_half), o0_lane[l].eq(sums[l] >> pre),
                          o2_t[l].eq(csa_sum(m, placed(o1_pp) + [Const(out_half, pw + 1)],
                                             pw + 1, f"ro2_{l}").as_signed()),
