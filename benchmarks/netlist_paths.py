@@ -3,7 +3,7 @@ the design is deep, in seconds instead of nextpnr's half hour of placement (used
 docs/lad-tile.md, "A group of 3 on the LFE5U-85F").
 
     .venv/bin/python -m benchmarks.netlist_paths build/synth/<block>-<key>/ecp5 [--threshold NS]
-        [--top N] [--module top.harness.core] [--out paths.json]
+        [--top N] [--module top.harness.core] [--routed REPORT] [--out paths.json]
 
 The netlist is the flow's ``top.json`` (``ladmac synth`` writes it before placement). Each path's
 delay is a sum of fixed per-cell costs: a routed hop 0.8 ns, a LUT 0.25, a carry cell 0.45 (0.06
@@ -18,6 +18,12 @@ does not predict Fmax either: it gives the one-head preset 65.2 MHz.
 Prints a histogram of the endpoints' estimated arrival and, for endpoints past ``--threshold``, one
 line per (source module, endpoint module): how many endpoints, the worst estimate, the modules the
 worst path crosses and its endpoint.
+
+``--routed build/synth/<block>-<key>/ecp5/report.json`` (a route made with ``ladmac synth BLOCK
+--net-timings``) takes each endpoint's delay from the route instead: nextpnr's net timings give
+every endpoint cell's worst routed path delay, so one route lists all the paths past 10 ns, not
+only the critical one. The path shown for each is still the estimate's worst path into that cell
+(nextpnr names the endpoint, not its path).
 """
 from __future__ import annotations
 
@@ -161,7 +167,7 @@ def routed_arrivals(report: Path, prefix: str = "harness.core.") -> dict[str, fl
     endpoint, the worst path delay to that endpoint (the critical path's is its delay)."""
     nets = json.loads(report.read_text()).get("detailed_net_timings")
     if nets is None:
-        raise ConfigError(f"{report} has no net timings (route with nextpnr --detailed-timing-report)")
+        raise ConfigError(f"{report} has no net timings (route with `ladmac synth BLOCK --net-timings`)")
     arrivals: dict[str, float] = {}
     for net in nets:
         for end in net["endpoints"]:

@@ -1,7 +1,7 @@
 """`ladmac synth`: synthesise one block (or every block) and print / save the reports.
 
     ladmac synth BLOCK [--set NAME=VALUE ...] [--preset P] [--target ecp5|generic]
-                       [--freq MHZ] [--seeds N] [--out report.json] [--bitstream] [--no-cache]
+                       [--freq MHZ] [--seeds N] [--out report.json] [--bitstream] [--net-timings] [--no-cache]
     ladmac synth --all [--doc docs/synthesis.md] [--out all.json] [--seeds N]
     ladmac synth BLOCK BLOCK ... [--doc docs/synthesis.md] [--seeds N]
 
@@ -76,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--doc", help="with --all or several BLOCKs: write the Markdown summary here (e.g. docs/synthesis.md)")
     p.add_argument("--bitstream", action="store_true",
                    help="also write the ULX3S bitstream (nextpnr --textcfg, then yowasp-ecppack)")
+    p.add_argument("--net-timings", action="store_true",
+                   help="nextpnr --detailed-timing-report: each seed's report also gives every endpoint's routed "
+                        "delay (`python -m benchmarks.netlist_paths RUN/ecp5 --routed RUN/ecp5/report.json` "
+                        "lists those past a threshold); reporting only, the same route")
     p.add_argument("--no-cache", dest="cache", action="store_false", help="ignore cached results")
     return p
 
@@ -154,6 +158,8 @@ def main(argv: list[str]) -> int:
             raise ConfigError("--all / several BLOCKs run at their default configs; --set/--preset need one BLOCK")
         names = list(BLOCKS) if args.all else list(args.block)
         seeds = args.seeds if args.seeds is not None else (flow.DOC_SEEDS if many else flow.DEFAULT_SEEDS)
+        if args.net_timings and "--detailed-timing-report" not in flow.NEXTPNR_OPTS:
+            flow.NEXTPNR_OPTS.append("--detailed-timing-report")   # not in the run's key: it changes no route
         if args.cache:
             recorded_results()
         results = []

@@ -589,3 +589,44 @@ def test_netlist_paths_ranks_the_deepest_register_to_register_path(tmp_path, cap
     assert paths.main([str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("netlist_paths: error: no netlist") and err.count("\n") == 1
+
+
+def test_netlist_paths_routed_takes_each_endpoints_delay_from_the_route(tmp_path, capsys):
+    """``--routed``: each endpoint cell's delay is the worst one nextpnr's net timings give it (a
+    cell outside the core and an unknown cell are left out), so the ranking follows the route, not
+    the estimate; the path shown is the estimate's into that cell. A report without net timings is
+    one line, exit 2."""
+    from benchmarks import netlist_paths as paths
+
+    def ff(d, q):
+        return {"type": "TRELLIS_FF", "parameters": {}, "port_directions": {"DI": "input", "Q": "output"},
+                "connections": {"DI": [d], "Q": [q]}}
+    cells = {"src.a_TRELLIS_FF_Q": ff(9, 2), "near.b_TRELLIS_FF_Q": ff(2, 6),
+             "deep.c_TRELLIS_FF_Q": ff(3, 5),
+             "l1": {"type": "LUT4", "parameters": {}, "port_directions": {"A": "input", "Z": "output"},
+                    "connections": {"A": [2], "Z": [3]}}}
+    (tmp_path / "top.json").write_text(json.dumps({"modules": {"core": {"cells": cells}}}))
+
+    def end(cell, ns):
+        return {"cell": cell, "port": "M", "event": "posedge clk", "delay": [ns / 2, ns]}
+    nets = [{"net": "a", "driver": "harness.core.src.a_TRELLIS_FF_Q", "port": "Q", "event": "posedge clk",
+             "sources": [], "endpoints": [end("harness.core.near.b_TRELLIS_FF_Q", 11.5),
+                                          end("harness.core.near.b_TRELLIS_FF_Q", 7.0),
+                                          end("harness.other_TRELLIS_FF_Q", 20.0)]},
+            {"net": "x", "driver": "harness.core.l1", "port": "Z", "event": "posedge clk", "sources": [],
+             "endpoints": [end("harness.core.deep.c_TRELLIS_FF_Q", 4.25), end("harness.core.gone", 30.0)]}]
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"fmax": {}, "critical_paths": [], "detailed_net_timings": nets}))
+    arrivals = paths.routed_arrivals(report)
+    assert arrivals == {"near.b_TRELLIS_FF_Q": 11.5, "deep.c_TRELLIS_FF_Q": 4.25, "gone": 30.0}
+    r = paths.report(paths.Netlist({"cells": cells}), 0.0, 10, arrivals)
+    assert r["endpoints"] == 2 and r["worst_ns"] == 11.5
+    assert [(g["source"], g["endpoint_module"], g["worst_ns"]) for g in r["groups"]] == \
+        [("src", "near", 11.5), ("src", "deep", 4.25)]
+    assert r["groups"][1]["levels"] == 2          # the estimate's path: a -> l1 -> c
+    assert paths.main([str(tmp_path), "--module", "core", "--routed", str(report), "--threshold", "10"]) == 0
+    assert "worst 11.5 ns (routed" in capsys.readouterr().out
+    report.write_text(json.dumps({"fmax": {}, "critical_paths": []}))
+    assert paths.main([str(tmp_path), "--module", "core", "--routed", str(report)]) == 2
+    err = capsys.readouterr().err
+    assert "has no net timings" in err and err.count("\n") == 1

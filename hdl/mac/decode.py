@@ -187,6 +187,8 @@ class _Step(NamedTuple):
     out_m: Signal
     out_s: Signal
     out_empty: Signal
+    query_take: Signal
+    slot_empty: Array
 
 
 class _KeyPass(NamedTuple):
@@ -225,6 +227,8 @@ class _Attend(NamedTuple):
     p_valid: Signal
     p_reg: Signal
     accumulate: object
+    result_m: Signal
+    result_s: Signal
 
 
 class _RangeOut(NamedTuple):
@@ -371,9 +375,22 @@ class MacDecodeEngine(wiring.Component):
         # and s's zero test in series with out's payload were the routed worst path (13.9 ns, 71.9 MHz)
         out_m, out_s, out_empty = Signal.like(m_arr[0], name="out_m"), Signal.like(s_arr[0], name="out_s"), Signal()
         m.d.sync += [out_m.eq(m_arr[ptrs[P_OUT]]), out_s.eq(s_arr[ptrs[P_OUT]]), out_empty.eq(s_arr[ptrs[P_OUT]] == 0)]
+        # each state slot's emptiness (s = 0), registered every cycle: COMBINE and ENTRY_WRITE read it
+        # after DISPATCH, a cycle after any write of s. The slot's select and the 40-bit zero test in
+        # series with the next state and the pointers were 12.0 ns routed (79.3 MHz)
+        slot_empty = Array(delayed(m, s == 0, f"state_empty{i}") for i, s in enumerate(s_arr))
+        # the query's beats land in query_buf a cycle after LOAD takes them (query_take): the
+        # handshake (the state's decode, the MatchUnit's ready) then enables two registers instead
+        # of the 1,024 flip-flops of the buffer (11.4 ns routed into them); KEYS reads the buffer
+        # four states later
+        query_take = Signal()
+        take, take_beat = delayed(m, query_take, "query_take_d"), delayed(m, load_beat, "query_take_beat")
+        take_data = delayed(m, self.query.payload.q, "query_take_data")
+        with m.If(take):
+            m.d.sync += query_buf[take_beat].eq(take_data)
         return _Step(query_buf, head, position, reuse, write_slots, load_beat, r_hit, r_slot, r_pos, r_dist,
                      first_pos, started, L, F, lo_tail, lo_band, lo_mid, keys, engaged, hit, fallback, cycles, counting,
-                     m_arr, s_arr, m_sink, m_mid, m_tail, ptrs, out_m, out_s, out_empty)
+                     m_arr, s_arr, m_sink, m_mid, m_tail, ptrs, out_m, out_s, out_empty, query_take, slot_empty)
 
     def _key_pipeline(self, m, vpu) -> _KeyPass:
         """The K pass's counters and its score pipeline: three stages from q·k to the score."""
@@ -424,9 +441,14 @@ class MacDecodeEngine(wiring.Component):
         m.d.comb += p_half_next.eq(half_added)
         p_half_valid, p_half, p_shift = Signal(), Signal(half_added.shape()), Signal.like(ke)
         p_valid, p_reg = Signal(), Signal(vcfg.in_width)
+        # the range's state scalars (m, or 0 when z = 0; z saturated), registered every cycle: R_OUT
+        # writes them at its last beat, long after z's last add. z's zero test and saturation in
+        # series with the state slot's write were 11.2-11.5 ns routed (79.3 MHz)
+        result_m = delayed(m, Mux(z_sum == 0, 0, r_m), "range_result_m")
+        result_s = delayed(m, z_sat, "range_result_s")
         return _Attend(r_lo, r_hi, r_m, r_dst, r_last, sc_pos, done_pos, done_beat, numer_first, numer_out, z_sum,
                        z_sat, x_valid, x_reg, recip_m, pre, p_half_next, p_half_valid, p_half, p_shift, p_valid, p_reg,
-                       self._numer_accumulate(m, numer, done_beat, numer_first))
+                       self._numer_accumulate(m, numer, done_beat, numer_first), result_m, result_s)
 
     def _numer_accumulate(self, m, numer, beat, first):
         """``accumulate(vec)``: the statements that add the VPU's lanes ``vec`` into N's word
@@ -507,7 +529,7 @@ class MacDecodeEngine(wiring.Component):
     def _load_state(self, m, parts: _Parts, st: _Step):
         """LOAD: the pre-RoPE query beats into the MatchUnit, the post-RoPE ones into the query buffer."""
         nb, match = self.cfg.beats, parts.match
-        counting, cycles, query_buf, load_beat = st.counting, st.cycles, st.query_buf, st.load_beat
+        counting, cycles, load_beat = st.counting, st.cycles, st.load_beat
         with m.State("LOAD"):
             # the pre-RoPE beats straight into the MatchUnit; the post-RoPE ones buffered
             p = self.query.payload
@@ -515,8 +537,9 @@ class MacDecodeEngine(wiring.Component):
                          match.query.payload.head.eq(p.head), match.query.payload.q.eq(p.q_pre)]
             with m.If(self.query.valid & ~counting):   # a step's cycles count from its first beat offered
                 m.d.sync += [counting.eq(1), cycles.eq(1)]
+            m.d.comb += st.query_take.eq(self.query.valid & self.query.ready)
             with m.If(self.query.valid & self.query.ready):
-                m.d.sync += [query_buf[load_beat].eq(p.q), load_beat.eq(incr(load_beat, nb))]
+                m.d.sync += load_beat.eq(incr(load_beat, nb))
                 with m.If(load_beat == 0):
                     m.d.sync += [st.head.eq(p.head), st.position.eq(p.position), st.reuse.eq(p.reuse)]
                 with m.If(load_beat == nb - 1):
@@ -534,6 +557,12 @@ class MacDecodeEngine(wiring.Component):
         sf, match = cfg.score_format, parts.match
         position, L, F, engaged, hit = st.position, st.L, st.F, st.engaged, st.hit
         lo_tail, r_pos = st.lo_tail, st.r_pos
+        # the bounds' adds one state before their compares, each a register: L - band (tail_lo) and
+        # the head's first position + 1 - band (band_base) in MATCH, the match's position + 1 - band
+        # (band_lo) in RANGES. An add, the compares with F and lo_tail and their muxes in one state
+        # were the engine's routed worst paths (12.1-12.6 ns, 79.3 MHz). (position + 1 - band, not
+        # L - band, in MATCH: L is written there too)
+        tail_lo, band_base, band_lo = Signal(dif_t), Signal(dif_t), Signal(dif_t)
         with m.State("MATCH"):
             # below min_context (or without reuse, the config's or the step's) the step does not
             # wait for the match: the MatchUnit scans and writes its ring meanwhile, and its result
@@ -542,8 +571,9 @@ class MacDecodeEngine(wiring.Component):
             # adder, and the two carry chains in series decided the next state, 10.5 ns before placement)
             at_context = position >= cfg.min_context - 1 if cfg.min_context > 0 else Const(1, 1)
             engage = int(cfg.reuse) & st.reuse & at_context
+            first = Mux(st.started[st.head], st.first_pos[st.head], position)   # the head's first position
             m.d.sync += [L.eq(position + 1), F.eq(Mux(position + 1 > cfg.sinks, cfg.sinks, position + 1)),
-                         engaged.eq(engage)]
+                         engaged.eq(engage), tail_lo.eq(position + 1 - band), band_base.eq(first + 1 - band)]
             with m.If(~st.started[st.head]):
                 m.d.sync += [st.started[st.head].eq(1), st.first_pos[st.head].eq(position)]
             with m.If(~engage):
@@ -554,15 +584,12 @@ class MacDecodeEngine(wiring.Component):
                              st.r_dist.eq(rp.distance)]
                 m.next = "RANGES"
         with m.State("RANGES"):
-            tail_lo = Signal(dif_t)
-            m.d.comb += tail_lo.eq(L - band)
             lt = Mux(tail_lo > F, tail_lo, F)
             m.d.sync += [lo_tail.eq(lt), hit.eq(engaged & st.r_hit), st.fallback.eq(0),
-                         r_pos.eq(r_pos + st.first_pos[st.head])]   # the match's step count -> its position
+                         r_pos.eq(r_pos + st.first_pos[st.head]),   # the match's step count -> its position
+                         band_lo.eq(r_pos + band_base)]
             m.next = "RANGES2"
         with m.State("RANGES2"):
-            band_lo = Signal(dif_t)
-            m.d.comb += band_lo.eq(r_pos[:W] + 1 - band)
             lb = Mux(band_lo < F, F, Mux(band_lo > lo_tail, lo_tail, band_lo))
             m.d.sync += [st.lo_band.eq(lb), st.lo_mid.eq(Mux(hit, lb, F))]
             m.next = "RANGES3"
@@ -758,8 +785,7 @@ class MacDecodeEngine(wiring.Component):
                 with m.If(o_beat == nb - 1):
                     m.d.sync += o_issued.eq(1)
             with m.If(ro.o3_valid & (ro.o3_beat == nb - 1)):
-                empty = z_sum == 0
-                m.d.sync += [m_arr[r_dst].eq(Mux(empty, 0, r_m)), s_arr[r_dst].eq(z_sat)]
+                m.d.sync += [m_arr[r_dst].eq(at.result_m), s_arr[r_dst].eq(at.result_s)]
                 m.next = "DISPATCH"
 
     def _combine_states(self, m, parts: _Parts, st: _Step, cb: _Combine):
@@ -781,10 +807,10 @@ class MacDecodeEngine(wiring.Component):
         with m.State("COMBINE"):
             m.d.sync += [feed_beat.eq(0), mo_beat.eq(0), c_flag.eq(0),
                          c_m1.eq(m_arr[c_a]), c_s1.eq(s_arr[c_a]), c_m2.eq(m_arr[c_b]), c_s2.eq(s_arr[c_b])]
-            with m.If(s_arr[c_b] == 0):
+            with m.If(st.slot_empty[c_b]):
                 m.d.sync += ptrs[c_target].eq(c_a)
                 m.next = "DISPATCH"
-            with m.Elif((s_arr[c_a] == 0) & (c_op == MergeOp.MERGE)):
+            with m.Elif(st.slot_empty[c_a] & (c_op == MergeOp.MERGE)):
                 m.d.sync += ptrs[c_target].eq(c_b)
                 m.next = "DISPATCH"
             with m.Else():
@@ -835,7 +861,7 @@ class MacDecodeEngine(wiring.Component):
                 m.d.sync += e_beat.eq(e_beat + 1)
             m.d.comb += [self.es_req.valid.eq(rd0_resp.valid), rd0_resp.ready.eq(self.es_req.ready),
                          er.write.eq(1), er.head.eq(head), er.slot.eq(write_slots[head]), er.beat.eq(e_rbeat),
-                         er.m.eq(m_arr[pe]), er.s.eq(s_arr[pe]), er.o.eq(Mux(s_arr[pe] == 0, 0, rd0_resp.payload))]
+                         er.m.eq(m_arr[pe]), er.s.eq(s_arr[pe]), er.o.eq(Mux(st.slot_empty[pe], 0, rd0_resp.payload))]
             with m.If(self.es_req.valid & self.es_req.ready):
                 m.d.sync += e_rbeat.eq(incr(e_rbeat, nb))
                 with m.If(e_rbeat == nb - 1):

@@ -218,10 +218,10 @@ SPECS: dict[str, FormalSpec] = {s.block: s for s in [
                DenseConfig(head_dim=8, lanes=2, max_positions=4, kv_width=8, kv_frac=4), _dense_rules,
                # out first done at step 62; a KV group's further heads' query and out beats push it later
                lambda cfg: Depths(None, 20, None, 64 + 16 * (cfg.group - 1), 44), abstract=CUT, note=_FSM_NOTE),
-    # prefix: the first step's query and K pass (its first out beat is at cycle 76 of the run, its
-    # entry-store requests at 65); the second step's K pass is free (its kv_req stalled at 85)
+    # prefix: the first step's query and K pass (its entry-store requests at cycle 76 of the run,
+    # its last out beat at 88); the second step's query at 89, its K pass free (its kv_req stalled at 97)
     FormalSpec("mac-decode", _TINY_DECODE, _SMALL_DECODE, _decode_rules,
-               _d(None, 12, None, 88, deep=24, prefix=88), abstract=CUT, note=_FSM_NOTE, prefix=Prefix(60, seed=1)),
+               _d(None, 12, None, 100, deep=24, prefix=100), abstract=CUT, note=_FSM_NOTE, prefix=Prefix(60, seed=1)),
     # prefix: step 0 (its out at cycles 111-115 of the run) and step 1 up to its candidates' KV
     # reads (kv_req from 218, one stalled at 222): every cover in the run; the solver checks every
     # continuation for 24 cycles more (the covers' task is the run alone: a solver's cover search
