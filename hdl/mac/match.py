@@ -30,6 +30,7 @@ from golden.mac_unit import MacUnitConfig
 from golden.vpu import VpuOp
 
 from ..lib.arith import incr, index_width
+from ..lib.pipe import delayed
 from ..lib.sram import COLLISION_X
 from ..lib.vpu import Vpu
 
@@ -180,12 +181,20 @@ class MatchUnit(wiring.Component):
         ]
 
         max_distance = (1 << (cfg.vpu.acc_width - 1)) - 1
+        # a query beat lands in query_buf a cycle after LOAD takes it, from registered copies: the
+        # producer's ``valid`` then enables three registers, not the buffer's every bit (in the
+        # decode engine, its FSM's decode into them was 448 endpoints at 11.7 ns routed, 84.8 MHz);
+        # the scan reads the buffer at its read pipeline's third stage, WRITE after the scan
+        take = Signal()
+        take_beat = delayed(m, load_beat, "query_take_beat")
+        take_data = delayed(m, self.query.payload.q, "query_take_data")
+        with m.If(delayed(m, take, "query_take")):
+            m.d.sync += query_buf[take_beat].eq(take_data)
         with m.FSM():
             with m.State("LOAD"):
-                m.d.comb += self.query.ready.eq(1)
+                m.d.comb += [self.query.ready.eq(1), take.eq(self.query.valid)]
                 with m.If(self.query.valid):
-                    m.d.sync += [query_buf[load_beat].eq(self.query.payload.q),
-                                 load_beat.eq(incr(load_beat, nb))]
+                    m.d.sync += load_beat.eq(incr(load_beat, nb))
                     with m.If(load_beat == 0):
                         m.d.sync += head.eq(self.query.payload.head)
                     with m.If(load_beat == nb - 1):
