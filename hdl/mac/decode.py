@@ -380,9 +380,9 @@ class MacDecodeEngine(wiring.Component):
         # series with the next state and the pointers were 12.0 ns routed (79.3 MHz)
         slot_empty = Array(delayed(m, s == 0, f"state_empty{i}") for i, s in enumerate(s_arr))
         # the query's beats land in query_buf a cycle after LOAD takes them (query_take): the
-        # handshake (the state's decode, the MatchUnit's ready) then enables two registers instead
-        # of the 1,024 flip-flops of the buffer (11.4 ns routed into them); KEYS reads the buffer
-        # four states later
+        # handshake (the state's decode, the MatchUnit's ready) then reaches a few registers instead
+        # of the buffer's 1,024 flip-flops (11.4 ns routed into them); KEYS reads the buffer four
+        # states later
         query_take = Signal()
         take, take_beat = delayed(m, query_take, "query_take_d"), delayed(m, load_beat, "query_take_beat")
         take_data = delayed(m, self.query.payload.q, "query_take_data")

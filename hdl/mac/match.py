@@ -182,7 +182,7 @@ class MatchUnit(wiring.Component):
 
         max_distance = (1 << (cfg.vpu.acc_width - 1)) - 1
         # a query beat lands in query_buf a cycle after LOAD takes it, from registered copies: the
-        # producer's ``valid`` then enables three registers, not the buffer's every bit (in the
+        # producer's ``valid`` then reaches a few registers, not the buffer's every bit (in the
         # decode engine, its FSM's decode into them was 448 endpoints at 11.7 ns routed, 84.8 MHz);
         # the scan reads the buffer at its read pipeline's third stage, WRITE after the scan
         take = Signal()
