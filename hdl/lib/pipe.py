@@ -74,6 +74,15 @@ def delayed(m, value: Value, name: str) -> Signal:
     return reg
 
 
+def delayed_write(m, buf, take: Value, index: Value, data: Value, name: str) -> None:
+    """``buf[index] = data`` a cycle after ``take``, from registered copies of all three: a
+    stream handshake that ``take`` stands for then reaches a few registers, not the enables of
+    every bit of ``buf`` (for a buffer read some cycles after it is written)."""
+    index_d, data_d = delayed(m, index, f"{name}_index"), delayed(m, data, f"{name}_data")
+    with m.If(delayed(m, take, f"{name}_take")):
+        m.d.sync += buf[index_d].eq(data_d)
+
+
 def masked_copies(m, next_word: Value, n: int, name: str) -> list[Value]:
     """``n`` registered copies of ``next_word`` taken every cycle (no latency beyond the one
     register: unlike :func:`lane_copies`), one per far-apart group of consumers. Yosys merges

@@ -61,7 +61,7 @@ from golden.sram import SramConfig
 from golden.vpu import VpuConfig, VpuOp
 
 from ..lib.arith import incr, index_width, round_shift, saturate
-from ..lib.pipe import csa_sum, delayed, placed, registered_product, scaled_round
+from ..lib.pipe import csa_sum, delayed, delayed_write, placed, registered_product, scaled_round
 from ..lib.sfm import Sfm
 from ..lib.slice import FifoSlice
 from ..lib.sram import SramBank
@@ -384,10 +384,7 @@ class MacDecodeEngine(wiring.Component):
         # of the buffer's 1,024 flip-flops (11.4 ns routed into them); KEYS reads the buffer four
         # states later
         query_take = Signal()
-        take, take_beat = delayed(m, query_take, "query_take_d"), delayed(m, load_beat, "query_take_beat")
-        take_data = delayed(m, self.query.payload.q, "query_take_data")
-        with m.If(take):
-            m.d.sync += query_buf[take_beat].eq(take_data)
+        delayed_write(m, query_buf, query_take, load_beat, self.query.payload.q, "query_write")
         return _Step(query_buf, head, position, reuse, write_slots, load_beat, r_hit, r_slot, r_pos, r_dist,
                      first_pos, started, L, F, lo_tail, lo_band, lo_mid, keys, engaged, hit, fallback, cycles, counting,
                      m_arr, s_arr, m_sink, m_mid, m_tail, ptrs, out_m, out_s, out_empty, query_take, slot_empty)

@@ -30,7 +30,7 @@ from golden.mac_unit import MacUnitConfig
 from golden.vpu import VpuOp
 
 from ..lib.arith import incr, index_width
-from ..lib.pipe import delayed
+from ..lib.pipe import delayed_write
 from ..lib.sram import COLLISION_X
 from ..lib.vpu import Vpu
 
@@ -186,10 +186,7 @@ class MatchUnit(wiring.Component):
         # decode engine, its FSM's decode into them was 448 endpoints at 11.7 ns routed, 84.8 MHz);
         # the scan reads the buffer at its read pipeline's third stage, WRITE after the scan
         take = Signal()
-        take_beat = delayed(m, load_beat, "query_take_beat")
-        take_data = delayed(m, self.query.payload.q, "query_take_data")
-        with m.If(delayed(m, take, "query_take")):
-            m.d.sync += query_buf[take_beat].eq(take_data)
+        delayed_write(m, query_buf, take, load_beat, self.query.payload.q, "query_write")
         with m.FSM():
             with m.State("LOAD"):
                 m.d.comb += [self.query.ready.eq(1), take.eq(self.query.valid)]
