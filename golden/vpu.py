@@ -45,6 +45,8 @@ class VpuConfig(BlockConfig):
     a_width: int = param(0, "bits of each signed element of a, every product's second factor (DOT's "
                             "b*a, AXPY's scalar*a): 0 = in_width; narrower halves a product's "
                             "MULT18X18D past 18 bits, and leaves no SQDIST")
+    stall_free: bool = param(False, "RTL: no clock enable (i and o always ready): its user takes every "
+                                    "result the cycle it is valid (the same results and latency)")
 
     def validate(self):
         self.require(1 <= self.lanes <= 64, f"lanes must be 1..64, got {self.lanes}")
@@ -83,6 +85,7 @@ PRESETS = {
     "wide": VpuConfig(lanes=16, in_width=18, acc_width=48, axpy_shift=17),
     # a 22-bit operand times a 16-bit a (mac-decode's VPU at 4 lanes): two MULT18X18D a product
     "kv_factor": VpuConfig(lanes=4, in_width=22, acc_width=52, axpy_shift=0, a_width=16),
+    "stall_free": VpuConfig(lanes=4, in_width=22, acc_width=52, axpy_shift=0, a_width=16, stall_free=True),   # mac-decode's
 }
 
 

@@ -178,7 +178,8 @@ class StreamSource(_StreamPort):
 class StreamSink(_StreamPort):
     """Takes items with random back-pressure (ready low with probability ``stall`` per cycle;
     with ``hold``, each stall drawn lasts 1 to ``hold`` cycles: long stretches that fill what
-    the block keeps for its output). ``expect`` queues the golden items the bench's scoreboard
+    the block keeps for its output; an always-ready stream, which has no ``ready`` wire, takes
+    every valid item). ``expect`` queues the golden items the bench's scoreboard
     compares with what arrives."""
 
     def __init__(self, dut, prefix, shape, cycles: Cycles, rng: random.Random, stall: float = 0.3, hold: int = 1):
@@ -186,7 +187,10 @@ class StreamSink(_StreamPort):
         self._ready = False
         self.expected: list[tuple[object, object]] = []   # (golden item, its inputs)
         super().__init__(dut, prefix, shape, cycles, rng)
-        self.ready.value = 0
+        if self.ready is None:
+            self.stall = 0.0
+        else:
+            self.ready.value = 0
 
     @property
     def received(self) -> list[tuple[int, object]]:
@@ -203,7 +207,8 @@ class StreamSink(_StreamPort):
             self._ready = self.rng.random() >= self.stall
             if not self._ready and self.hold > 1:
                 self._stalled_for = self.rng.randrange(self.hold)
-        self.ready.value = int(self._ready)
+        if self.ready is not None:
+            self.ready.value = int(self._ready)
 
     def _sample(self):
         if self._ready and int(self.valid.value):

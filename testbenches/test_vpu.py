@@ -17,7 +17,7 @@ SEED = 20261122
 CONFIGS = {**PRESETS, "ac": LadTileConfig().ac_vpu}
 
 
-@pytest.mark.parametrize("preset", ["default", "narrow", "kv_factor", "ac"])
+@pytest.mark.parametrize("preset", ["default", "narrow", "kv_factor", "stall_free", "ac"])
 def test_vpu_rtl_equals_golden(preset):
     report = simulate("vpu", CONFIGS[preset], "testbenches.tb.tb_vpu", seed=SEED, name=preset,
                       params={"vectors": 1000})

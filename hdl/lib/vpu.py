@@ -1,7 +1,9 @@
 """VPU: ``lanes`` multipliers running DOT, SQDIST (accumulated over beats) and AXPY.
 
 Implements golden/vpu.py bit for bit (see its docstring for the three operations).
-Seven pipeline stages that stall together when the output is not taken (latency 7):
+Seven pipeline stages that stall together when the output is not taken (latency 7; with
+``stall_free`` they never stall: no clock enable, both streams always ready, for a user that
+takes every result as it comes, mac-decode's, whose enable net was its slowest routed path):
 stage 1 registers the multiplier operands per lane (the multiplier is shared: ``a*b`` for
 DOT, ``(a-b)**2`` for SQDIST, ``scalar*a`` for AXPY; a narrower ``a``, ``a_width`` bits, is the
 second factor in each); stages 2-4 register them once more, the product, and the product once
@@ -75,15 +77,18 @@ class Vpu(wiring.Component):
             raise ValueError(f"Vpu ops must be a non-empty set of VpuOp within {sorted(o.name for o in cfg.ops)} "
                              f"(SQDIST needs a_width = in_width), got {ops!r}")
         super().__init__({
-            "i": In(stream.Signature(vpu_in_layout(cfg))),
-            "o": Out(stream.Signature(vpu_out_layout(cfg))),
+            "i": In(stream.Signature(vpu_in_layout(cfg), always_ready=cfg.stall_free)),
+            "o": Out(stream.Signature(vpu_out_layout(cfg), always_ready=cfg.stall_free)),
         })
 
     def elaborate(self, platform):
         cfg, m = self.cfg, Module()
         w = cfg.in_width
-        ce = stall_all_enable(self.o)
-        m.d.comb += self.i.ready.eq(ce)
+        if cfg.stall_free:
+            ce = Const(1)
+        else:
+            ce = stall_all_enable(self.o)
+            m.d.comb += self.i.ready.eq(ce)
 
         # Stage 1: the multiplier operands per lane (a, b for DOT; a-b twice for SQDIST;
         # scalar, a for AXPY), so the multiplier has registers on both sides.

@@ -81,13 +81,15 @@ P_E, P_O, P_OUT = 0, 1, 2
 def attend_vpu(cfg: MacDecodeConfig) -> VpuConfig:
     """The engine's VPU: DOT of q·k (kv_width) and AXPY of N += p v with the weight ``p`` (up to
     2^(sum_frac+1)) as the scalar, exact (axpy_shift 0, N below 2^(acc_width-1)); ``a`` is k or v
-    (kv_width), so a product takes two MULT18X18D, not four."""
+    (kv_width), so a product takes two MULT18X18D, not four; stall-free: KEYS and R_VALUES take
+    every result as it comes and end only after the last, so the VPU needs no clock enable."""
     width = max(cfg.kv_width, cfg.sum_frac + 2)
     acc = max(2 * width + 2, cfg.max_positions.bit_length() + cfg.sum_frac + cfg.kv_width + 2)
     if width > 30 or acc > 62:
         raise ConfigError(f"mac-decode: sum_frac {cfg.sum_frac} / max_positions {cfg.max_positions} need a "
                           f"{width}-bit weight and {acc}-bit accumulator (VPU limits 30 / 62)")
-    return VpuConfig(lanes=cfg.lanes, in_width=width, acc_width=acc, axpy_shift=0, a_width=cfg.kv_width)
+    return VpuConfig(lanes=cfg.lanes, in_width=width, acc_width=acc, axpy_shift=0, a_width=cfg.kv_width,
+                     stall_free=True)
 
 
 def query_layout(cfg: MacDecodeConfig) -> data.StructLayout:
@@ -183,12 +185,22 @@ class _Step(NamedTuple):
     m_sink: Signal
     m_mid: Signal
     m_tail: Signal
+    m_body: Signal
     ptrs: Array
     out_m: Signal
     out_s: Signal
     out_empty: Signal
     query_take: Signal
     slot_empty: Array
+    slot_take: Signal
+    slot_index: Signal
+    slot_m: Signal
+    slot_s: Signal
+
+    def write_slot(self, m, index, m_value, s_value) -> None:
+        """State slot ``index`` := (``m_value``, ``s_value``), landing a cycle later (see ``slot_take``)."""
+        m.d.comb += [self.slot_take.eq(1), self.slot_index.eq(index), self.slot_m.eq(m_value),
+                     self.slot_s.eq(s_value)]
 
 
 class _KeyPass(NamedTuple):
@@ -200,6 +212,10 @@ class _KeyPass(NamedTuple):
     k_in: Signal
     k3_valid: Signal
     k3_score: Signal
+    k4_valid: Signal
+    k4_score: Signal
+    k4_sink: Signal
+    k4_mid: Signal
 
 
 class _Attend(NamedTuple):
@@ -286,7 +302,7 @@ class MacDecodeEngine(wiring.Component):
         nb = self.cfg.beats
         parts = self._parts(m)
         st = self._step_registers(m)
-        kp = self._key_pipeline(m, parts.vpu)
+        kp = self._key_pipeline(m, parts.vpu, st)
         at = self._attend_registers(m, parts.sfm)
         ro = self._range_output_pipeline(m, at)
         cb, pg = self._combine_registers()
@@ -315,7 +331,7 @@ class MacDecodeEngine(wiring.Component):
         nb, lanes, vcfg, sfm_cfg = cfg.beats, cfg.lanes, self.vpu_cfg, cfg.sfm
         sw, ow = cfg.score_width, cfg.out_width
         m.submodules.match = match = MatchUnit(cfg)
-        m.submodules.merge = merge = MergeUnit(cfg)
+        m.submodules.merge = merge = MergeUnit(cfg, stall_free=True)   # (MERGE takes every beat, ends after the last)
         m.submodules.vpu = vpu = Vpu(vcfg)
         # the SFM's multiply with its DSP's registers: at 135 of 156 MULT18X18D the placer put it 83
         # columns from its operand register (14.9 ns routed, 10.5 of it routing, 67.1 MHz)
@@ -366,8 +382,11 @@ class MacDecodeEngine(wiring.Component):
         # per-state scalars
         m_arr = Array(Signal(signed(sw), name=f"state_m{i}") for i in range(N_SLOTS))
         s_arr = Array(Signal(cfg.sum_width, name=f"state_s{i}") for i in range(N_SLOTS))
-        # maxima of the K pass
+        # maxima of the K pass, and the body's (middle and tail), registered every cycle: DISPATCH
+        # reads it two states after KEYS (the compare and select in series with the range's
+        # registers were 10.1 ns routed)
         m_sink, m_mid, m_tail = (Signal(signed(sw), name=n) for n in ("m_sink", "m_mid", "m_tail"))
+        m_body = delayed(m, Mux(m_mid > m_tail, m_mid, m_tail), "m_body")
         # result pointers of the combines: E, E ⊕ tail, output
         ptrs = Array(Signal(3, name=f"ptr{i}") for i in range(3))
         # the output state's m, s and emptiness, registered every cycle: EMIT reads them a cycle or
@@ -375,10 +394,20 @@ class MacDecodeEngine(wiring.Component):
         # and s's zero test in series with out's payload were the routed worst path (13.9 ns, 71.9 MHz)
         out_m, out_s, out_empty = Signal.like(m_arr[0], name="out_m"), Signal.like(s_arr[0], name="out_s"), Signal()
         m.d.sync += [out_m.eq(m_arr[ptrs[P_OUT]]), out_s.eq(s_arr[ptrs[P_OUT]]), out_empty.eq(s_arr[ptrs[P_OUT]] == 0)]
-        # each state slot's emptiness (s = 0), registered every cycle: COMBINE and ENTRY_WRITE read it
-        # after DISPATCH, a cycle after any write of s. The slot's select and the 40-bit zero test in
-        # series with the next state and the pointers were 12.0 ns routed (79.3 MHz)
-        slot_empty = Array(delayed(m, s == 0, f"state_empty{i}") for i, s in enumerate(s_arr))
+        # a state slot's (m, s) and emptiness (s = 0) land a cycle after the state that writes them
+        # (``_Step.write_slot``), from registered copies: each slot's enable then comes from two
+        # registers, not from the state decode and a range's compare (10.2-11.0 ns routed into the
+        # enables of the slots' 600 flip-flops), and the emptiness is tested on a register (the
+        # slot's select and the 40-bit zero test in series with the next state were 12.0 ns
+        # routed). Their readers come after a DISPATCH cycle: COMBINE and ENTRY_WRITE read the slots,
+        # and EMIT's first beat (a state SRAM read after EMIT starts) reads out_m, out_s, out_empty
+        slot_take, slot_index = Signal(), Signal(range(N_SLOTS))
+        slot_m, slot_s = Signal.like(m_arr[0], name="slot_m"), Signal.like(s_arr[0], name="slot_s")
+        slot_empty = Array(Signal(init=1, name=f"state_empty{i}") for i in range(N_SLOTS))
+        take_d, index_d = delayed(m, slot_take, "slot_take_d"), delayed(m, slot_index, "slot_index_d")
+        m_d, s_d = delayed(m, slot_m, "slot_m_d"), delayed(m, slot_s, "slot_s_d")
+        with m.If(take_d):
+            m.d.sync += [m_arr[index_d].eq(m_d), s_arr[index_d].eq(s_d), slot_empty[index_d].eq(s_d == 0)]
         # the query's beats land in query_buf a cycle after LOAD takes them (query_take): the
         # handshake (the state's decode, the MatchUnit's ready) then reaches a few registers instead
         # of the buffer's 1,024 flip-flops (11.4 ns routed into them); KEYS reads the buffer four
@@ -387,10 +416,12 @@ class MacDecodeEngine(wiring.Component):
         delayed_write(m, query_buf, query_take, load_beat, self.query.payload.q, "query_write")
         return _Step(query_buf, head, position, reuse, write_slots, load_beat, r_hit, r_slot, r_pos, r_dist,
                      first_pos, started, L, F, lo_tail, lo_band, lo_mid, keys, engaged, hit, fallback, cycles, counting,
-                     m_arr, s_arr, m_sink, m_mid, m_tail, ptrs, out_m, out_s, out_empty, query_take, slot_empty)
+                     m_arr, s_arr, m_sink, m_mid, m_tail, m_body, ptrs, out_m, out_s, out_empty, query_take, slot_empty,
+                     slot_take, slot_index, slot_m, slot_s)
 
-    def _key_pipeline(self, m, vpu) -> _KeyPass:
-        """The K pass's counters and its score pipeline: three stages from q·k to the score."""
+    def _key_pipeline(self, m, vpu, st: _Step) -> _KeyPass:
+        """The K pass's counters and its score pipeline: three stages from q·k to the score, and
+        the score once more with its key's region (sinks, middle) for the maxima."""
         cfg = self.cfg
         nb = cfg.beats
         pos_t = _position_shape(cfg)
@@ -403,7 +434,12 @@ class MacDecodeEngine(wiring.Component):
         k3_score = scaled_round(m, vpu.o.payload.dot, cfg.scale_raw, cfg.score_shift, signed(cfg.score_width),
                                 "k3_score")
         m.d.sync += [k1_valid.eq(k_in), k2_valid.eq(k1_valid), k3_valid.eq(k2_valid)]
-        return _KeyPass(kq_phase, resp_beat, s_pos, scored, k_in, k3_valid, k3_score)
+        # k4: a maximum's enable is then a region bit, one compare and a valid (the position's
+        # compares and the score's in series were 10.7 ns routed into the maxima's enables)
+        k4_valid, k4_score = delayed(m, k3_valid, "k4_valid"), delayed(m, k3_score, "k4_score")
+        k4_sink, k4_mid = delayed(m, s_pos < st.F, "k4_sink"), delayed(m, s_pos < st.lo_tail, "k4_mid")
+        return _KeyPass(kq_phase, resp_beat, s_pos, scored, k_in, k3_valid, k3_score, k4_valid, k4_score, k4_sink,
+                        k4_mid)
 
     def _attend_registers(self, m, sfm) -> _Attend:
         """A range attention's registers, with z saturated and the weight p of an EXP2 result."""
@@ -628,20 +664,24 @@ class MacDecodeEngine(wiring.Component):
                              vpu.i.payload.b[l].eq(qb[l * cfg.kv_width:(l + 1) * cfg.kv_width].as_signed())]
             with m.If(vpu.i.valid & vpu.i.ready):
                 m.d.sync += resp_beat.eq(incr(resp_beat, nb))
-            m.d.comb += [vpu.o.ready.eq(1), kp.k_in.eq(vpu.o.valid)]
+            m.d.comb += kp.k_in.eq(vpu.o.valid)
             with m.If(k3_valid):
                 m.d.comb += [scores.write.valid.eq(1), scores.write.payload.addr.eq(s_pos),
                              scores.write.payload.data.eq(k3_score)]
                 m.d.sync += [scored.eq(scored + 1), s_pos.eq(Mux(s_pos + 1 == F, lo_mid, s_pos + 1))]
-                with m.If(s_pos < F):
-                    with m.If(k3_score > m_sink):
-                        m.d.sync += m_sink.eq(k3_score)
-                with m.Elif(s_pos < lo_tail):
-                    with m.If(k3_score > m_mid):
-                        m.d.sync += m_mid.eq(k3_score)
+            # the maxima a cycle after the score (k4), its key's region registered beside it
+            k4_valid, k4_score, k4_sink, k4_mid = kp.k4_valid, kp.k4_score, kp.k4_sink, kp.k4_mid
+            with m.If(k4_valid):
+                with m.If(k4_sink):
+                    with m.If(k4_score > m_sink):
+                        m.d.sync += m_sink.eq(k4_score)
+                with m.Elif(k4_mid):
+                    with m.If(k4_score > m_mid):
+                        m.d.sync += m_mid.eq(k4_score)
                 with m.Else():
-                    with m.If(k3_score > m_tail):
-                        m.d.sync += m_tail.eq(k3_score)
+                    with m.If(k4_score > m_tail):
+                        m.d.sync += m_tail.eq(k4_score)
+            # (the last key's maxima land with DISPATCH's first cycle, which does not read them)
             with m.If(~k3_valid & (scored == st.keys) & (kq_phase == 2)):
                 m.d.sync += pg.task.eq(0)
                 m.next = "DISPATCH"
@@ -673,7 +713,7 @@ class MacDecodeEngine(wiring.Component):
                     with m.If(hit):
                         start_range(st.lo_band, lo_tail, m_mid, MID)
                     with m.Elif(miss_body):
-                        start_range(F, L, Mux(m_mid > m_tail, m_mid, m_tail), MID)
+                        start_range(F, L, st.m_body, MID)
                     with m.Else():
                         start_range(F, F, 0, MID)
                 with m.Case(3):                   # E = entry ⊕ band | body ⊖ tail | empty
@@ -716,7 +756,7 @@ class MacDecodeEngine(wiring.Component):
             m.d.comb += [self.kv_req.payload.head.eq(st.head), self.kv_req.payload.value.eq(1),
                          self.kv_req.payload.first.eq(r_lo), self.kv_req.payload.count.eq(r_hi - r_lo)]
             with m.If(r_hi == r_lo):              # the empty state; its o is read as zeros (s = 0)
-                m.d.sync += [m_arr[r_dst].eq(0), s_arr[r_dst].eq(0)]
+                st.write_slot(m, r_dst, 0, 0)
                 m.next = "DISPATCH"
             with m.Else():
                 m.d.comb += self.kv_req.valid.eq(1)
@@ -754,7 +794,6 @@ class MacDecodeEngine(wiring.Component):
                 m.d.comb += vpu.i.payload.a[l].eq(self.kv_resp.payload[l])
             with m.If(vpu.i.valid & vpu.i.ready):
                 m.d.sync += resp_beat.eq(incr(resp_beat, nb))
-            m.d.comb += vpu.o.ready.eq(1)
             with m.If(vpu.o.valid):
                 m.d.sync += [*at.accumulate(vpu.o.payload.vec), done_beat.eq(incr(done_beat, nb))]
                 with m.If(done_beat == nb - 1):
@@ -782,7 +821,7 @@ class MacDecodeEngine(wiring.Component):
                 with m.If(o_beat == nb - 1):
                     m.d.sync += o_issued.eq(1)
             with m.If(ro.o3_valid & (ro.o3_beat == nb - 1)):
-                m.d.sync += [m_arr[r_dst].eq(at.result_m), s_arr[r_dst].eq(at.result_s)]
+                st.write_slot(m, r_dst, at.result_m, at.result_s)
                 m.next = "DISPATCH"
 
     def _combine_states(self, m, parts: _Parts, st: _Step, cb: _Combine):
@@ -821,14 +860,13 @@ class MacDecodeEngine(wiring.Component):
                          q.i.payload.eq(Cat(rd0_resp.payload, rd1_resp.payload)),
                          rd0_resp.ready.eq(q.i.ready), rd1_resp.ready.eq(q.i.ready),
                          merge.i.valid.eq(q.o.valid), q.o.ready.eq(merge.i.ready)]
-            m.d.comb += merge.o.ready.eq(1)
             with m.If(merge.o.valid):
                 m.d.comb += [wr.valid.eq(1), wr.payload.addr.eq(c_dst * nb + mo_beat),
                              wr.payload.data.eq(merge.o.payload.o)]
                 m.d.sync += mo_beat.eq(incr(mo_beat, nb))
                 with m.If(mo_beat == nb - 1):
-                    m.d.sync += [m_arr[c_dst].eq(merge.o.payload.m), s_arr[c_dst].eq(merge.o.payload.s),
-                                 c_flag.eq(merge.o.payload.flagged), ptrs[c_target].eq(c_dst)]
+                    st.write_slot(m, c_dst, merge.o.payload.m, merge.o.payload.s)
+                    m.d.sync += [c_flag.eq(merge.o.payload.flagged), ptrs[c_target].eq(c_dst)]
                     m.next = "DISPATCH"
 
     def _entry_states(self, m, parts: _Parts, st: _Step, pg: _Program):
@@ -847,8 +885,8 @@ class MacDecodeEngine(wiring.Component):
             with m.If(self.es_resp.valid):
                 m.d.comb += [wr.valid.eq(1), wr.payload.addr.eq(ENT * nb + e_rbeat),
                              wr.payload.data.eq(self.es_resp.payload.o)]
-                m.d.sync += [e_rbeat.eq(incr(e_rbeat, nb)), m_arr[ENT].eq(self.es_resp.payload.m),
-                             s_arr[ENT].eq(self.es_resp.payload.s)]
+                m.d.sync += e_rbeat.eq(incr(e_rbeat, nb))
+                st.write_slot(m, ENT, self.es_resp.payload.m, self.es_resp.payload.s)
                 with m.If(e_rbeat == nb - 1):
                     m.next = "DISPATCH"
         with m.State("ENTRY_WRITE"):

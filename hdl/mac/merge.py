@@ -128,19 +128,23 @@ def _rounding(m, sc: _ScalarRegs, pieces, width, name):
 
 
 class MergeUnit(wiring.Component):
-    """``i``: beats of (op, m1, s1, m2, s2, o1 lanes, o2 lanes); ``o``: beats of (m, s, flagged, o lanes)."""
+    """``i``: beats of (op, m1, s1, m2, s2, o1 lanes, o2 lanes); ``o``: beats of (m, s, flagged, o lanes).
 
-    def __init__(self, cfg: MacUnitConfig):
-        self.cfg = cfg
+    ``stall_free``: ``o`` is always ready and the vector pipeline has no clock enable, for a user
+    that takes every beat as it comes (mac-decode's MERGE state, which ends after the last): the
+    same beats on the same cycles, without the enable net that was its slowest routed path."""
+
+    def __init__(self, cfg: MacUnitConfig, stall_free: bool = False):
+        self.cfg, self.stall_free = cfg, stall_free
         super().__init__({
             "i": In(stream.Signature(merge_in_layout(cfg))),
-            "o": Out(stream.Signature(merge_out_layout(cfg))),
+            "o": Out(stream.Signature(merge_out_layout(cfg), always_ready=stall_free)),
         })
 
     def elaborate(self, platform):
         cfg, m = self.cfg, Module()
         m.submodules.sfm = sfm = Sfm(cfg.sfm)
-        ce = stall_all_enable(self.o)
+        ce = Const(1) if self.stall_free else stall_all_enable(self.o)
         buf = self._beat_buffer(m)
         sc = self._scalar_registers(sfm)
         products = self._scalar_products(m, sfm, sc)
