@@ -50,7 +50,7 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
-from amaranth.lib import data, fifo, memory, stream, wiring
+from amaranth.lib import data, enum, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from golden.errors import ConfigError
@@ -74,6 +74,17 @@ from .merge import MergeUnit
 # physical state slots in the state SRAM (and the m / s register arrays)
 TAIL, MID, ENT, E, O, SK, OUT = range(7)
 N_SLOTS = 8
+
+
+class Reader(enum.Enum, shape=2):
+    """The state that reads the state SRAM's port 0, registered as it is entered and cleared as it
+    ends (``_Program.reader``): the port's request and ``ready`` come from it, not from the state
+    decode (the decode through the port's stall-all enable into the beat counters was 11.95 ns
+    routed). MERGE also reads port 1."""
+    NONE = 0
+    MERGE = 1
+    ENTRY_WRITE = 2
+    EMIT = 3
 # result pointers of the combines: E, E ⊕ tail, output
 P_E, P_O, P_OUT = 0, 1, 2
 
@@ -275,6 +286,7 @@ class _Program(NamedTuple):
     e_rbeat: Signal
     task: Signal
     stats_phase: Signal
+    reader: Signal
 
 
 def _position_shape(cfg: MacDecodeConfig):
@@ -314,16 +326,35 @@ class MacDecodeEngine(wiring.Component):
                          wr.payload.data.eq(Cat(*[o.as_unsigned() for o in ro.o3_lane]))]
 
         m.d.comb += parts.match.result.ready.eq(1)
+        self._state_reads(m, parts, st, cb, pg)
         with m.FSM():
             self._load_state(m, parts, st)
             self._match_states(m, parts, st, kp)
             self._key_pass_state(m, parts, st, kp, pg)
             self._dispatch_state(m, st, at, cb, pg)
             self._range_states(m, parts, st, kp, at, ro)
-            self._combine_states(m, parts, st, cb)
+            self._combine_states(m, parts, st, cb, pg)
             self._entry_states(m, parts, st, pg)
             self._emit_state(m, parts, st, pg)
         return m
+
+    def _state_reads(self, m, parts: _Parts, st: _Step, cb: _Combine, pg: _Program):
+        """The state SRAM's read requests and response ``ready`` for the state that reads it
+        (``pg.reader``): MERGE both operands' beats (into the merge FIFO slice), ENTRY_WRITE E's
+        (to the entry store), EMIT the output's (on ``out``, before the statistics beat)."""
+        nb, q = self.cfg.beats, parts.merge_in
+        rd0_req, rd0_resp, rd1_req, rd1_resp = parts.rd0_req, parts.rd0_resp, parts.rd1_req, parts.rd1_resp
+        with m.Switch(pg.reader):
+            with m.Case(Reader.MERGE):
+                m.d.comb += [rd0_req.valid.eq(cb.feed_beat < nb), rd0_req.payload.addr.eq(cb.c_a * nb + cb.feed_beat),
+                             rd1_req.valid.eq(cb.feed_beat < nb), rd1_req.payload.addr.eq(cb.c_b * nb + cb.feed_beat),
+                             rd0_resp.ready.eq(q.i.ready), rd1_resp.ready.eq(q.i.ready)]
+            with m.Case(Reader.ENTRY_WRITE):
+                m.d.comb += [rd0_req.valid.eq(pg.e_beat < nb), rd0_req.payload.addr.eq(st.ptrs[P_E] * nb + pg.e_beat),
+                             rd0_resp.ready.eq(self.es_req.ready)]
+            with m.Case(Reader.EMIT):
+                m.d.comb += [rd0_req.valid.eq(pg.e_beat < nb), rd0_req.payload.addr.eq(st.ptrs[P_OUT] * nb + pg.e_beat),
+                             rd0_resp.ready.eq(self.out.ready & ~pg.stats_phase)]
 
     def _parts(self, m) -> _Parts:
         """The submodules: MatchUnit, MergeUnit, VPU, SFM, the score and state SRAMs, the p FIFO."""
@@ -557,7 +588,7 @@ class MacDecodeEngine(wiring.Component):
         task = Signal(4)
         stats_phase = Signal()
         return (_Combine(c_op, c_a, c_b, c_dst, c_target, c_flag, feed_beat, mo_beat),
-                _Program(e_beat, e_rbeat, task, stats_phase))
+                _Program(e_beat, e_rbeat, task, stats_phase, Signal(Reader)))
 
     def _load_state(self, m, parts: _Parts, st: _Step):
         """LOAD: the pre-RoPE query beats into the MatchUnit, the post-RoPE ones into the query buffer."""
@@ -728,7 +759,7 @@ class MacDecodeEngine(wiring.Component):
                         m.d.sync += [st.fallback.eq(1), ptrs[P_E].eq(MID)]
                         start_range(F, lo_tail, m_mid, MID)
                 with m.Case(5):                   # write E
-                    m.d.sync += pg.e_beat.eq(0)
+                    m.d.sync += [pg.e_beat.eq(0), pg.reader.eq(Reader.ENTRY_WRITE)]
                     m.next = "ENTRY_WRITE"
                 with m.Case(6):
                     start_combine(MergeOp.MERGE, ptrs[P_E], TAIL, O, P_O)
@@ -737,7 +768,7 @@ class MacDecodeEngine(wiring.Component):
                 with m.Case(8):
                     start_combine(MergeOp.MERGE, SK, ptrs[P_O], OUT, P_OUT)
                 with m.Case(9):
-                    m.d.sync += [pg.e_beat.eq(0), pg.e_rbeat.eq(0), pg.stats_phase.eq(0)]
+                    m.d.sync += [pg.e_beat.eq(0), pg.e_rbeat.eq(0), pg.stats_phase.eq(0), pg.reader.eq(Reader.EMIT)]
                     m.next = "EMIT"
 
     def _range_states(self, m, parts: _Parts, st: _Step, kp: _KeyPass, at: _Attend, ro: _RangeOut):
@@ -824,7 +855,7 @@ class MacDecodeEngine(wiring.Component):
                 st.write_slot(m, r_dst, at.result_m, at.result_s)
                 m.next = "DISPATCH"
 
-    def _combine_states(self, m, parts: _Parts, st: _Step, cb: _Combine):
+    def _combine_states(self, m, parts: _Parts, st: _Step, cb: _Combine, pg: _Program):
         """COMBINE, MERGE: ⊕ / ⊖ of two states through the MergeUnit, or an empty one's pointer pass."""
         nb, merge, wr = self.cfg.beats, parts.merge, parts.states.write
         rd0_req, rd0_resp, rd1_req, rd1_resp = parts.rd0_req, parts.rd0_resp, parts.rd1_req, parts.rd1_resp
@@ -850,15 +881,13 @@ class MacDecodeEngine(wiring.Component):
                 m.d.sync += ptrs[c_target].eq(c_b)
                 m.next = "DISPATCH"
             with m.Else():
+                m.d.sync += pg.reader.eq(Reader.MERGE)
                 m.next = "MERGE"
-        with m.State("MERGE"):
-            m.d.comb += [rd0_req.valid.eq(feed_beat < nb), rd0_req.payload.addr.eq(c_a * nb + feed_beat),
-                         rd1_req.valid.eq(feed_beat < nb), rd1_req.payload.addr.eq(c_b * nb + feed_beat)]
+        with m.State("MERGE"):   # (the state SRAM's reads: _state_reads)
             with m.If(rd0_req.valid & rd0_req.ready):
                 m.d.sync += feed_beat.eq(feed_beat + 1)
             m.d.comb += [q.i.valid.eq(rd0_resp.valid & rd1_resp.valid),
                          q.i.payload.eq(Cat(rd0_resp.payload, rd1_resp.payload)),
-                         rd0_resp.ready.eq(q.i.ready), rd1_resp.ready.eq(q.i.ready),
                          merge.i.valid.eq(q.o.valid), q.o.ready.eq(merge.i.ready)]
             with m.If(merge.o.valid):
                 m.d.comb += [wr.valid.eq(1), wr.payload.addr.eq(c_dst * nb + mo_beat),
@@ -866,7 +895,8 @@ class MacDecodeEngine(wiring.Component):
                 m.d.sync += mo_beat.eq(incr(mo_beat, nb))
                 with m.If(mo_beat == nb - 1):
                     st.write_slot(m, c_dst, merge.o.payload.m, merge.o.payload.s)
-                    m.d.sync += [c_flag.eq(merge.o.payload.flagged), ptrs[c_target].eq(c_dst)]
+                    m.d.sync += [c_flag.eq(merge.o.payload.flagged), ptrs[c_target].eq(c_dst),
+                                 pg.reader.eq(Reader.NONE)]
                     m.next = "DISPATCH"
 
     def _entry_states(self, m, parts: _Parts, st: _Step, pg: _Program):
@@ -889,28 +919,25 @@ class MacDecodeEngine(wiring.Component):
                 st.write_slot(m, ENT, self.es_resp.payload.m, self.es_resp.payload.s)
                 with m.If(e_rbeat == nb - 1):
                     m.next = "DISPATCH"
-        with m.State("ENTRY_WRITE"):
+        with m.State("ENTRY_WRITE"):   # (the state SRAM's reads: _state_reads)
             pe = st.ptrs[P_E]
-            m.d.comb += [rd0_req.valid.eq(e_beat < nb), rd0_req.payload.addr.eq(pe * nb + e_beat)]
             with m.If(rd0_req.valid & rd0_req.ready):
                 m.d.sync += e_beat.eq(e_beat + 1)
-            m.d.comb += [self.es_req.valid.eq(rd0_resp.valid), rd0_resp.ready.eq(self.es_req.ready),
+            m.d.comb += [self.es_req.valid.eq(rd0_resp.valid),
                          er.write.eq(1), er.head.eq(head), er.slot.eq(write_slots[head]), er.beat.eq(e_rbeat),
                          er.m.eq(m_arr[pe]), er.s.eq(s_arr[pe]), er.o.eq(Mux(st.slot_empty[pe], 0, rd0_resp.payload))]
             with m.If(self.es_req.valid & self.es_req.ready):
                 m.d.sync += e_rbeat.eq(incr(e_rbeat, nb))
                 with m.If(e_rbeat == nb - 1):
-                    m.d.sync += write_slots[head].eq(incr(write_slots[head], cfg.window))
+                    m.d.sync += [write_slots[head].eq(incr(write_slots[head], cfg.window)), pg.reader.eq(Reader.NONE)]
                     m.next = "DISPATCH"
 
     def _emit_state(self, m, parts: _Parts, st: _Step, pg: _Program):
         """EMIT: the output state's beats on ``out``, then the statistics beat."""
         nb, rd0_req, rd0_resp = self.cfg.beats, parts.rd0_req, parts.rd0_resp
         engaged, e_beat, e_rbeat = st.engaged, pg.e_beat, pg.e_rbeat
-        with m.State("EMIT"):
-            po = st.ptrs[P_OUT]
+        with m.State("EMIT"):   # (the state SRAM's reads: _state_reads)
             op_ = self.out.payload
-            m.d.comb += [rd0_req.valid.eq(e_beat < nb), rd0_req.payload.addr.eq(po * nb + e_beat)]
             with m.If(rd0_req.valid & rd0_req.ready):
                 m.d.sync += e_beat.eq(e_beat + 1)
             m.d.comb += [op_.m.eq(st.out_m), op_.s.eq(st.out_s), op_.engaged.eq(engaged), op_.hit.eq(st.hit),
@@ -918,8 +945,7 @@ class MacDecodeEngine(wiring.Component):
                          op_.distance.eq(Mux(engaged, st.r_dist, 0)), op_.keys.eq(st.keys),
                          op_.cycles.eq(st.cycles)]
             with m.If(~pg.stats_phase):
-                m.d.comb += [self.out.valid.eq(rd0_resp.valid), rd0_resp.ready.eq(self.out.ready),
-                             op_.stats.eq(0), op_.o.eq(Mux(st.out_empty, 0, rd0_resp.payload))]
+                m.d.comb += [self.out.valid.eq(rd0_resp.valid), op_.stats.eq(0), op_.o.eq(Mux(st.out_empty, 0, rd0_resp.payload))]
                 with m.If(self.out.valid & self.out.ready):
                     m.d.sync += e_rbeat.eq(incr(e_rbeat, nb))
                     with m.If(e_rbeat == nb - 1):
@@ -927,5 +953,5 @@ class MacDecodeEngine(wiring.Component):
             with m.Else():
                 m.d.comb += [self.out.valid.eq(1), op_.stats.eq(1)]
                 with m.If(self.out.ready):
-                    m.d.sync += st.counting.eq(0)
+                    m.d.sync += [st.counting.eq(0), pg.reader.eq(Reader.NONE)]
                     m.next = "LOAD"
