@@ -781,9 +781,15 @@ class MacDecodeEngine(wiring.Component):
                                                                at.done_pos, at.done_beat)
         z_sum, z_sat, x_valid, x_reg, p_valid, p_reg = at.z_sum, at.z_sat, at.x_valid, at.x_reg, at.p_valid, at.p_reg
         o_beat, o_issued = ro.o_beat, ro.o_issued
+        # the SFM's operands in every state (it reads them only with valid): x and z leave registers
+        # and its op a register set for R_RECIP, not the state decode's mux (10.3 ns routed into
+        # its first stage's compares)
+        sfm_recip = Signal()
+        m.d.comb += [sfm.i.payload.op.eq(Mux(sfm_recip, SfmOp.RECIP, SfmOp.EXP2)), sfm.i.payload.x.eq(x_reg),
+                     sfm.i.payload.z.eq(z_sat)]
         with m.State("R_START"):
             m.d.sync += [sc_pos.eq(r_lo), done_pos.eq(0), done_beat.eq(0), resp_beat.eq(0), z_sum.eq(0),
-                         at.r_last.eq(r_hi - r_lo - 1), at.numer_first.eq(1)]
+                         at.r_last.eq(r_hi - r_lo - 1), at.numer_first.eq(1), sfm_recip.eq(0)]
             m.d.comb += [self.kv_req.payload.head.eq(st.head), self.kv_req.payload.value.eq(1),
                          self.kv_req.payload.first.eq(r_lo), self.kv_req.payload.count.eq(r_hi - r_lo)]
             with m.If(r_hi == r_lo):              # the empty state; its o is read as zeros (s = 0)
@@ -801,7 +807,7 @@ class MacDecodeEngine(wiring.Component):
             with m.If(score_resp.ready):
                 m.d.sync += [x_valid.eq(score_resp.valid),
                              x_reg.eq(saturate(score_resp.payload.as_signed() - r_m, signed(sw)))]
-            m.d.comb += [sfm.i.valid.eq(x_valid), sfm.i.payload.op.eq(SfmOp.EXP2), sfm.i.payload.x.eq(x_reg),
+            m.d.comb += [sfm.i.valid.eq(x_valid),
                          p_fifo.w_data.eq(p_reg), p_fifo.w_en.eq(p_valid)]
             # (both valids are clear when the pass ends: the V beats take every p)
             p_takes = ~p_valid | p_fifo.w_rdy
@@ -832,9 +838,10 @@ class MacDecodeEngine(wiring.Component):
                     # (against a register: hi - lo - 1 and the compare in series decided the
                     # next state, 10.8 ns before placement, benchmarks/netlist_paths.py)
                     with m.If(done_pos == at.r_last):
+                        m.d.sync += sfm_recip.eq(1)
                         m.next = "R_RECIP"
         with m.State("R_RECIP"):
-            m.d.comb += [sfm.i.valid.eq(1), sfm.i.payload.op.eq(SfmOp.RECIP), sfm.i.payload.z.eq(z_sat)]
+            m.d.comb += sfm.i.valid.eq(1)
             with m.If(sfm.i.ready):
                 m.next = "R_RECIP_WAIT"
         with m.State("R_RECIP_WAIT"):
