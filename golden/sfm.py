@@ -64,6 +64,8 @@ class SfmConfig(BlockConfig):
     mantissa_frac: int = param(16, "RECIP/EXP2: fraction bits of the output mantissa (in (0.5, 1])")
     dsp_registers: bool = param(False, "RTL: the multiply's operands and products registered twice "
                                        "(latency 9, not 7; the same results)")
+    stall_free: bool = param(False, "RTL: no clock enable (i and o always ready): its user takes every "
+                                    "result the cycle it is valid (the same results and latency)")
 
     def validate(self):
         self.require(4 <= self.x_width <= 24, f"x_width must be 4..24, got {self.x_width}")
@@ -198,6 +200,7 @@ PRESETS = {
     # range, so its clamp from below is built (at the others the clamp is x's range)
     "wide_x": SfmConfig(x_width=16, x_frac=8),
     "dsp_registers": SfmConfig(dsp_registers=True),   # mac-decode's SFM
+    "stall_free": SfmConfig(stall_free=True),          # mac-decode's MergeUnit's SFM
     "small": SfmConfig(x_width=12, x_frac=7, coef_frac=12, out_width=12, out_frac=11, intervals=4,
                        cutoff=-6.0, recip_in_width=20, table_index_bits=5, table_delta_bits=6,
                        mantissa_frac=12),

@@ -11,7 +11,8 @@ shift-and-add in LUTs, ``pipe.constant_product``: no DSP, no carry chain), regis
 slope a stage earlier, so both multiplier operands of stage 5 come straight from registers);
 5. the one multiply; 6. one add or subtract; 7. saturate and select the output. Each stage
 holds at most one multiplier or one long carry chain, and nothing after a carry chain but its
-register (docs/synthesis.md). With ``cfg.dsp_registers`` stage 5's operands and products are
+register (docs/synthesis.md). With ``cfg.stall_free`` the stages never stall (no clock
+enable, both streams always ready: for a user that takes every result as it comes). With ``cfg.dsp_registers`` stage 5's operands and products are
 registered twice (latency 9): ``synth/absorb.py`` moves one register of each into the
 MULT18X18D, so only routing lies between the DSP's pins and a fabric register, wherever the
 placer finds a free DSP.
@@ -118,14 +119,17 @@ class Sfm(wiring.Component):
     def __init__(self, cfg: SfmConfig):
         self.cfg = cfg
         super().__init__({
-            "i": In(stream.Signature(sfm_in_layout(cfg))),
-            "o": Out(stream.Signature(sfm_out_layout(cfg))),
+            "i": In(stream.Signature(sfm_in_layout(cfg), always_ready=cfg.stall_free)),
+            "o": Out(stream.Signature(sfm_out_layout(cfg), always_ready=cfg.stall_free)),
         })
 
     def elaborate(self, platform):
         m = Module()
-        ce = stall_all_enable(self.o)
-        m.d.comb += self.i.ready.eq(ce)
+        if self.cfg.stall_free:
+            ce = Const(1)
+        else:
+            ce = stall_all_enable(self.o)
+            m.d.comb += self.i.ready.eq(ce)
         s1, ax, amax = self._compare_stage(m, ce)
         s2, scaled, u_width = self._normalise_stage(m, ce, s1, ax, amax)
         s3 = self._exponent_stage(m, ce, s2, scaled, u_width)

@@ -22,6 +22,7 @@ shift and saturate):
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import NamedTuple
 
 from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
@@ -111,6 +112,12 @@ class _ScalarSums(NamedTuple):
     down_sign: object
 
 
+def _take(m, stream_out) -> None:
+    """Take ``stream_out``'s payload whenever valid (an always-ready stream needs no ``ready``)."""
+    if not stream_out.signature.always_ready:
+        m.d.comb += stream_out.ready.eq(1)
+
+
 def _set_shift(sc: _ScalarRegs, value):
     """shift <= value, with its rounding half (registered with it)."""
     return [sc.shift.eq(value),
@@ -132,7 +139,8 @@ class MergeUnit(wiring.Component):
 
     ``stall_free``: ``o`` is always ready and the vector pipeline has no clock enable, for a user
     that takes every beat as it comes (mac-decode's MERGE state, which ends after the last): the
-    same beats on the same cycles, without the enable net that was its slowest routed path."""
+    same beats on the same cycles, without the enable net that was its slowest routed path. Its
+    SFM is then stall-free too (the scalar FSM waits for each of its results with ``ready`` high)."""
 
     def __init__(self, cfg: MacUnitConfig, stall_free: bool = False):
         self.cfg, self.stall_free = cfg, stall_free
@@ -143,7 +151,7 @@ class MergeUnit(wiring.Component):
 
     def elaborate(self, platform):
         cfg, m = self.cfg, Module()
-        m.submodules.sfm = sfm = Sfm(cfg.sfm)
+        m.submodules.sfm = sfm = Sfm(replace(cfg.sfm, stall_free=True) if self.stall_free else cfg.sfm)
         ce = Const(1) if self.stall_free else stall_all_enable(self.o)
         buf = self._beat_buffer(m)
         sc = self._scalar_registers(sfm)
@@ -289,7 +297,7 @@ class MergeUnit(wiring.Component):
                 with m.If(sfm.i.ready):
                     m.next = "EXP_WAIT"
             with m.State("EXP_WAIT"):
-                m.d.comb += sfm.o.ready.eq(1)
+                _take(m, sfm.o)
                 with m.If(sfm.o.valid):
                     m.d.sync += _set_shift(sc, frac + sfm.o.payload.exponent)
                     m.next = "SCALE_PRODUCT"
@@ -317,7 +325,7 @@ class MergeUnit(wiring.Component):
                 with m.Elif(sfm.i.ready):
                     m.next = "RECIP_WAIT"
             with m.State("RECIP_WAIT"):
-                m.d.comb += sfm.o.ready.eq(1)
+                _take(m, sfm.o)
                 with m.If(sfm.o.valid):
                     m.d.sync += _set_shift(sc, sfm.o.payload.exponent)
                     m.next = "WEIGHT_PRODUCT"
