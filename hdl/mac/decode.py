@@ -171,7 +171,7 @@ class _Step(NamedTuple):
     query_buf: Array
     head: Signal
     position: Signal
-    reuse: Signal
+    reuse: Signal             # the step's reuse bit, and its position at min_context - 1 or more
     write_slots: Array
     load_beat: Signal
     r_hit: Signal
@@ -276,7 +276,6 @@ class _Combine(NamedTuple):
     c_dst: Signal
     c_target: Signal
     c_flag: Signal
-    feed_beat: Signal
     mo_beat: Signal
 
 
@@ -287,6 +286,7 @@ class _Program(NamedTuple):
     task: Signal
     stats_phase: Signal
     reader: Signal
+    read_beat: Signal
 
 
 def _position_shape(cfg: MacDecodeConfig):
@@ -319,13 +319,8 @@ class MacDecodeEngine(wiring.Component):
         ro = self._range_output_pipeline(m, at)
         cb, pg = self._combine_registers()
 
-        # default: the state SRAM write (the range output pipeline's beats)
-        wr = parts.states.write
-        with m.If(ro.o3_valid):
-            m.d.comb += [wr.valid.eq(1), wr.payload.addr.eq(at.r_dst * nb + ro.o3_beat),
-                         wr.payload.data.eq(Cat(*[o.as_unsigned() for o in ro.o3_lane]))]
-
         m.d.comb += parts.match.result.ready.eq(1)
+        self._state_writes(m, parts, at, ro, cb, pg)
         self._state_reads(m, parts, st, cb, pg)
         with m.FSM():
             self._load_state(m, parts, st)
@@ -338,23 +333,45 @@ class MacDecodeEngine(wiring.Component):
             self._emit_state(m, parts, st, pg)
         return m
 
+    def _state_writes(self, m, parts: _Parts, at: _Attend, ro: _RangeOut, cb: _Combine, pg: _Program):
+        """The state SRAM's writes: R_OUT's output beats (into range state ``r_dst``), MERGE's result
+        beats (``c_dst``) and ENTRY_READ's entry beats (ENT). They never meet in time (the output
+        pipeline runs in R_OUT alone, the stall-free MergeUnit in MERGE, entry responses answer
+        ENTRY_READ's requests), so the data and address follow the MergeUnit's and the output
+        pipeline's valids, not the state decode (which into the write's data was 11.4 ns routed)."""
+        nb, wr, merge = self.cfg.beats, parts.states.write, parts.merge
+        entry = self.es_resp.valid & self.es_resp.ready   # (ready in ENTRY_READ alone)
+        m.d.comb += wr.valid.eq(merge.o.valid | ro.o3_valid | entry)
+        with m.If(merge.o.valid):
+            m.d.comb += [wr.payload.addr.eq(cb.c_dst * nb + cb.mo_beat), wr.payload.data.eq(merge.o.payload.o)]
+        with m.Elif(ro.o3_valid):
+            m.d.comb += [wr.payload.addr.eq(at.r_dst * nb + ro.o3_beat),
+                         wr.payload.data.eq(Cat(*[o.as_unsigned() for o in ro.o3_lane]))]
+        with m.Else():
+            m.d.comb += [wr.payload.addr.eq(ENT * nb + pg.e_rbeat), wr.payload.data.eq(self.es_resp.payload.o)]
+
     def _state_reads(self, m, parts: _Parts, st: _Step, cb: _Combine, pg: _Program):
         """The state SRAM's read requests and response ``ready`` for the state that reads it
         (``pg.reader``): MERGE both operands' beats (into the merge FIFO slice), ENTRY_WRITE E's
         (to the entry store), EMIT the output's (on ``out``, before the statistics beat)."""
-        nb, q = self.cfg.beats, parts.merge_in
+        nb, q, beat = self.cfg.beats, parts.merge_in, pg.read_beat
         rd0_req, rd0_resp, rd1_req, rd1_resp = parts.rd0_req, parts.rd0_resp, parts.rd1_req, parts.rd1_resp
+        # the requests' beat: 0 between readers (a reader is never set in the cycle its last ends)
+        with m.If(pg.reader == Reader.NONE):
+            m.d.sync += beat.eq(0)
+        with m.Elif(rd0_req.valid & rd0_req.ready):
+            m.d.sync += beat.eq(beat + 1)
         with m.Switch(pg.reader):
             with m.Case(Reader.MERGE):
-                m.d.comb += [rd0_req.valid.eq(cb.feed_beat < nb), rd0_req.payload.addr.eq(cb.c_a * nb + cb.feed_beat),
-                             rd1_req.valid.eq(cb.feed_beat < nb), rd1_req.payload.addr.eq(cb.c_b * nb + cb.feed_beat),
+                m.d.comb += [rd0_req.valid.eq(beat < nb), rd0_req.payload.addr.eq(cb.c_a * nb + beat),
+                             rd1_req.valid.eq(beat < nb), rd1_req.payload.addr.eq(cb.c_b * nb + beat),
                              rd0_resp.ready.eq(q.i.ready), rd1_resp.ready.eq(q.i.ready)]
             with m.Case(Reader.ENTRY_WRITE):
-                m.d.comb += [rd0_req.valid.eq(pg.e_beat < nb), rd0_req.payload.addr.eq(st.ptrs[P_E] * nb + pg.e_beat),
+                m.d.comb += [rd0_req.valid.eq(beat < nb), rd0_req.payload.addr.eq(st.ptrs[P_E] * nb + beat),
                              rd0_resp.ready.eq(self.es_req.ready)]
-            with m.Case(Reader.EMIT):
-                m.d.comb += [rd0_req.valid.eq(pg.e_beat < nb), rd0_req.payload.addr.eq(st.ptrs[P_OUT] * nb + pg.e_beat),
-                             rd0_resp.ready.eq(self.out.ready & ~pg.stats_phase)]
+            with m.Case(Reader.EMIT):   # (no response is left for the statistics beat)
+                m.d.comb += [rd0_req.valid.eq(beat < nb), rd0_req.payload.addr.eq(st.ptrs[P_OUT] * nb + beat),
+                             rd0_resp.ready.eq(self.out.ready)]
 
     def _parts(self, m) -> _Parts:
         """The submodules: MatchUnit, MergeUnit, VPU, SFM, the score and state SRAMs, the p FIFO."""
@@ -424,7 +441,7 @@ class MacDecodeEngine(wiring.Component):
         # more after the program's last write (its DISPATCH cycle between). The pointer's selects
         # and s's zero test in series with out's payload were the routed worst path (13.9 ns, 71.9 MHz)
         out_m, out_s, out_empty = Signal.like(m_arr[0], name="out_m"), Signal.like(s_arr[0], name="out_s"), Signal()
-        m.d.sync += [out_m.eq(m_arr[ptrs[P_OUT]]), out_s.eq(s_arr[ptrs[P_OUT]]), out_empty.eq(s_arr[ptrs[P_OUT]] == 0)]
+        m.d.sync += [out_m.eq(m_arr[ptrs[P_OUT]]), out_s.eq(s_arr[ptrs[P_OUT]])]
         # a state slot's (m, s) and emptiness (s = 0) land a cycle after the state that writes them
         # (``_Step.write_slot``), from registered copies: each slot's enable then comes from two
         # registers, not from the state decode and a range's compare (10.2-11.0 ns routed into the
@@ -439,6 +456,7 @@ class MacDecodeEngine(wiring.Component):
         m_d, s_d = delayed(m, slot_m, "slot_m_d"), delayed(m, slot_s, "slot_s_d")
         with m.If(take_d):
             m.d.sync += [m_arr[index_d].eq(m_d), s_arr[index_d].eq(s_d), slot_empty[index_d].eq(s_d == 0)]
+        m.d.sync += out_empty.eq(slot_empty[ptrs[P_OUT]])   # (s's 40-bit zero test behind an 8:1 select: 10.7 ns routed)
         # the query's beats land in query_buf a cycle after LOAD takes them (query_take): the
         # handshake (the state's decode, the MatchUnit's ready) then reaches a few registers instead
         # of the buffer's 1,024 flip-flops (11.4 ns routed into them); KEYS reads the buffer four
@@ -581,18 +599,19 @@ class MacDecodeEngine(wiring.Component):
         # -- combine: operands, destination, target pointer, result flag
         c_op, c_a, c_b, c_dst, c_target = Signal(), Signal(3), Signal(3), Signal(3), Signal(2)
         c_flag = Signal()
-        feed_beat, mo_beat = Signal(range(nb + 1)), Signal(range(nb))
+        mo_beat = Signal(range(nb))
         # entry / output beats
         e_beat, e_rbeat = Signal(range(nb + 1)), Signal(range(nb))
 
         task = Signal(4)
         stats_phase = Signal()
-        return (_Combine(c_op, c_a, c_b, c_dst, c_target, c_flag, feed_beat, mo_beat),
-                _Program(e_beat, e_rbeat, task, stats_phase, Signal(Reader)))
+        return (_Combine(c_op, c_a, c_b, c_dst, c_target, c_flag, mo_beat),
+                _Program(e_beat, e_rbeat, task, stats_phase, Signal(Reader), Signal(range(nb + 1), name="read_beat")))
 
     def _load_state(self, m, parts: _Parts, st: _Step):
         """LOAD: the pre-RoPE query beats into the MatchUnit, the post-RoPE ones into the query buffer."""
-        nb, match = self.cfg.beats, parts.match
+        cfg = self.cfg
+        nb, match = cfg.beats, parts.match
         counting, cycles, load_beat = st.counting, st.cycles, st.load_beat
         with m.State("LOAD"):
             # the pre-RoPE beats straight into the MatchUnit; the post-RoPE ones buffered
@@ -605,7 +624,10 @@ class MacDecodeEngine(wiring.Component):
             with m.If(self.query.valid & self.query.ready):
                 m.d.sync += load_beat.eq(incr(load_beat, nb))
                 with m.If(load_beat == 0):
-                    m.d.sync += [st.head.eq(p.head), st.position.eq(p.position), st.reuse.eq(p.reuse)]
+                    # the step asks for reuse at a context of min_context or more (decided here, from the
+                    # beat: in MATCH the compare decided the next state, 11.4 ns routed)
+                    at_context = p.position >= cfg.min_context - 1 if cfg.min_context > 0 else Const(1, 1)
+                    m.d.sync += [st.head.eq(p.head), st.position.eq(p.position), st.reuse.eq(p.reuse & at_context)]
                 with m.If(load_beat == nb - 1):
                     m.next = "MATCH"
 
@@ -631,10 +653,8 @@ class MacDecodeEngine(wiring.Component):
             # below min_context (or without reuse, the config's or the step's) the step does not
             # wait for the match: the MatchUnit scans and writes its ring meanwhile, and its result
             # is dropped (``ready`` is high in every state; the next query is taken only after it)
-            # (position >= min_context - 1, not position + 1 >= min_context: the compare shared L's
-            # adder, and the two carry chains in series decided the next state, 10.5 ns before placement)
-            at_context = position >= cfg.min_context - 1 if cfg.min_context > 0 else Const(1, 1)
-            engage = int(cfg.reuse) & st.reuse & at_context
+            # (st.reuse: the step's reuse bit and its context of min_context or more, from LOAD)
+            engage = int(cfg.reuse) & st.reuse
             first = Mux(st.started[st.head], st.first_pos[st.head], position)   # the head's first position
             m.d.sync += [L.eq(position + 1), F.eq(Mux(position + 1 > cfg.sinks, cfg.sinks, position + 1)),
                          engaged.eq(engage), tail_lo.eq(position + 1 - band), band_base.eq(first + 1 - band)]
@@ -759,7 +779,7 @@ class MacDecodeEngine(wiring.Component):
                         m.d.sync += [st.fallback.eq(1), ptrs[P_E].eq(MID)]
                         start_range(F, lo_tail, m_mid, MID)
                 with m.Case(5):                   # write E
-                    m.d.sync += [pg.e_beat.eq(0), pg.reader.eq(Reader.ENTRY_WRITE)]
+                    m.d.sync += pg.reader.eq(Reader.ENTRY_WRITE)
                     m.next = "ENTRY_WRITE"
                 with m.Case(6):
                     start_combine(MergeOp.MERGE, ptrs[P_E], TAIL, O, P_O)
@@ -768,7 +788,7 @@ class MacDecodeEngine(wiring.Component):
                 with m.Case(8):
                     start_combine(MergeOp.MERGE, SK, ptrs[P_O], OUT, P_OUT)
                 with m.Case(9):
-                    m.d.sync += [pg.e_beat.eq(0), pg.e_rbeat.eq(0), pg.stats_phase.eq(0), pg.reader.eq(Reader.EMIT)]
+                    m.d.sync += [pg.e_rbeat.eq(0), pg.stats_phase.eq(0), pg.reader.eq(Reader.EMIT)]
                     m.next = "EMIT"
 
     def _range_states(self, m, parts: _Parts, st: _Step, kp: _KeyPass, at: _Attend, ro: _RangeOut):
@@ -867,7 +887,7 @@ class MacDecodeEngine(wiring.Component):
         nb, merge, wr = self.cfg.beats, parts.merge, parts.states.write
         rd0_req, rd0_resp, rd1_req, rd1_resp = parts.rd0_req, parts.rd0_resp, parts.rd1_req, parts.rd1_resp
         m_arr, s_arr, ptrs = st.m_arr, st.s_arr, st.ptrs
-        c_op, c_a, c_b, c_dst, c_target, c_flag, feed_beat, mo_beat = cb
+        c_op, c_a, c_b, c_dst, c_target, c_flag, mo_beat = cb
         # the operands' maxima and sums, registered as COMBINE reads them: the slot select and
         # MergeUnit's m1 - m2 carry chain in one cycle were 10.8 ns before placement
         # (benchmarks/netlist_paths.py); no state changes them before the MergeUnit takes its beats
@@ -879,7 +899,7 @@ class MacDecodeEngine(wiring.Component):
         m.d.comb += [mi.op.eq(c_op), mi.m1.eq(c_m1), mi.s1.eq(c_s1), mi.m2.eq(c_m2), mi.s2.eq(c_s2),
                      mi.o1.eq(q.o.payload[:len(rd0_resp.payload)]), mi.o2.eq(q.o.payload[len(rd0_resp.payload):])]
         with m.State("COMBINE"):
-            m.d.sync += [feed_beat.eq(0), mo_beat.eq(0), c_flag.eq(0),
+            m.d.sync += [mo_beat.eq(0), c_flag.eq(0),
                          c_m1.eq(m_arr[c_a]), c_s1.eq(s_arr[c_a]), c_m2.eq(m_arr[c_b]), c_s2.eq(s_arr[c_b])]
             with m.If(st.slot_empty[c_b]):
                 m.d.sync += ptrs[c_target].eq(c_a)
@@ -891,14 +911,10 @@ class MacDecodeEngine(wiring.Component):
                 m.d.sync += pg.reader.eq(Reader.MERGE)
                 m.next = "MERGE"
         with m.State("MERGE"):   # (the state SRAM's reads: _state_reads)
-            with m.If(rd0_req.valid & rd0_req.ready):
-                m.d.sync += feed_beat.eq(feed_beat + 1)
             m.d.comb += [q.i.valid.eq(rd0_resp.valid & rd1_resp.valid),
                          q.i.payload.eq(Cat(rd0_resp.payload, rd1_resp.payload)),
                          merge.i.valid.eq(q.o.valid), q.o.ready.eq(merge.i.ready)]
-            with m.If(merge.o.valid):
-                m.d.comb += [wr.valid.eq(1), wr.payload.addr.eq(c_dst * nb + mo_beat),
-                             wr.payload.data.eq(merge.o.payload.o)]
+            with m.If(merge.o.valid):   # (its beats into the state SRAM: _state_writes)
                 m.d.sync += mo_beat.eq(incr(mo_beat, nb))
                 with m.If(mo_beat == nb - 1):
                     st.write_slot(m, c_dst, merge.o.payload.m, merge.o.payload.s)
@@ -919,17 +935,13 @@ class MacDecodeEngine(wiring.Component):
             with m.If(self.es_req.valid & self.es_req.ready):
                 m.d.sync += e_beat.eq(e_beat + 1)
             m.d.comb += self.es_resp.ready.eq(1)
-            with m.If(self.es_resp.valid):
-                m.d.comb += [wr.valid.eq(1), wr.payload.addr.eq(ENT * nb + e_rbeat),
-                             wr.payload.data.eq(self.es_resp.payload.o)]
+            with m.If(self.es_resp.valid):   # (its beats into the state SRAM: _state_writes)
                 m.d.sync += e_rbeat.eq(incr(e_rbeat, nb))
                 st.write_slot(m, ENT, self.es_resp.payload.m, self.es_resp.payload.s)
                 with m.If(e_rbeat == nb - 1):
                     m.next = "DISPATCH"
         with m.State("ENTRY_WRITE"):   # (the state SRAM's reads: _state_reads)
             pe = st.ptrs[P_E]
-            with m.If(rd0_req.valid & rd0_req.ready):
-                m.d.sync += e_beat.eq(e_beat + 1)
             m.d.comb += [self.es_req.valid.eq(rd0_resp.valid),
                          er.write.eq(1), er.head.eq(head), er.slot.eq(write_slots[head]), er.beat.eq(e_rbeat),
                          er.m.eq(m_arr[pe]), er.s.eq(s_arr[pe]), er.o.eq(Mux(st.slot_empty[pe], 0, rd0_resp.payload))]
@@ -945,8 +957,6 @@ class MacDecodeEngine(wiring.Component):
         engaged, e_beat, e_rbeat = st.engaged, pg.e_beat, pg.e_rbeat
         with m.State("EMIT"):   # (the state SRAM's reads: _state_reads)
             op_ = self.out.payload
-            with m.If(rd0_req.valid & rd0_req.ready):
-                m.d.sync += e_beat.eq(e_beat + 1)
             m.d.comb += [op_.m.eq(st.out_m), op_.s.eq(st.out_s), op_.engaged.eq(engaged), op_.hit.eq(st.hit),
                          op_.fallback.eq(st.fallback), op_.position.eq(Mux(engaged, st.r_pos, 0)),
                          op_.distance.eq(Mux(engaged, st.r_dist, 0)), op_.keys.eq(st.keys),
