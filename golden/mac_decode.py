@@ -542,10 +542,13 @@ MERGE_CYCLES = 22       # MergeUnit: cycles per merge/removal transaction (scala
 RANGE_PASS_CYCLES = 42  # a range pass's cycles besides its count·B + B beats (engine RTL, checked cycle-exactly)
 PASS_LATENCY = 8        # VPU / SFM pipeline fill of one K or V pass
 NORM_CYCLES = 12        # RECIP of a range state's sum and its first output beat
+# the state SRAM's read latency: its read data leaves the block RAMs' output registers (straight
+# from a DP16KD's read port it was the routed worst path, 11.65 ns)
+STATE_READ_LATENCY = 2
 # a MergeUnit transaction in the engine besides its B beats: its operands' read and queue
 # (FifoSlice), the scalar phase (EXP2, RECIP) and the vector pipeline; no RECIP when flagged
-COMBINE_MERGE_CYCLES = 33
-COMBINE_CANCELLED_CYCLES = 23
+COMBINE_MERGE_CYCLES = 32 + STATE_READ_LATENCY
+COMBINE_CANCELLED_CYCLES = 22 + STATE_READ_LATENCY
 
 
 def head_step_cycles(cfg: MacDecodeConfig, L: int, keys, hit, engaged: bool, filled: int, fallback_keys=0):
@@ -586,8 +589,8 @@ def engine_step_cycles(cfg: MacDecodeConfig, st: HeadStep, filled: int) -> int:
     # COMBINE, then a MergeUnit transaction: scalar phase and B beats; a flagged one skips RECIP
     merge = {"merge": B + COMBINE_MERGE_CYCLES, "cancelled": B + COMBINE_CANCELLED_CYCLES, "pointer": 0}
     combines = sum(1 + merge[c] for c in st.combines)
-    entry = (B + 1) * (1 + int(st.hit))  # ENTRY_READ (hit) and ENTRY_WRITE
-    emit = B + 1                         # EMIT: the o beats from the state SRAM (their read's cycle and B)
+    entry = (B + 1) * int(st.hit) + B + STATE_READ_LATENCY   # ENTRY_READ (hit), ENTRY_WRITE (E from the state SRAM)
+    emit = B + STATE_READ_LATENCY        # EMIT: the o beats from the state SRAM (their read and B)
     return head + keys + DISPATCH_TASKS + ranges + combines + entry + emit
 
 
@@ -607,7 +610,7 @@ def engine_cycles_batch(cfg: MacDecodeConfig, engaged: bool, hit, kv_keys, range
     for made, used, flagged in combines:
         transaction = torch.where(flagged, B + COMBINE_CANCELLED_CYCLES, B + COMBINE_MERGE_CYCLES)
         cyc = cyc + torch.where(made, 1 + torch.where(used, transaction, 0), 0)
-    return cyc + (B + 1) * (1 + hit.long()) + B + 1
+    return cyc + (B + 1) * hit.long() + 2 * (B + STATE_READ_LATENCY)
 
 
 def dense_head_cycles(cfg: MacDecodeConfig, L: int) -> int:

@@ -54,7 +54,7 @@ from amaranth.lib import data, enum, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from golden.errors import ConfigError
-from golden.mac_decode import MacDecodeConfig
+from golden.mac_decode import STATE_READ_LATENCY, MacDecodeConfig
 from golden.mac_unit import MergeOp
 from golden.sfm import SfmOp
 from golden.sram import SramConfig
@@ -208,10 +208,10 @@ class _Step(NamedTuple):
     slot_m: Signal
     slot_s: Signal
 
-    def write_slot(self, m, index, m_value, s_value) -> None:
-        """State slot ``index`` := (``m_value``, ``s_value``), landing a cycle later (see ``slot_take``)."""
-        m.d.comb += [self.slot_take.eq(1), self.slot_index.eq(index), self.slot_m.eq(m_value),
-                     self.slot_s.eq(s_value)]
+    def write_slot(self, m) -> None:
+        """Write a state slot's (m, s) (which and what: ``MacDecodeEngine._slot_writes``), landing a
+        cycle later (see ``slot_take``)."""
+        m.d.comb += self.slot_take.eq(1)
 
 
 class _KeyPass(NamedTuple):
@@ -321,6 +321,7 @@ class MacDecodeEngine(wiring.Component):
 
         m.d.comb += parts.match.result.ready.eq(1)
         self._state_writes(m, parts, at, ro, cb, pg)
+        self._slot_writes(m, parts, st, at, ro, cb)
         self._state_reads(m, parts, st, cb, pg)
         with m.FSM():
             self._load_state(m, parts, st)
@@ -332,6 +333,22 @@ class MacDecodeEngine(wiring.Component):
             self._entry_states(m, parts, st, pg)
             self._emit_state(m, parts, st, pg)
         return m
+
+    def _slot_writes(self, m, parts: _Parts, st: _Step, at: _Attend, ro: _RangeOut, cb: _Combine):
+        """Which state slot a ``write_slot`` writes and with what, chosen as ``_state_writes``
+        chooses (by the valids, not the state decode: 10.4 ns routed into the registered copies):
+        MERGE's last beat (``c_dst``, the MergeUnit's m and s), R_OUT's (``r_dst``, the range's
+        result), an entry response (ENT), else R_START's empty range (``r_dst``, zeros)."""
+        merge = parts.merge
+        with m.If(merge.o.valid):
+            m.d.comb += [st.slot_index.eq(cb.c_dst), st.slot_m.eq(merge.o.payload.m), st.slot_s.eq(merge.o.payload.s)]
+        with m.Elif(ro.o3_valid):
+            m.d.comb += [st.slot_index.eq(at.r_dst), st.slot_m.eq(at.result_m), st.slot_s.eq(at.result_s)]
+        with m.Elif(self.es_resp.valid):
+            m.d.comb += [st.slot_index.eq(ENT), st.slot_m.eq(self.es_resp.payload.m),
+                         st.slot_s.eq(self.es_resp.payload.s)]
+        with m.Else():
+            m.d.comb += st.slot_index.eq(at.r_dst)
 
     def _state_writes(self, m, parts: _Parts, at: _Attend, ro: _RangeOut, cb: _Combine, pg: _Program):
         """The state SRAM's writes: R_OUT's output beats (into range state ``r_dst``), MERGE's result
@@ -386,7 +403,7 @@ class MacDecodeEngine(wiring.Component):
         m.submodules.sfm = sfm = Sfm(replace(sfm_cfg, dsp_registers=True))
         m.submodules.scores = scores = SramBank(SramConfig(depth=cfg.max_positions, width=sw, read_latency=2))
         m.submodules.states = states = SramBank(SramConfig(depth=N_SLOTS * nb, width=lanes * ow, read_ports=2,
-                                                           read_latency=1))
+                                                           read_latency=STATE_READ_LATENCY))
         m.submodules.p_fifo = p_fifo = fifo.SyncFIFOBuffered(width=vcfg.in_width, depth=4)
         score_req, score_resp = scores.read_port(0)
         rd0_req, rd0_resp = states.read_port(0)
@@ -443,7 +460,7 @@ class MacDecodeEngine(wiring.Component):
         out_m, out_s, out_empty = Signal.like(m_arr[0], name="out_m"), Signal.like(s_arr[0], name="out_s"), Signal()
         m.d.sync += [out_m.eq(m_arr[ptrs[P_OUT]]), out_s.eq(s_arr[ptrs[P_OUT]])]
         # a state slot's (m, s) and emptiness (s = 0) land a cycle after the state that writes them
-        # (``_Step.write_slot``), from registered copies: each slot's enable then comes from two
+        # (``_Step.write_slot``, ``_slot_writes``), from registered copies: each slot's enable then comes from two
         # registers, not from the state decode and a range's compare (10.2-11.0 ns routed into the
         # enables of the slots' 600 flip-flops), and the emptiness is tested on a register (the
         # slot's select and the 40-bit zero test in series with the next state were 12.0 ns
@@ -813,7 +830,7 @@ class MacDecodeEngine(wiring.Component):
             m.d.comb += [self.kv_req.payload.head.eq(st.head), self.kv_req.payload.value.eq(1),
                          self.kv_req.payload.first.eq(r_lo), self.kv_req.payload.count.eq(r_hi - r_lo)]
             with m.If(r_hi == r_lo):              # the empty state; its o is read as zeros (s = 0)
-                st.write_slot(m, r_dst, 0, 0)
+                st.write_slot(m)   # r_dst := (0, 0)
                 m.next = "DISPATCH"
             with m.Else():
                 m.d.comb += self.kv_req.valid.eq(1)
@@ -879,7 +896,7 @@ class MacDecodeEngine(wiring.Component):
                 with m.If(o_beat == nb - 1):
                     m.d.sync += o_issued.eq(1)
             with m.If(ro.o3_valid & (ro.o3_beat == nb - 1)):
-                st.write_slot(m, r_dst, at.result_m, at.result_s)
+                st.write_slot(m)   # r_dst := the range's result
                 m.next = "DISPATCH"
 
     def _combine_states(self, m, parts: _Parts, st: _Step, cb: _Combine, pg: _Program):
@@ -917,7 +934,7 @@ class MacDecodeEngine(wiring.Component):
             with m.If(merge.o.valid):   # (its beats into the state SRAM: _state_writes)
                 m.d.sync += mo_beat.eq(incr(mo_beat, nb))
                 with m.If(mo_beat == nb - 1):
-                    st.write_slot(m, c_dst, merge.o.payload.m, merge.o.payload.s)
+                    st.write_slot(m)   # c_dst := the MergeUnit's result
                     m.d.sync += [c_flag.eq(merge.o.payload.flagged), ptrs[c_target].eq(c_dst),
                                  pg.reader.eq(Reader.NONE)]
                     m.next = "DISPATCH"
@@ -937,7 +954,7 @@ class MacDecodeEngine(wiring.Component):
             m.d.comb += self.es_resp.ready.eq(1)
             with m.If(self.es_resp.valid):   # (its beats into the state SRAM: _state_writes)
                 m.d.sync += e_rbeat.eq(incr(e_rbeat, nb))
-                st.write_slot(m, ENT, self.es_resp.payload.m, self.es_resp.payload.s)
+                st.write_slot(m)   # ENT := the entry's
                 with m.If(e_rbeat == nb - 1):
                     m.next = "DISPATCH"
         with m.State("ENTRY_WRITE"):   # (the state SRAM's reads: _state_reads)
