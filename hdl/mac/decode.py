@@ -75,6 +75,9 @@ from .merge import MergeUnit
 TAIL, MID, ENT, E, O, SK, OUT = range(7)
 N_SLOTS = 8
 
+# result pointers of the combines: E, E ⊕ tail, output
+P_E, P_O, P_OUT = 0, 1, 2
+
 
 class Reader(enum.Enum, shape=2):
     """The state that reads the state SRAM's port 0, registered as it is entered and cleared as it
@@ -85,8 +88,6 @@ class Reader(enum.Enum, shape=2):
     MERGE = 1
     ENTRY_WRITE = 2
     EMIT = 3
-# result pointers of the combines: E, E ⊕ tail, output
-P_E, P_O, P_OUT = 0, 1, 2
 
 
 def attend_vpu(cfg: MacDecodeConfig) -> VpuConfig:
