@@ -85,7 +85,8 @@ PRESETS = {
     "wide": VpuConfig(lanes=16, in_width=18, acc_width=48, axpy_shift=17),
     # a 22-bit operand times a 16-bit a (mac-decode's VPU at 4 lanes): two MULT18X18D a product
     "kv_factor": VpuConfig(lanes=4, in_width=22, acc_width=52, axpy_shift=0, a_width=16),
-    "stall_free": VpuConfig(lanes=4, in_width=22, acc_width=52, axpy_shift=0, a_width=16, stall_free=True),   # mac-decode's
+    # the same, stall-free (as mac-decode builds its VPU)
+    "stall_free": VpuConfig(lanes=4, in_width=22, acc_width=52, axpy_shift=0, a_width=16, stall_free=True),
 }
 
 

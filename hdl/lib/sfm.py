@@ -12,10 +12,10 @@ slope a stage earlier, so both multiplier operands of stage 5 come straight from
 5. the one multiply; 6. one add or subtract; 7. saturate and select the output. Each stage
 holds at most one multiplier or one long carry chain, and nothing after a carry chain but its
 register (docs/synthesis.md). With ``cfg.stall_free`` the stages never stall (no clock
-enable, both streams always ready: for a user that takes every result as it comes). With ``cfg.dsp_registers`` stage 5's operands and products are
-registered twice (latency 9): ``synth/absorb.py`` moves one register of each into the
-MULT18X18D, so only routing lies between the DSP's pins and a fabric register, wherever the
-placer finds a free DSP.
+enable, both streams always ready: for a user that takes every result as it comes). With
+``cfg.dsp_registers`` stage 5's operands and products are registered twice (latency 9):
+``synth/absorb.py`` moves one register of each into the MULT18X18D, so only routing lies between
+the DSP's pins and a fabric register, wherever the placer finds a free DSP.
 """
 from __future__ import annotations
 
