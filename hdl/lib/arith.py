@@ -58,8 +58,18 @@ def saturating_add(a: Value, b: Value, shape) -> Value:
 
 def stall_all_enable(output_stream) -> Value:
     """Clock enable of a pipeline that stops as a whole when its output is stalled:
-    the pipeline advances unless the output holds a payload the consumer has not taken."""
+    the pipeline advances unless the output holds a payload the consumer has not taken. An
+    always-ready output (a stall-free pipeline, whose user takes every result as it comes)
+    never stalls: 1, no enable."""
+    if output_stream.signature.always_ready:
+        return Const(1)
     return ~output_stream.valid | output_stream.ready
+
+
+def set_ready(m, stream_port, value) -> None:
+    """``stream_port.ready = value`` (comb), unless the stream is always ready (no ``ready`` wire)."""
+    if not stream_port.signature.always_ready:
+        m.d.comb += stream_port.ready.eq(value)
 
 
 def index_width(n: int) -> int:

@@ -27,7 +27,7 @@ from amaranth.lib.wiring import In, Out
 from golden.fixedpoint import rounding_half
 from golden.sfm import EXPONENT_WIDTH, SfmConfig, SfmOp, exp_interval
 
-from .arith import round_shift, saturate, stall_all_enable
+from .arith import round_shift, saturate, set_ready, stall_all_enable
 from .pipe import constant_product, csa_sum, leading_one, partial_products, placed, register_partials
 
 
@@ -125,11 +125,8 @@ class Sfm(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        if self.cfg.stall_free:
-            ce = Const(1)
-        else:
-            ce = stall_all_enable(self.o)
-            m.d.comb += self.i.ready.eq(ce)
+        ce = stall_all_enable(self.o)
+        set_ready(m, self.i, ce)
         s1, ax, amax = self._compare_stage(m, ce)
         s2, scaled, u_width = self._normalise_stage(m, ce, s1, ax, amax)
         s3 = self._exponent_stage(m, ce, s2, scaled, u_width)

@@ -22,7 +22,7 @@ from amaranth.lib.wiring import In, Out
 
 from golden.vpu import PIPELINE_LATENCY, VpuConfig, VpuOp
 
-from .arith import round_shift, saturate, saturating_add, stall_all_enable
+from .arith import round_shift, saturate, saturating_add, set_ready, stall_all_enable
 from .pipe import CHUNK, csa_sum, partial_products, placed, register_partials, tree_sum
 
 
@@ -84,11 +84,8 @@ class Vpu(wiring.Component):
     def elaborate(self, platform):
         cfg, m = self.cfg, Module()
         w = cfg.in_width
-        if cfg.stall_free:
-            ce = Const(1)
-        else:
-            ce = stall_all_enable(self.o)
-            m.d.comb += self.i.ready.eq(ce)
+        ce = stall_all_enable(self.o)
+        set_ready(m, self.i, ce)
 
         # Stage 1: the multiplier operands per lane (a, b for DOT; a-b twice for SQDIST;
         # scalar, a for AXPY), so the multiplier has registers on both sides.

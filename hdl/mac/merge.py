@@ -32,7 +32,7 @@ from amaranth.lib.wiring import In, Out
 from golden.mac_unit import MacUnitConfig, MergeOp
 from golden.sfm import SfmOp
 
-from ..lib.arith import saturate, stall_all_enable
+from ..lib.arith import saturate, set_ready, stall_all_enable
 from ..lib.pipe import csa_sum, partial_products, placed, register_partials
 from ..lib.sfm import Sfm
 
@@ -112,12 +112,6 @@ class _ScalarSums(NamedTuple):
     down_sign: object
 
 
-def _take(m, stream_out) -> None:
-    """Take ``stream_out``'s payload whenever valid (an always-ready stream needs no ``ready``)."""
-    if not stream_out.signature.always_ready:
-        m.d.comb += stream_out.ready.eq(1)
-
-
 def _set_shift(sc: _ScalarRegs, value):
     """shift <= value, with its rounding half (registered with it)."""
     return [sc.shift.eq(value),
@@ -152,7 +146,7 @@ class MergeUnit(wiring.Component):
     def elaborate(self, platform):
         cfg, m = self.cfg, Module()
         m.submodules.sfm = sfm = Sfm(replace(cfg.sfm, stall_free=True) if self.stall_free else cfg.sfm)
-        ce = Const(1) if self.stall_free else stall_all_enable(self.o)
+        ce = stall_all_enable(self.o)
         buf = self._beat_buffer(m)
         sc = self._scalar_registers(sfm)
         products = self._scalar_products(m, sfm, sc)
@@ -297,7 +291,7 @@ class MergeUnit(wiring.Component):
                 with m.If(sfm.i.ready):
                     m.next = "EXP_WAIT"
             with m.State("EXP_WAIT"):
-                _take(m, sfm.o)
+                set_ready(m, sfm.o, 1)
                 with m.If(sfm.o.valid):
                     m.d.sync += _set_shift(sc, frac + sfm.o.payload.exponent)
                     m.next = "SCALE_PRODUCT"
@@ -325,7 +319,7 @@ class MergeUnit(wiring.Component):
                 with m.Elif(sfm.i.ready):
                     m.next = "RECIP_WAIT"
             with m.State("RECIP_WAIT"):
-                _take(m, sfm.o)
+                set_ready(m, sfm.o, 1)
                 with m.If(sfm.o.valid):
                     m.d.sync += _set_shift(sc, sfm.o.payload.exponent)
                     m.next = "WEIGHT_PRODUCT"
