@@ -542,9 +542,11 @@ MERGE_CYCLES = 22       # MergeUnit: cycles per merge/removal transaction (scala
 RANGE_PASS_CYCLES = 42  # a range pass's cycles besides its count·B + B beats (engine RTL, checked cycle-exactly)
 PASS_LATENCY = 8        # VPU / SFM pipeline fill of one K or V pass
 NORM_CYCLES = 12        # RECIP of a range state's sum and its first output beat
-# the state SRAM's read latency: its read data leaves the block RAMs' output registers (straight
-# from a DP16KD's read port it was the routed worst path, 11.65 ns)
-STATE_READ_LATENCY = 2
+# the state SRAM's read latency: its read address comes from a register and its data leaves the
+# block RAMs' output registers into an output FIFO, so the read pipeline never stalls (straight
+# from a DP16KD's read port it was the routed worst path, 11.65 ns; the pipeline's stall-all
+# enable, chosen by the reading state, was the next, 11.46 ns)
+STATE_READ_LATENCY = 4
 # a MergeUnit transaction in the engine besides its B beats: its operands' read and queue
 # (FifoSlice), the scalar phase (EXP2, RECIP) and the vector pipeline; no RECIP when flagged
 COMBINE_MERGE_CYCLES = 32 + STATE_READ_LATENCY
