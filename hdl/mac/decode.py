@@ -210,7 +210,7 @@ class _Step(NamedTuple):
     slot_s: Signal
 
     def write_slot(self, m) -> None:
-        """Write a state slot's (m, s) (which and what: ``MacDecodeEngine._slot_writes``), landing a
+        """Write a state slot's (m, s) (which and what: ``MacDecodeEngine._writes``), landing a
         cycle later (see ``slot_take``)."""
         m.d.comb += self.slot_take.eq(1)
 
@@ -322,8 +322,7 @@ class MacDecodeEngine(wiring.Component):
         cb, pg = self._combine_registers()
 
         m.d.comb += parts.match.result.ready.eq(1)
-        self._state_writes(m, parts, at, ro, cb, pg)
-        self._slot_writes(m, parts, st, at, ro, cb)
+        self._writes(m, parts, st, at, ro, cb, pg)
         self._state_reads(m, parts, st, cb, pg)
         with m.FSM():
             self._load_state(m, parts, st)
@@ -336,38 +335,31 @@ class MacDecodeEngine(wiring.Component):
             self._emit_state(m, parts, st, pg)
         return m
 
-    def _slot_writes(self, m, parts: _Parts, st: _Step, at: _Attend, ro: _RangeOut, cb: _Combine):
-        """Which state slot a ``write_slot`` writes and with what, chosen as ``_state_writes``
-        chooses (by the valids, not the state decode: 10.4 ns routed into the registered copies):
-        MERGE's last beat (``c_dst``, the MergeUnit's m and s), R_OUT's (``r_dst``, the range's
-        result), an entry response (ENT), else R_START's empty range (``r_dst``, zeros)."""
-        merge = parts.merge
-        with m.If(merge.o.valid):
-            m.d.comb += [st.slot_index.eq(cb.c_dst), st.slot_m.eq(merge.o.payload.m), st.slot_s.eq(merge.o.payload.s)]
-        with m.Elif(ro.o3_valid):
-            m.d.comb += [st.slot_index.eq(at.r_dst), st.slot_m.eq(at.result_m), st.slot_s.eq(at.result_s)]
-        with m.Elif(self.es_resp.valid):
-            m.d.comb += [st.slot_index.eq(ENT), st.slot_m.eq(self.es_resp.payload.m),
-                         st.slot_s.eq(self.es_resp.payload.s)]
-        with m.Else():
-            m.d.comb += st.slot_index.eq(at.r_dst)
-
-    def _state_writes(self, m, parts: _Parts, at: _Attend, ro: _RangeOut, cb: _Combine, pg: _Program):
-        """The state SRAM's writes: R_OUT's output beats (into range state ``r_dst``), MERGE's result
-        beats (``c_dst``) and ENTRY_READ's entry beats (ENT). They never meet in time (the output
-        pipeline runs in R_OUT alone, the stall-free MergeUnit in MERGE, entry responses answer
-        ENTRY_READ's requests), so the data and address follow the MergeUnit's and the output
-        pipeline's valids, not the state decode (which into the write's data was 11.4 ns routed)."""
+    def _writes(self, m, parts: _Parts, st: _Step, at: _Attend, ro: _RangeOut, cb: _Combine, pg: _Program):
+        """The state SRAM's writes and which state slot a ``write_slot`` writes with what: MERGE's
+        result beats and last beat's m and s (``c_dst``), R_OUT's output beats and range result
+        (``r_dst``), ENTRY_READ's entry beats and m and s (ENT), else R_START's empty range
+        (``r_dst``, zeros). They never meet in time (the output pipeline runs in R_OUT alone, the
+        stall-free MergeUnit in MERGE, entry responses answer ENTRY_READ's requests), so address and
+        data follow the valids, not the state decode (which into the write's data was 11.4 ns routed,
+        into the slot values' registered copies 10.4 ns)."""
         nb, wr, merge = self.cfg.beats, parts.states.write, parts.merge
         entry = self.es_resp.valid & self.es_resp.ready   # (ready in ENTRY_READ alone)
         m.d.comb += wr.valid.eq(merge.o.valid | ro.o3_valid | entry)
         with m.If(merge.o.valid):
-            m.d.comb += [wr.payload.addr.eq(cb.c_dst * nb + cb.mo_beat), wr.payload.data.eq(merge.o.payload.o)]
+            m.d.comb += [wr.payload.addr.eq(cb.c_dst * nb + cb.mo_beat), wr.payload.data.eq(merge.o.payload.o),
+                         st.slot_index.eq(cb.c_dst), st.slot_m.eq(merge.o.payload.m), st.slot_s.eq(merge.o.payload.s)]
         with m.Elif(ro.o3_valid):
             m.d.comb += [wr.payload.addr.eq(at.r_dst * nb + ro.o3_beat),
-                         wr.payload.data.eq(Cat(*[o.as_unsigned() for o in ro.o3_lane]))]
+                         wr.payload.data.eq(Cat(*[o.as_unsigned() for o in ro.o3_lane])),
+                         st.slot_index.eq(at.r_dst), st.slot_m.eq(at.result_m), st.slot_s.eq(at.result_s)]
         with m.Else():
             m.d.comb += [wr.payload.addr.eq(ENT * nb + pg.e_rbeat), wr.payload.data.eq(self.es_resp.payload.o)]
+            with m.If(self.es_resp.valid):
+                m.d.comb += [st.slot_index.eq(ENT), st.slot_m.eq(self.es_resp.payload.m),
+                             st.slot_s.eq(self.es_resp.payload.s)]
+            with m.Else():
+                m.d.comb += st.slot_index.eq(at.r_dst)
 
     def _state_reads(self, m, parts: _Parts, st: _Step, cb: _Combine, pg: _Program):
         """The state SRAM's read requests and response ``ready`` for the state that reads it
@@ -463,7 +455,7 @@ class MacDecodeEngine(wiring.Component):
         out_m, out_s, out_empty = Signal.like(m_arr[0], name="out_m"), Signal.like(s_arr[0], name="out_s"), Signal()
         m.d.sync += [out_m.eq(m_arr[ptrs[P_OUT]]), out_s.eq(s_arr[ptrs[P_OUT]])]
         # a state slot's (m, s) and emptiness (s = 0) land a cycle after the state that writes them
-        # (``_Step.write_slot``, ``_slot_writes``), from registered copies: each slot's enable then comes from two
+        # (``_Step.write_slot``, ``_writes``), from registered copies: each slot's enable then comes from two
         # registers, not from the state decode and a range's compare (10.2-11.0 ns routed into the
         # enables of the slots' 600 flip-flops), and the emptiness is tested on a register (the
         # slot's select and the 40-bit zero test in series with the next state were 12.0 ns
@@ -942,7 +934,7 @@ class MacDecodeEngine(wiring.Component):
                      q.i.payload.eq(Cat(rd0_resp.payload, rd1_resp.payload)),
                      merge.i.valid.eq(q.o.valid), q.o.ready.eq(merge.i.ready)]
         with m.State("MERGE"):   # (the state SRAM's reads: _state_reads)
-            with m.If(merge.o.valid):   # (its beats into the state SRAM: _state_writes)
+            with m.If(merge.o.valid):   # (its beats into the state SRAM: _writes)
                 m.d.sync += mo_beat.eq(incr(mo_beat, nb))
                 with m.If(mo_beat == nb - 1):
                     st.write_slot(m)   # c_dst := the MergeUnit's result
@@ -963,7 +955,7 @@ class MacDecodeEngine(wiring.Component):
             with m.If(self.es_req.valid & self.es_req.ready):
                 m.d.sync += e_beat.eq(e_beat + 1)
             m.d.comb += self.es_resp.ready.eq(1)
-            with m.If(self.es_resp.valid):   # (its beats into the state SRAM: _state_writes)
+            with m.If(self.es_resp.valid):   # (its beats into the state SRAM: _writes)
                 m.d.sync += e_rbeat.eq(incr(e_rbeat, nb))
                 st.write_slot(m)   # ENT := the entry's
                 with m.If(e_rbeat == nb - 1):
