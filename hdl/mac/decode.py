@@ -449,11 +449,14 @@ class MacDecodeEngine(wiring.Component):
         m_body = delayed(m, Mux(m_mid > m_tail, m_mid, m_tail), "m_body")
         # result pointers of the combines: E, E ⊕ tail, output
         ptrs = Array(Signal(3, name=f"ptr{i}") for i in range(3))
-        # the output state's m, s and emptiness, registered every cycle: EMIT reads them a cycle or
-        # more after the program's last write (its DISPATCH cycle between). The pointer's selects
-        # and s's zero test in series with out's payload were the routed worst path (13.9 ns, 71.9 MHz)
+        # the output state's m, s and emptiness, registered every cycle by a registered copy of its
+        # pointer: EMIT reads them from its first output beat on, a state SRAM read after it starts
+        # and a DISPATCH cycle or more after the program's last write. The pointer's selects and s's
+        # zero test in series with out's payload were the routed worst path (13.9 ns, 71.9 MHz); the
+        # select from the pointer itself, which drives much else, 10.1 ns routed
         out_m, out_s, out_empty = Signal.like(m_arr[0], name="out_m"), Signal.like(s_arr[0], name="out_s"), Signal()
-        m.d.sync += [out_m.eq(m_arr[ptrs[P_OUT]]), out_s.eq(s_arr[ptrs[P_OUT]])]
+        out_ptr = delayed(m, ptrs[P_OUT], "out_ptr")
+        m.d.sync += [out_m.eq(m_arr[out_ptr]), out_s.eq(s_arr[out_ptr])]
         # a state slot's (m, s) and emptiness (s = 0) land a cycle after the state that writes them
         # (``_Step.write_slot``, ``_writes``), from registered copies: each slot's enable then comes from two
         # registers, not from the state decode and a range's compare (10.2-11.0 ns routed into the
@@ -466,9 +469,11 @@ class MacDecodeEngine(wiring.Component):
         slot_empty = Array(Signal(init=1, name=f"state_empty{i}") for i in range(N_SLOTS))
         take_d, index_d = delayed(m, slot_take, "slot_take_d"), delayed(m, slot_index, "slot_index_d")
         m_d, s_d = delayed(m, slot_m, "slot_m_d"), delayed(m, slot_s, "slot_s_d")
+        # (s's zero test before the copy: after it, into the eight emptiness registers, 10.4 ns routed)
+        empty_d = delayed(m, slot_s == 0, "slot_empty_d")
         with m.If(take_d):
-            m.d.sync += [m_arr[index_d].eq(m_d), s_arr[index_d].eq(s_d), slot_empty[index_d].eq(s_d == 0)]
-        m.d.sync += out_empty.eq(slot_empty[ptrs[P_OUT]])   # (s's 40-bit zero test behind an 8:1 select: 10.7 ns routed)
+            m.d.sync += [m_arr[index_d].eq(m_d), s_arr[index_d].eq(s_d), slot_empty[index_d].eq(empty_d)]
+        m.d.sync += out_empty.eq(slot_empty[out_ptr])   # (s's 40-bit zero test behind an 8:1 select: 10.7 ns routed)
         # the query's beats land in query_buf a cycle after LOAD takes them (query_take): the
         # handshake (the state's decode, the MatchUnit's ready) then reaches a few registers instead
         # of the buffer's 1,024 flip-flops (11.4 ns routed into them); KEYS reads the buffer four
@@ -906,19 +911,21 @@ class MacDecodeEngine(wiring.Component):
         rd0_req, rd0_resp, rd1_req, rd1_resp = parts.rd0_req, parts.rd0_resp, parts.rd1_req, parts.rd1_resp
         m_arr, s_arr, ptrs = st.m_arr, st.s_arr, st.ptrs
         c_op, c_a, c_b, c_dst, c_target, c_flag, mo_beat = cb
-        # the operands' maxima and sums, registered as COMBINE reads them: the slot select and
-        # MergeUnit's m1 - m2 carry chain in one cycle were 10.8 ns before placement
-        # (benchmarks/netlist_paths.py); no state changes them before the MergeUnit takes its beats
-        c_m1, c_m2 = Signal.like(m_arr[0], name="c_m1"), Signal.like(m_arr[0], name="c_m2")
-        c_s1, c_s2 = Signal.like(s_arr[0], name="c_s1"), Signal.like(s_arr[0], name="c_s2")
+        # the operands' maxima and sums: the slots c_a and c_b select, registered every cycle, then
+        # once more beside the MergeUnit. It takes them with its first beat, five cycles or more
+        # after COMBINE (the state SRAM's read, the FIFO slice), and no slot is written between.
+        # (The slot select and the MergeUnit's m1 - m2 carry chain in one cycle were 10.8 ns before
+        # placement, benchmarks/netlist_paths.py; from COMBINE's registers to its x, 10.8 ns routed)
+        c_m1, c_m2 = (delayed(m, m_arr[c], f"c_m{i}") for i, c in ((1, c_a), (2, c_b)))
+        c_s1, c_s2 = (delayed(m, s_arr[c], f"c_s{i}") for i, c in ((1, c_a), (2, c_b)))
         # the MergeUnit's payload in every state (it reads it only with valid, in MERGE): its scalars
         # leave registers, not the state decode's mux (10.3 ns into its x before placement)
         mi, q = merge.i.payload, parts.merge_in
-        m.d.comb += [mi.op.eq(c_op), mi.m1.eq(c_m1), mi.s1.eq(c_s1), mi.m2.eq(c_m2), mi.s2.eq(c_s2),
+        m.d.comb += [mi.op.eq(c_op), mi.m1.eq(delayed(m, c_m1, "merge_m1")), mi.s1.eq(delayed(m, c_s1, "merge_s1")),
+                     mi.m2.eq(delayed(m, c_m2, "merge_m2")), mi.s2.eq(delayed(m, c_s2, "merge_s2")),
                      mi.o1.eq(q.o.payload[:len(rd0_resp.payload)]), mi.o2.eq(q.o.payload[len(rd0_resp.payload):])]
         with m.State("COMBINE"):
-            m.d.sync += [mo_beat.eq(0), c_flag.eq(0),
-                         c_m1.eq(m_arr[c_a]), c_s1.eq(s_arr[c_a]), c_m2.eq(m_arr[c_b]), c_s2.eq(s_arr[c_b])]
+            m.d.sync += [mo_beat.eq(0), c_flag.eq(0)]
             with m.If(st.slot_empty[c_b]):
                 m.d.sync += ptrs[c_target].eq(c_a)
                 m.next = "DISPATCH"
