@@ -324,6 +324,7 @@ class MacDecodeEngine(wiring.Component):
         m.d.comb += parts.match.result.ready.eq(1)
         self._writes(m, parts, st, at, ro, cb, pg)
         self._state_reads(m, parts, st, cb, pg)
+        self._key_maxima(m, st, kp)
         with m.FSM():
             self._load_state(m, parts, st)
             self._match_states(m, parts, st, kp)
@@ -705,13 +706,29 @@ class MacDecodeEngine(wiring.Component):
                          st.m_sink.eq(sf.min_raw), st.m_mid.eq(sf.min_raw), st.m_tail.eq(sf.min_raw)]
             m.next = "KEYS"
 
+    def _key_maxima(self, m, st: _Step, kp: _KeyPass):
+        """The K pass's maxima (sinks, middle, tail) from each score a cycle after it (k4, its key's
+        region registered beside it), in two steps: the compare into a register (k5), then the
+        maximum's enable straight from it (the compare into the 24 enables was 10.3 ns routed). A
+        compare takes the maximum that the score at k5 leaves, so scores a cycle apart (d = L) are
+        exact. The last key's maxima land with DISPATCH's second cycle, whose task (the tail's
+        range) is the first to read one; RANGES3 resets them (the FSM's assignments come later)."""
+        k4_valid, k4_score, k4_sink, k4_mid = kp.k4_valid, kp.k4_score, kp.k4_sink, kp.k4_mid
+        k5_score = delayed(m, k4_score, "k5_score")
+        for mx, region, name in ((st.m_sink, k4_sink, "sink"), (st.m_mid, ~k4_sink & k4_mid, "mid"),
+                                 (st.m_tail, ~k4_sink & ~k4_mid, "tail")):
+            raises = Signal(name=f"k5_raises_{name}")
+            m.d.sync += raises.eq(k4_valid & region & (k4_score > Mux(raises, k5_score, mx)))
+            with m.If(raises):
+                m.d.sync += mx.eq(k5_score)
+
     def _key_pass_state(self, m, parts: _Parts, st: _Step, kp: _KeyPass, pg: _Program):
-        """KEYS: the K bursts, DOT of each key with the query, the scores into the score SRAM and the maxima."""
+        """KEYS: the K bursts, DOT of each key with the query, the scores into the score SRAM (their
+        maxima: ``_key_maxima``)."""
         cfg = self.cfg
         nb, lanes = cfg.beats, cfg.lanes
         vpu, scores = parts.vpu, parts.scores
         head, L, F, lo_mid, lo_tail, query_buf = st.head, st.L, st.F, st.lo_mid, st.lo_tail, st.query_buf
-        m_sink, m_mid, m_tail = st.m_sink, st.m_mid, st.m_tail
         kq_phase, resp_beat, s_pos, scored, k3_valid, k3_score = (kp.kq_phase, kp.resp_beat, kp.s_pos, kp.scored,
                                                                    kp.k3_valid, kp.k3_score)
         with m.State("KEYS"):
@@ -740,19 +757,6 @@ class MacDecodeEngine(wiring.Component):
                 m.d.comb += [scores.write.valid.eq(1), scores.write.payload.addr.eq(s_pos),
                              scores.write.payload.data.eq(k3_score)]
                 m.d.sync += [scored.eq(scored + 1), s_pos.eq(Mux(s_pos + 1 == F, lo_mid, s_pos + 1))]
-            # the maxima a cycle after the score (k4), its key's region registered beside it
-            k4_valid, k4_score, k4_sink, k4_mid = kp.k4_valid, kp.k4_score, kp.k4_sink, kp.k4_mid
-            with m.If(k4_valid):
-                with m.If(k4_sink):
-                    with m.If(k4_score > m_sink):
-                        m.d.sync += m_sink.eq(k4_score)
-                with m.Elif(k4_mid):
-                    with m.If(k4_score > m_mid):
-                        m.d.sync += m_mid.eq(k4_score)
-                with m.Else():
-                    with m.If(k4_score > m_tail):
-                        m.d.sync += m_tail.eq(k4_score)
-            # (the last key's maxima land with DISPATCH's first cycle, which does not read them)
             with m.If(~k3_valid & (scored == st.keys) & (kq_phase == 2)):
                 m.d.sync += pg.task.eq(0)
                 m.next = "DISPATCH"
@@ -911,13 +915,15 @@ class MacDecodeEngine(wiring.Component):
         rd0_req, rd0_resp, rd1_req, rd1_resp = parts.rd0_req, parts.rd0_resp, parts.rd1_req, parts.rd1_resp
         m_arr, s_arr, ptrs = st.m_arr, st.s_arr, st.ptrs
         c_op, c_a, c_b, c_dst, c_target, c_flag, mo_beat = cb
-        # the operands' maxima and sums: the slots c_a and c_b select, registered every cycle, then
-        # once more beside the MergeUnit. It takes them with its first beat, five cycles or more
-        # after COMBINE (the state SRAM's read, the FIFO slice), and no slot is written between.
-        # (The slot select and the MergeUnit's m1 - m2 carry chain in one cycle were 10.8 ns before
-        # placement, benchmarks/netlist_paths.py; from COMBINE's registers to its x, 10.8 ns routed)
-        c_m1, c_m2 = (delayed(m, m_arr[c], f"c_m{i}") for i, c in ((1, c_a), (2, c_b)))
-        c_s1, c_s2 = (delayed(m, s_arr[c], f"c_s{i}") for i, c in ((1, c_a), (2, c_b)))
+        # the operands' maxima and sums: the slots that registered copies of c_a and c_b select,
+        # registered every cycle, then once more beside the MergeUnit. It takes them with its first
+        # beat, six cycles or more after COMBINE (the state SRAM's read, the FIFO slice), and no slot
+        # is written between. (The slot select and the MergeUnit's m1 - m2 carry chain in one cycle
+        # were 10.8 ns before placement, benchmarks/netlist_paths.py; from COMBINE's registers to its
+        # x, 10.8 ns routed; the select by c_b itself, 10.0 ns routed)
+        sel_a, sel_b = delayed(m, c_a, "c_sel_a"), delayed(m, c_b, "c_sel_b")
+        c_m1, c_m2 = (delayed(m, m_arr[c], f"c_m{i}") for i, c in ((1, sel_a), (2, sel_b)))
+        c_s1, c_s2 = (delayed(m, s_arr[c], f"c_s{i}") for i, c in ((1, sel_a), (2, sel_b)))
         # the MergeUnit's payload in every state (it reads it only with valid, in MERGE): its scalars
         # leave registers, not the state decode's mux (10.3 ns into its x before placement)
         mi, q = merge.i.payload, parts.merge_in
