@@ -709,16 +709,19 @@ class MacDecodeEngine(wiring.Component):
     def _key_maxima(self, m, st: _Step, kp: _KeyPass):
         """The K pass's maxima (sinks, middle, tail) from each score a cycle after it (k4, its key's
         region registered beside it), in two steps: the compare into a register (k5), then the
-        maximum's enable straight from it (the compare into the 24 enables was 10.3 ns routed). A
-        compare takes the maximum that the score at k5 leaves, so scores a cycle apart (d = L) are
-        exact. The last key's maxima land with DISPATCH's second cycle, whose task (the tail's
-        range) is the first to read one; RANGES3 resets them (the FSM's assignments come later)."""
+        maximum's enable straight from it (the compare into the 24 enables was 10.3 ns routed).
+        Scores come d/L cycles apart; with d = L (one beat) they come a cycle apart, and a compare
+        takes the maximum that the score at k5 leaves (that forward, in the loop through ``raises``,
+        was 10.5 ns routed, so only d = L builds it). The last key's maxima land with DISPATCH's
+        second cycle, whose task (the tail's range) is the first to read one; RANGES3 resets them
+        (the FSM's assignments come later)."""
         k4_valid, k4_score, k4_sink, k4_mid = kp.k4_valid, kp.k4_score, kp.k4_sink, kp.k4_mid
         k5_score = delayed(m, k4_score, "k5_score")
         for mx, region, name in ((st.m_sink, k4_sink, "sink"), (st.m_mid, ~k4_sink & k4_mid, "mid"),
                                  (st.m_tail, ~k4_sink & ~k4_mid, "tail")):
             raises = Signal(name=f"k5_raises_{name}")
-            m.d.sync += raises.eq(k4_valid & region & (k4_score > Mux(raises, k5_score, mx)))
+            ahead = Mux(raises, k5_score, mx) if self.cfg.beats == 1 else mx
+            m.d.sync += raises.eq(k4_valid & region & (k4_score > ahead))
             with m.If(raises):
                 m.d.sync += mx.eq(k5_score)
 
