@@ -228,7 +228,7 @@ class _KeyPass(NamedTuple):
     k4_score: Signal
     k4_sink: Signal
     k4_mid: Signal
-    q_beat: Signal
+    k_query: Signal
 
 
 class _Attend(NamedTuple):
@@ -507,9 +507,9 @@ class MacDecodeEngine(wiring.Component):
         k4_sink, k4_mid = delayed(m, s_pos < st.F, "k4_sink"), delayed(m, s_pos < st.lo_tail, "k4_mid")
         # the query beat of the key beat at the VPU's input, from a register (its 16:1 select of the
         # query buffer by resp_beat, in series with the VPU's input, was 10.6 ns routed)
-        q_beat = Signal(cfg.lanes * cfg.kv_width, name="k_query")
+        k_query = Signal(cfg.lanes * cfg.kv_width)
         return _KeyPass(kq_phase, resp_beat, s_pos, scored, k_in, k3_valid, k3_score, k4_valid, k4_score, k4_sink,
-                        k4_mid, q_beat)
+                        k4_mid, k_query)
 
     def _attend_registers(self, m, sfm) -> _Attend:
         """A range attention's registers, with z saturated and the weight p of an EXP2 result."""
@@ -701,7 +701,7 @@ class MacDecodeEngine(wiring.Component):
         with m.State("RANGES3"):   # (the band's bounds, then the key count from them: in one state
             mid = st.lo_mid        # their carry chains in series were the engine's critical path, 66.3 MHz)
             m.d.sync += [st.keys.eq(F + L - mid),
-                         kp.kq_phase.eq(0), kp.resp_beat.eq(0), kp.q_beat.eq(st.query_buf[0]), kp.scored.eq(0),
+                         kp.kq_phase.eq(0), kp.resp_beat.eq(0), kp.k_query.eq(st.query_buf[0]), kp.scored.eq(0),
                          kp.s_pos.eq(Mux(F != 0, 0, mid)),
                          st.m_sink.eq(sf.min_raw), st.m_mid.eq(sf.min_raw), st.m_tail.eq(sf.min_raw)]
             m.next = "KEYS"
@@ -752,9 +752,10 @@ class MacDecodeEngine(wiring.Component):
                          vpu.i.payload.op.eq(VpuOp.DOT), vpu.i.payload.last.eq(resp_beat == nb - 1)]
             for l in range(lanes):
                 m.d.comb += [vpu.i.payload.a[l].eq(self.kv_resp.payload[l]),
-                             vpu.i.payload.b[l].eq(kp.q_beat[l * cfg.kv_width:(l + 1) * cfg.kv_width].as_signed())]
+                             vpu.i.payload.b[l].eq(kp.k_query[l * cfg.kv_width:(l + 1) * cfg.kv_width].as_signed())]
             with m.If(vpu.i.valid & vpu.i.ready):
-                m.d.sync += [resp_beat.eq(incr(resp_beat, nb)), kp.q_beat.eq(query_buf[incr(resp_beat, nb)])]
+                next_beat = incr(resp_beat, nb)
+                m.d.sync += [resp_beat.eq(next_beat), kp.k_query.eq(query_buf[next_beat])]
             m.d.comb += kp.k_in.eq(vpu.o.valid)
             with m.If(k3_valid):
                 m.d.comb += [scores.write.valid.eq(1), scores.write.payload.addr.eq(s_pos),
