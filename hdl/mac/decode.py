@@ -61,7 +61,7 @@ from golden.sram import SramConfig
 from golden.vpu import VpuConfig, VpuOp
 
 from ..lib.arith import incr, index_width, round_shift, saturate
-from ..lib.pipe import csa_sum, delayed, delayed_write, placed, registered_product, scaled_round
+from ..lib.pipe import csa_sum, delayed, delayed_write, placed, registered_product, scaled_round, selected_in_two
 from ..lib.sfm import Sfm
 from ..lib.slice import FifoSlice
 from ..lib.sram import SramBank
@@ -450,14 +450,15 @@ class MacDecodeEngine(wiring.Component):
         m_body = delayed(m, Mux(m_mid > m_tail, m_mid, m_tail), "m_body")
         # result pointers of the combines: E, E ⊕ tail, output
         ptrs = Array(Signal(3, name=f"ptr{i}") for i in range(3))
-        # the output state's m, s and emptiness, registered every cycle by a registered copy of its
-        # pointer: EMIT reads them from its first output beat on, a state SRAM read after it starts
-        # and a DISPATCH cycle or more after the program's last write. The pointer's selects and s's
-        # zero test in series with out's payload were the routed worst path (13.9 ns, 71.9 MHz); the
-        # select from the pointer itself, which drives much else, 10.1 ns routed
-        out_m, out_s, out_empty = Signal.like(m_arr[0], name="out_m"), Signal.like(s_arr[0], name="out_s"), Signal()
+        # the output state's m, s and emptiness, selected every cycle by a registered copy of its
+        # pointer (m and s in two registered steps, ``selected_in_two``): EMIT reads them from its
+        # first output beat on, a state SRAM read (four cycles) after it starts and a DISPATCH cycle
+        # or more after the program's last write. The pointer's selects and s's zero test in series
+        # with out's payload were the routed worst path (13.9 ns, 71.9 MHz); the select from the
+        # pointer itself, which drives much else, 10.1 ns routed; by the copy in one step, 10.2 ns
+        out_empty = Signal()
         out_ptr = delayed(m, ptrs[P_OUT], "out_ptr")
-        m.d.sync += [out_m.eq(m_arr[out_ptr]), out_s.eq(s_arr[out_ptr])]
+        out_m, out_s = selected_in_two(m, list(m_arr), out_ptr, "out_m"), selected_in_two(m, list(s_arr), out_ptr, "out_s")
         # a state slot's (m, s) and emptiness (s = 0) land a cycle after the state that writes them
         # (``_Step.write_slot``, ``_writes``), from registered copies: each slot's enable then comes from two
         # registers, not from the state decode and a range's compare (10.2-11.0 ns routed into the
@@ -919,20 +920,20 @@ class MacDecodeEngine(wiring.Component):
         rd0_req, rd0_resp, rd1_req, rd1_resp = parts.rd0_req, parts.rd0_resp, parts.rd1_req, parts.rd1_resp
         m_arr, s_arr, ptrs = st.m_arr, st.s_arr, st.ptrs
         c_op, c_a, c_b, c_dst, c_target, c_flag, mo_beat = cb
-        # the operands' maxima and sums: the slots that registered copies of c_a and c_b select,
-        # registered every cycle, then once more beside the MergeUnit. It takes them with its first
-        # beat, six cycles or more after COMBINE (the state SRAM's read, the FIFO slice), and no slot
-        # is written between. (The slot select and the MergeUnit's m1 - m2 carry chain in one cycle
-        # were 10.8 ns before placement, benchmarks/netlist_paths.py; from COMBINE's registers to its
-        # x, 10.8 ns routed; the select by c_b itself, 10.0 ns routed)
+        # the operands' maxima and sums: the slots that registered copies of c_a and c_b select, in
+        # two registered steps (``selected_in_two``), into the MergeUnit's payload in every state (it
+        # reads it only with valid, in MERGE). It takes them with its first beat, six cycles or more
+        # after COMBINE (the state SRAM's read, the FIFO slice), and no slot is written between.
+        # (The slot select and the MergeUnit's m1 - m2 carry chain in one cycle were 10.8 ns before
+        # placement, benchmarks/netlist_paths.py; the select by c_b itself, 10.0 ns routed; the 8:1
+        # select by a registered copy in one step, 10.6 ns routed)
         sel_a, sel_b = delayed(m, c_a, "c_sel_a"), delayed(m, c_b, "c_sel_b")
-        c_m1, c_m2 = (delayed(m, m_arr[c], f"c_m{i}") for i, c in ((1, sel_a), (2, sel_b)))
-        c_s1, c_s2 = (delayed(m, s_arr[c], f"c_s{i}") for i, c in ((1, sel_a), (2, sel_b)))
-        # the MergeUnit's payload in every state (it reads it only with valid, in MERGE): its scalars
-        # leave registers, not the state decode's mux (10.3 ns into its x before placement)
         mi, q = merge.i.payload, parts.merge_in
-        m.d.comb += [mi.op.eq(c_op), mi.m1.eq(delayed(m, c_m1, "merge_m1")), mi.s1.eq(delayed(m, c_s1, "merge_s1")),
-                     mi.m2.eq(delayed(m, c_m2, "merge_m2")), mi.s2.eq(delayed(m, c_s2, "merge_s2")),
+        m.d.comb += [mi.op.eq(c_op),
+                     mi.m1.eq(selected_in_two(m, list(m_arr), sel_a, "merge_m1")),
+                     mi.s1.eq(selected_in_two(m, list(s_arr), sel_a, "merge_s1")),
+                     mi.m2.eq(selected_in_two(m, list(m_arr), sel_b, "merge_m2")),
+                     mi.s2.eq(selected_in_two(m, list(s_arr), sel_b, "merge_s2")),
                      mi.o1.eq(q.o.payload[:len(rd0_resp.payload)]), mi.o2.eq(q.o.payload[len(rd0_resp.payload):])]
         with m.State("COMBINE"):
             m.d.sync += [mo_beat.eq(0), c_flag.eq(0)]
