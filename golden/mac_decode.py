@@ -539,7 +539,7 @@ class MacDecodeLayer:
 # -- cycles: the schedule's model (docs/mac-unit.md, "Decode engine") ----------------------------
 MATCH_OVERHEAD = 14     # MatchUnit: cycles per match beyond M d/L + 2 d/L (docs/mac-unit.md, RTL-measured; read latency 5, VPU 7)
 MERGE_CYCLES = 22       # MergeUnit: cycles per merge/removal transaction (scalar phase, RTL-measured)
-RANGE_PASS_CYCLES = 42  # a range pass's cycles besides its count·B + B beats (engine RTL, checked cycle-exactly)
+RANGE_PASS_CYCLES = 43  # a range pass's cycles besides its count·B + B beats (engine RTL, checked cycle-exactly)
 PASS_LATENCY = 8        # VPU / SFM pipeline fill of one K or V pass
 NORM_CYCLES = 12        # RECIP of a range state's sum and its first output beat
 # the state SRAM's read latency: its read address comes from a register and its data leaves the

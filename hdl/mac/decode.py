@@ -396,7 +396,9 @@ class MacDecodeEngine(wiring.Component):
         # the SFM's multiply with its DSP's registers: at 135 of 156 MULT18X18D the placer put it 83
         # columns from its operand register (14.9 ns routed, 10.5 of it routing, 67.1 MHz)
         m.submodules.sfm = sfm = Sfm(replace(sfm_cfg, dsp_registers=True))
-        m.submodules.scores = scores = SramBank(SramConfig(depth=cfg.max_positions, width=sw, read_latency=2))
+        # the score SRAM's word registered after its bank select (read latency 3): the DP16KD's
+        # output register, the select and x's subtract in one cycle were 10.0 ns routed
+        m.submodules.scores = scores = SramBank(SramConfig(depth=cfg.max_positions, width=sw, read_latency=3))
         m.submodules.states = states = SramBank(SramConfig(depth=N_SLOTS * nb, width=lanes * ow, read_ports=2,
                                                            read_latency=STATE_READ_LATENCY,
                                                            address_register=True))
@@ -547,8 +549,10 @@ class MacDecodeEngine(wiring.Component):
         p_valid, p_reg = Signal(), Signal(vcfg.in_width)
         # the range's state scalars (m, or 0 when z = 0; z saturated), registered every cycle: R_OUT
         # writes them at its last beat, long after z's last add. z's zero test and saturation in
-        # series with the state slot's write were 11.2-11.5 ns routed (79.3 MHz)
-        result_m = delayed(m, Mux(z_sum == 0, 0, r_m), "range_result_m")
+        # series with the state slot's write were 11.2-11.5 ns routed (79.3 MHz); the zero test
+        # into result_m, which Yosys shared with the SFM's leading one of z, 10.3 ns routed: it has
+        # its own register
+        result_m = delayed(m, Mux(delayed(m, z_sum == 0, "range_z_zero"), 0, r_m), "range_result_m")
         result_s = delayed(m, z_sat, "range_result_s")
         return _Attend(r_lo, r_hi, r_m, r_dst, r_last, sc_pos, done_pos, done_beat, numer_first, numer_out, z_sum,
                        z_sat, x_valid, x_reg, recip_m, pre, p_half_next, p_half_valid, p_half, p_shift, p_valid, p_reg,
