@@ -176,6 +176,35 @@ def test_masked_copies_equal_the_word_a_cycle_later_and_stay_apart():
     assert ffs == 8, log          # one register per copy of word (small's copies are unread: removed)
 
 
+@pytest.mark.parametrize("n", [2, 5, 8])
+def test_selected_in_two_is_the_select_two_cycles_later(n):
+    """hdl/lib/pipe.py ``selected_in_two``: ``values[index]`` of two cycles earlier, for random
+    values and indices changing every cycle (seed 11), with lengths of one group, a partial group
+    and two full groups."""
+    import random
+    from hdl.lib.pipe import selected_in_two
+    m = Module()
+    values = [Signal(12, name=f"v{i}") for i in range(n)]
+    index = Signal(range(n))
+    out = selected_in_two(m, values, index, "sel")
+    sim = Simulator(m)
+    sim.add_clock(1e-6)
+
+    async def bench(ctx):
+        rng, seen = random.Random(11), []
+        for cycle in range(200):
+            vals, idx = [rng.randrange(1 << 12) for _ in range(n)], rng.randrange(n)
+            for sig, v in zip(values, vals):
+                ctx.set(sig, v)
+            ctx.set(index, idx)
+            seen.append(vals[idx])
+            await ctx.tick()
+            if cycle >= 2:
+                assert ctx.get(out) == seen[cycle - 1], cycle   # (set before tick c - 1, out after tick c)
+    sim.add_testbench(bench)
+    sim.run()
+
+
 def test_constant_product_is_exact_and_its_netlist_linear():
     """hdl/lib/pipe.py ``constant_product`` + ``csa_sum``: ``x * c`` exact for every 10-bit x
     (c = 0b1011101011011, 9 set bits), and the netlist has one shifter per set bit: each
