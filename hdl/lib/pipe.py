@@ -75,9 +75,9 @@ def delayed(m, value: Value, name: str) -> Signal:
 
 
 def selected_in_two(m, values, index: Value, name: str) -> Signal:
-    """``values[index]`` two cycles later, in two registered steps: each group of four selected
-    by ``index``'s low bits into a register (beside a copy of its high bits), then the group by
-    that copy. For a wide select from registers spread over the die (an 8:1 of 40-bit registers
+    """``values[index]`` two cycles later, in two registered steps: each group of up to four
+    selected by ``index``'s low bits into a register (beside a copy of its high bits), then the
+    group by that copy. For a wide select from registers spread over the die (an 8:1 of 40-bit registers
     by one index, placed apart, was 10.2-10.6 ns routed in one step)."""
     low = min(2, max(1, (len(values) - 1).bit_length()))
     groups = [values[g:g + 2 ** low] for g in range(0, len(values), 2 ** low)]
