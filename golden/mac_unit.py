@@ -129,7 +129,7 @@ class MacUnitConfig(BlockConfig):
     @cached_property
     def sfm(self) -> SfmConfig:
         return SfmConfig(x_width=self.score_width, x_frac=self.score_frac, recip_in_width=self.sum_width,
-                         mantissa_frac=self.mantissa_frac)
+                         mantissa_frac=self.mantissa_frac, with_exp=False)   # the unit uses RECIP and EXP2 alone
 
     def reference(self) -> MacConfig:
         """The float reference (golden.mac_ref.MacConfig) of this unit: same window, match threshold

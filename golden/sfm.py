@@ -66,6 +66,9 @@ class SfmConfig(BlockConfig):
                                        "(latency 9, not 7; the same results)")
     stall_free: bool = param(False, "RTL: no clock enable (i and o always ready): its user takes every "
                                     "result the cycle it is valid (the same results and latency)")
+    with_exp: bool = param(True, "RTL: build EXP (the boundary compares, PWL tables and its multiply); "
+                                 "False for a user of RECIP and EXP2 alone (the MAC blocks, which send no "
+                                 "EXP request: its result is then not defined)")
 
     def validate(self):
         self.require(4 <= self.x_width <= 24, f"x_width must be 4..24, got {self.x_width}")
@@ -199,8 +202,11 @@ PRESETS = {
     # scores to +-128: EXP2 clamps |x| at 2^14 raw (44.4 and up give exponent 63), below x's own
     # range, so its clamp from below is built (at the others the clamp is x's range)
     "wide_x": SfmConfig(x_width=16, x_frac=8),
-    "dsp_registers": SfmConfig(dsp_registers=True),   # mac-decode's SFM
-    "stall_free": SfmConfig(stall_free=True),          # mac-decode's MergeUnit's SFM
+    "dsp_registers": SfmConfig(dsp_registers=True),
+    "stall_free": SfmConfig(stall_free=True),
+    # the MAC blocks' SFMs (RECIP and EXP2 alone): mac-decode's, and its MergeUnit's
+    "mac_decode": SfmConfig(dsp_registers=True, with_exp=False),
+    "mac_merge": SfmConfig(stall_free=True, with_exp=False),
     "small": SfmConfig(x_width=12, x_frac=7, coef_frac=12, out_width=12, out_frac=11, intervals=4,
                        cutoff=-6.0, recip_in_width=20, table_index_bits=5, table_delta_bits=6,
                        mantissa_frac=12),

@@ -35,11 +35,13 @@ FIELD_RANGES = {"depth": (2, 16384), "read_latency": (1, 6), "band": (1, 1024)}
 # was, so that adding them changed no recorded seed's draw of the others: name -> draw(values, rng).
 # center_bits: the key itself half the time, else 2..kv_width-bit compact centers. group: 1..3 query
 # heads, except for the blocks that serve one head (the registry's ``one_head``: the tile builds one
-# of each per head). dsp_registers (the SFM's) and stall_free (the VPU's and the SFM's): half the time.
+# of each per head). dsp_registers and with_exp (the SFM's) and stall_free (the VPU's and the SFM's): half
+# the time.
 SIDE_DRAWS = {"center_bits": lambda block, values, rng: 0 if rng.random() < 0.5 else rng.randint(2, max(2, values["kv_width"])),
               "group": lambda block, values, rng: 1 if get_block(block).one_head else rng.randint(1, 3),
               "dsp_registers": lambda block, values, rng: rng.random() < 0.5,
-              "stall_free": lambda block, values, rng: rng.random() < 0.5}
+              "stall_free": lambda block, values, rng: rng.random() < 0.5,
+              "with_exp": lambda block, values, rng: rng.random() < 0.5}
 
 
 def families() -> dict[str, list[str]]:

@@ -11,7 +11,8 @@ from testbenches.runner import simulate
 SEED = 7
 
 
-@pytest.mark.parametrize("preset", ["default", "small", "lad16", "wide_x", "dsp_registers", "stall_free"])
+@pytest.mark.parametrize("preset", ["default", "small", "lad16", "wide_x", "dsp_registers", "stall_free",
+                                    "mac_decode", "mac_merge"])
 def test_sfm_rtl_equals_golden(preset):
     """lad16's x reaches -64, where EXP2's exponent saturates at kmax (the others' x does not);
     wide_x's x reaches -128, beyond EXP2's clamp of |x| (stage 1's ``below``)."""

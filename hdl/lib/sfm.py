@@ -15,7 +15,9 @@ register (docs/synthesis.md). With ``cfg.stall_free`` the stages never stall (no
 enable, both streams always ready: for a user that takes every result as it comes). With
 ``cfg.dsp_registers`` stage 5's operands and products are registered twice (latency 9):
 ``synth/absorb.py`` moves one register of each into the MULT18X18D, so only routing lies between
-the DSP's pins and a fabric register, wherever the placer finds a free DSP.
+the DSP's pins and a fabric register, wherever the placer finds a free DSP. Without
+``cfg.with_exp`` EXP is not built (no boundary compares, PWL tables, EXP multiply or sum): a user
+of RECIP and EXP2 alone, as the MAC blocks are, saves their logic and a multiplier.
 """
 from __future__ import annotations
 
@@ -146,7 +148,7 @@ class Sfm(wiring.Component):
         # compare is the sign and an AND of the bits above clamp_bits (LUTs, no carry chain), and
         # the clamp's select is applied in stage 2 from registers (applied here, a compare fanned
         # out to every bit of |x|: mac-unit's critical path).
-        bounds = cfg.exp_boundaries_raw
+        bounds = cfg.exp_boundaries_raw if cfg.with_exp else []
         clamp_bits = (exp2_clamp(cfg) - 1).bit_length()
         amax = 1 << clamp_bits
         ax_width = clamp_bits + 1
@@ -171,7 +173,7 @@ class Sfm(wiring.Component):
         """Stage 2: the interval index, normalised z and |x| log2(e) as carry-save terms."""
         cfg = self.cfg
         w = cfg.recip_in_width
-        bounds = cfg.exp_boundaries_raw
+        bounds = cfg.exp_boundaries_raw if cfg.with_exp else []
         # Stage 2: interval index (boundaries above x), normalised z, |x| * log2(e) as two
         # carry-save terms (the constant's shifted copies of |x| in LUTs; summed in stage 3).
         s2 = _stage("s2", valid=1, op=2, x=signed(cfg.x_width), interval=cfg.interval_width, lead=range(w),
@@ -181,7 +183,7 @@ class Sfm(wiring.Component):
         with m.If(ce):
             m.d.sync += _carry(s2, s1, "valid", "op", "x", "lead", "zero")
             m.d.sync += [s2["norm"].eq(s1["z"] << shift),
-                         s2["interval"].eq(sum(s1["lt"][n].as_unsigned() for n in range(len(bounds))))]
+                         s2["interval"].eq(sum((s1["lt"][n].as_unsigned() for n in range(len(bounds))), Const(0)))]
         half = rounding_half(cfg.exp2_shift)
         u_width = (amax * cfg.log2e_raw + half).bit_length()   # u's largest value, at |x| = amax
         scaled_terms = constant_product(m, ax, cfg.log2e_raw, u_width, "s2_log2e")
@@ -219,7 +221,8 @@ class Sfm(wiring.Component):
                     exponent=EXPONENT_WIDTH, special=1, index=cfg.table_index_bits, offset=offset_width, slope=coef)
         with m.If(ce):
             m.d.sync += _carry(s3, s2, "valid", "op", "x", "interval")
-            m.d.sync += s3["slope"].eq(slopes[s2["interval"]])
+            if cfg.with_exp:
+                m.d.sync += s3["slope"].eq(slopes[s2["interval"]])
             with m.If(s2["op"] == SfmOp.EXP2):
                 m.d.sync += [
                     s3["exponent"].eq(Mux(over, kmax, u_int[:EXPONENT_WIDTH])), s3["special"].eq(over),
@@ -259,8 +262,9 @@ class Sfm(wiring.Component):
         is_exp2 = s3["op"] == SfmOp.EXP2
         with m.If(ce):
             m.d.sync += _carry(s4, s3, "valid", "op", "x", "interval", "exponent", "special", "offset", "slope")
-            m.d.sync += [s4["intercept"].eq(biases[s3["interval"]]),
-                         s4["c0"].eq(Mux(is_exp2, exp2_c0[s3["index"]], recip_c0[s3["index"]])),
+            if cfg.with_exp:
+                m.d.sync += s4["intercept"].eq(biases[s3["interval"]])
+            m.d.sync += [s4["c0"].eq(Mux(is_exp2, exp2_c0[s3["index"]], recip_c0[s3["index"]])),
                          s4["c1"].eq(Mux(is_exp2, exp2_c1[s3["index"]], recip_c1[s3["index"]]))]
         return s4, bias_raw
 
@@ -277,7 +281,8 @@ class Sfm(wiring.Component):
                     intercept=len(s4["intercept"]), c0=len(s4["c0"]),
                     line_product=unsigned(mant.width + offset_width))
         carried = ("valid", "op", "interval", "exponent", "special", "intercept", "c0")
-        line_product, exp_pieces = s4["c1"] * s4["offset"], partial_products(s4["slope"], s4["x"])
+        line_product = s4["c1"] * s4["offset"]
+        exp_pieces = partial_products(s4["slope"], s4["x"]) if cfg.with_exp else []
         src = s4
         if cfg.dsp_registers:   # the products' first register (the DSP's output register)
             src = {k: s4[k] for k in carried}
@@ -302,7 +307,8 @@ class Sfm(wiring.Component):
         exp_width = exp_sum_width(cfg, bias_raw)
         s6 = _stage("s6", valid=1, op=2, interval=cfg.interval_width, exponent=EXPONENT_WIDTH, special=1,
                     exp_sum=signed(exp_width), mantissa=cfg.value_width)
-        exp_sum = csa_sum(m, placed(exp_pieces) + [s5["intercept"]], exp_width, "s6_exp").as_signed()
+        exp_sum = (csa_sum(m, placed(exp_pieces) + [s5["intercept"]], exp_width, "s6_exp").as_signed()
+                   if cfg.with_exp else Const(0, signed(exp_width)))
         mantissa = ((s5["c0"] - s5["line_product"]) >> k if k > 0
                     else s5["c0"] - round_shift(s5["line_product"], k))
         with m.If(ce):
@@ -320,7 +326,7 @@ class Sfm(wiring.Component):
         out = self.o.payload
         with m.If(ce):
             m.d.sync += self.o.valid.eq(s6["valid"])
-            with m.If(s6["op"] == SfmOp.EXP):
+            with m.If((s6["op"] == SfmOp.EXP) if cfg.with_exp else Const(0)):
                 m.d.sync += [out.value.eq(exp_value), out.exponent.eq(0), out.interval.eq(s6["interval"])]
             with m.Else():
                 m.d.sync += [out.value.eq(s6["mantissa"]), out.interval.eq(0), out.exponent.eq(s6["exponent"])]
