@@ -14,7 +14,10 @@ rounding constant, then shifted (docs/synthesis.md).
 The transaction's beats are loaded into a buffer (``d/L`` words of both lane vectors)
 while its scalar phase runs, so the next transaction's first beat, and with it the next
 scalar phase, is visible as soon as the last beat is loaded: the scalar phase of one
-transaction overlaps the vector phase of the one before. Vector phase: one beat per cycle
+transaction overlaps the vector phase of the one before. The buffer has two halves, one
+loading while the vector phase reads the other, so ``i.ready`` is a flip-flop (its
+``pending``: the scalars taken, the beats not all loaded), not a compare of the load
+against the vector phase's read. Vector phase: one beat per cycle
 through a six-stage pipeline (buffer read; the read data registered; partial
 products, in the DSPs; the products again, in the fabric; sum with the rounding half;
 shift and saturate):
@@ -61,6 +64,8 @@ class _BeatBuffer(NamedTuple):
     loaded: Signal
     vec_active: Signal
     vec_beat: Signal
+    load_half: Signal   # the half of the buffer the next transaction loads into
+    vec_half: Signal    # the half the vector phase reads
 
 
 class _ScalarRegs(NamedTuple):
@@ -161,24 +166,29 @@ class MergeUnit(wiring.Component):
         """The beat buffer: both lane vectors of each beat of the transaction, loaded from ``i``."""
         nb, lanes, ow = self.cfg.beats, self.cfg.lanes, self.cfg.out_width
         p = self.i.payload
-        m.submodules.buf = buf = memory.Memory(shape=unsigned(2 * lanes * ow), depth=nb, init=[])
+        load_beat = Signal(range(nb))
+        # two halves of 2^len(load_beat) words each: a word's address is its beat and its half
+        m.submodules.buf = buf = memory.Memory(shape=unsigned(2 * lanes * ow), depth=2 << len(load_beat), init=[])
         # (the ports as one tuple: Amaranth's tracer finds no name for them and keeps its defaults)
         ports = buf.write_port(), buf.read_port(domain="sync")
         wp, rp = ports
         pending = Signal()      # scalars of the transaction at the head of ``i`` taken, beats not all loaded
-        loaded = Signal()       # the buffer holds every beat of the transaction not yet handed off
-        load_beat = Signal(range(nb))
-        vec_active = Signal()   # the vector phase is reading the buffer
+        loaded = Signal()       # a half holds every beat of the transaction not yet handed off
+        load_half, vec_half = Signal(), Signal()
+        vec_active = Signal()   # the vector phase is reading its half
         vec_beat = Signal(range(nb + 1))
-        slot_free = ~loaded & (~vec_active | (load_beat < vec_beat))
-        m.d.comb += [self.i.ready.eq(pending & slot_free),
-                     wp.en.eq(self.i.valid & self.i.ready), wp.addr.eq(load_beat),
+        # pending and loaded are never both set (the scalars are taken only when no transaction
+        # waits loaded, or as it is handed off), and the half loading is not the half the vector
+        # phase reads: the vector phase takes a transaction only once it is loaded, and the next
+        # load starts after that hand-off, into the other half
+        m.d.comb += [self.i.ready.eq(pending),
+                     wp.en.eq(self.i.valid & pending), wp.addr.eq(Cat(load_beat, load_half)),
                      wp.data.eq(Cat(p.o1.as_value(), p.o2.as_value()))]
         with m.If(wp.en):
             m.d.sync += load_beat.eq(load_beat + 1)
             with m.If(load_beat == nb - 1):
-                m.d.sync += [load_beat.eq(0), pending.eq(0), loaded.eq(1)]
-        return _BeatBuffer(rp, pending, loaded, vec_active, vec_beat)
+                m.d.sync += [load_beat.eq(0), pending.eq(0), loaded.eq(1), load_half.eq(~load_half)]
+        return _BeatBuffer(rp, pending, loaded, vec_active, vec_beat, load_half, vec_half)
 
     def _scalar_registers(self, sfm) -> _ScalarRegs:
         """The scalar phase's registers: the taken scalars, a and b, the sum, flag, weights, shift."""
@@ -226,7 +236,7 @@ class MergeUnit(wiring.Component):
         with m.If(handoff):
             m.d.sync += [v_w1.eq(sc.w1), v_w2.eq(Mux(sc.op == MergeOp.DOWNDATE, -sc.w2, sc.w2)), v_m.eq(sc.m_out),
                          v_s.eq(sc.s_out), v_flagged.eq(sc.flagged), buf.loaded.eq(0), buf.vec_active.eq(1),
-                         buf.vec_beat.eq(0)]
+                         buf.vec_beat.eq(0), buf.vec_half.eq(~buf.load_half)]   # (the half last loaded)
         return _Handoff(v_w1, v_w2, v_m, v_s, v_flagged, handoff)
 
     def _scalar_operands(self, m, sfm, sc: _ScalarRegs, buf: _BeatBuffer):
@@ -344,7 +354,7 @@ class MergeUnit(wiring.Component):
         cfg = self.cfg
         frac, nb, lanes, ow, ww = cfg.mantissa_frac, cfg.beats, cfg.lanes, cfg.out_width, cfg.weight_width
         rp, vec_active, vec_beat = buf.rp, buf.vec_active, buf.vec_beat
-        m.d.comb += [rp.addr.eq(vec_beat), rp.en.eq(ce)]
+        m.d.comb += [rp.addr.eq(Cat(vec_beat[:(nb - 1).bit_length()], buf.vec_half)), rp.en.eq(ce)]   # (load_beat's bits)
         v0_valid, v0_w1, v0_w2 = Signal(), Signal(signed(ww)), Signal(signed(ww + 1))
         v0_m, v0_s, v0_flagged = Signal(signed(cfg.score_width)), Signal(cfg.sum_width), Signal()
         with m.If(ce):
