@@ -4,6 +4,7 @@
                        [--freq MHZ] [--seeds N] [--out report.json] [--bitstream] [--net-timings] [--no-cache]
     ladmac synth --all [--doc docs/synthesis.md] [--out all.json] [--seeds N]
     ladmac synth BLOCK BLOCK ... [--doc docs/synthesis.md] [--seeds N]
+    ladmac synth --all --from-records --doc docs/synthesis.md [--seeds N]
 
 Fmax is nextpnr's post-route figure, the mean over placement seeds 1..N: N = 1 for one
 BLOCK (quick), 3 for --all (`make synth`) or several BLOCKs unless --seeds says otherwise.
@@ -13,7 +14,9 @@ then names the command and the blocks it covers).
 Results recorded with ``--out`` under benchmarks/results/ (``synth-*.json``) stand in for the
 cache: a run whose key (Verilog, config, flow, tools) and seed count match a record reads it instead of
 routing again, so a fresh clone's `make synth` re-runs only the blocks changed since they were
-recorded (see `recorded_results`).
+recorded (see `recorded_results`). ``--from-records`` routes nothing: the page comes from each
+block's record at its doc config and seed count, and a record routed from Verilog other than the
+block's current one is marked as such (`record_for`).
 
 Bad input (unknown block, bad parameter, a design that does not fit the device) prints
 one line ``ladmac: error: ...`` and returns 2.
@@ -60,6 +63,42 @@ def recorded_results(records: Path | None = None) -> int:
     return wrote
 
 
+def _commit_time(path: Path) -> float:
+    """When ``path`` was last committed (its modification time outside a git checkout)."""
+    import subprocess
+    try:
+        out = subprocess.run(["git", "log", "-1", "--format=%ct", "--", path.name], cwd=path.parent,
+                             capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    return float(out) if out else path.stat().st_mtime
+
+
+def record_for(block: str, cfg, preset: str | None, verilog_sha256: str, seeds: int,
+               records: Path | None = None) -> dict | None:
+    """The record (``synth-*.json`` in ``records``) of ``block`` at ``preset`` routed over ``seeds``
+    seeds: the one routed from ``verilog_sha256`` (the block's current Verilog at ``cfg``), else the
+    newest committed at ``cfg`` (each field the record has), else the newest, with ``stale`` set to
+    its file (routed from an earlier version of the block's Verilog or config); None when there is
+    no such record."""
+    records = records or RECORDS
+    now = cfg.to_dict()   # (a field the record lacks was added after it: its value is not compared)
+    found = []
+    for path in sorted(records.glob("synth-*.json")):
+        data = json.loads(path.read_text())
+        for r in data if isinstance(data, list) else [data]:
+            e = r.get("ecp5") if isinstance(r, dict) else None
+            if (e and r.get("block") == block and r.get("preset") == preset
+                    and len(e.get("fmax_seeds_mhz") or [None]) == seeds):
+                same_config = all(now.get(k, v) == v for k, v in r.get("config", {}).items())
+                found.append((r.get("verilog_sha256") == verilog_sha256, same_config, _commit_time(path), path, r))
+    if not found:
+        return None
+    current, _, _, path, r = max(found, key=lambda f: f[:3])
+    where = str(path.relative_to(records.parent.parent))
+    return {**r, "recorded_in": where, **({} if current else {"stale": where})}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="ladmac synth", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("block", nargs="*", help="block name(s) (see `ladmac blocks`)")
@@ -81,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "delay (`python -m benchmarks.netlist_paths RUN/ecp5 --routed RUN/ecp5/report.json` "
                         "lists those past a threshold); reporting only, the same route")
     p.add_argument("--no-cache", dest="cache", action="store_false", help="ignore cached results")
+    p.add_argument("--from-records", action="store_true",
+                   help="with --doc: route nothing, render the page from each block's record in "
+                        "benchmarks/results (marking those routed from an earlier version of the block)")
     return p
 
 
@@ -154,6 +196,8 @@ def main(argv: list[str]) -> int:
         many = args.all or len(args.block) > 1
         if args.doc and not many:
             raise ConfigError("--doc needs --all or several BLOCKs")
+        if args.from_records and not args.doc:
+            raise ConfigError("--from-records renders a page: give --doc")
         if many and (args.set or args.preset):
             raise ConfigError("--all / several BLOCKs run at their default configs; --set/--preset need one BLOCK")
         names = list(BLOCKS) if args.all else list(args.block)
@@ -167,6 +211,17 @@ def main(argv: list[str]) -> int:
             get_block(name)
             preset = flow.DOC_PRESETS.get(name) if many else args.preset
             cfg = make_config(name, parse_overrides(args.set), preset)
+            if args.from_records:
+                import hashlib
+                from hdl.generate import generate_verilog
+                sha = hashlib.sha256(generate_verilog(name, cfg).encode()).hexdigest()
+                r = record_for(name, cfg, preset, sha, seeds) or {"block": name, "preset": preset,
+                                                           "not_measured": f"no record at {seeds} seeds"}
+                print(f"{name}: " + (f"{r['ecp5']['fmax_mhz']:.1f} MHz, {r['recorded_in']}"
+                                     + (" (routed from an earlier version)" if r.get("stale") else "")
+                                     if r.get("ecp5") else r["not_measured"]), flush=True)
+                results.append(r)
+                continue
             t0 = time.time()
             log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
             try:
@@ -189,9 +244,10 @@ def main(argv: list[str]) -> int:
         if args.doc:
             path = Path(args.doc)
             path.parent.mkdir(parents=True, exist_ok=True)
-            command = None if args.all else ("ladmac synth " + " ".join(names)
-                                             + (f" --seeds {args.seeds}" if args.seeds is not None else "")
-                                             + f" --doc {args.doc}")
+            command = (None if args.all and not args.from_records else
+                       "ladmac synth " + ("--all" if args.all else " ".join(names))
+                       + (" --from-records" if args.from_records else "")
+                       + (f" --seeds {args.seeds}" if args.seeds is not None else "") + f" --doc {args.doc}")
             path.write_text(doc.render(results, command=command))
             print(f"wrote {path}", file=sys.stderr)
         return 0

@@ -281,11 +281,39 @@ def test_fit_checks_name_the_exhausted_resource():
     (["vpu", "sram", "--set", "depth=64"], "--set/--preset need one BLOCK"),
     (["vpu", "--target", "asic"], "invalid choice"),
     (["vpu", "--freq", "5000"], "no ECP5 PLL setting"),
+    (["vpu", "sram", "--from-records"], "--from-records renders a page: give --doc"),
 ])
 def test_bad_input_exits_2_with_one_line(argv, fragment, capsys, cache_dir):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("ladmac: error: ") and fragment in err and len(err.strip().splitlines()) == 1
+
+
+def test_page_from_records_marks_a_record_of_an_earlier_version(tmp_path, capsys, cache_dir):
+    """--from-records routes nothing: each block's row is its record, the one routed from the block's
+    current Verilog first, else the newest (marked †, named under the table); no record: not measured."""
+    import hashlib
+    from hdl.generate import generate_verilog
+    recorded = json.loads((cli.RECORDS / "synth-s50-vpu-sfm-sram.json").read_text())
+    sram = next(r for r in recorded if r["block"] == "sram")
+    cfg = make_config("sram", {}, None)
+    sha = hashlib.sha256(generate_verilog("sram", cfg).encode()).hexdigest()
+    records = tmp_path / "benchmarks" / "results"
+    records.mkdir(parents=True)
+    older = {**sram, "verilog_sha256": "0" * 64, "ecp5": {**sram["ecp5"], "fmax_mhz": 321.0}}
+    (records / "synth-a.json").write_text(json.dumps(older))
+    r = cli.record_for("sram", cfg, None, sha, 3, records)
+    assert r["ecp5"]["fmax_mhz"] == 321.0 and r["stale"] == "benchmarks/results/synth-a.json"
+    (records / "synth-b.json").write_text(json.dumps([{**sram, "verilog_sha256": sha}]))
+    r = cli.record_for("sram", cfg, None, sha, 3, records)
+    assert r["ecp5"]["fmax_mhz"] == sram["ecp5"]["fmax_mhz"] != 321.0 and "stale" not in r
+    assert cli.record_for("sram", cfg, None, sha, 1, records) is None   # no record at one seed
+    assert cli.record_for("vpu", make_config("vpu", {}, None), None, sha, 3, records) is None
+
+    text = doc.render([{**older, "stale": "benchmarks/results/synth-a.json", "recorded_in": "x"},
+                       {"block": "vpu", "preset": None, "not_measured": "no record at 3 seeds"}])
+    assert "| sram † | " in text and "| 321.0 |" in text and "| vpu | not measured: no record at 3 seeds" in text
+    assert "the 1 marked † were routed from an earlier version" in text and "`benchmarks/results/synth-a.json`" in text
 
 
 def test_ladmac_cli_dispatches_synth(capsys):
