@@ -24,7 +24,9 @@ one line ``ladmac: error: ...`` and returns 2.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,6 +38,19 @@ from golden.errors import ConfigError, LadmacError
 RECORDS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 
 
+def _records(records: Path):
+    """``(path, report)`` for each report recorded in ``records`` (``synth-*.json``: one report or a list)."""
+    for path in sorted(records.glob("synth-*.json")):
+        data = json.loads(path.read_text())
+        for r in data if isinstance(data, list) else [data]:
+            if isinstance(r, dict):
+                yield path, r
+
+
+def _seed_count(r: dict) -> int:
+    return len((r.get("ecp5") or {}).get("fmax_seeds_mhz") or [None])
+
+
 def recorded_results(records: Path | None = None) -> int:
     """Write each recorded report (``ladmac synth --out`` saved as ``synth-*.json`` in ``records``,
     benchmarks/results by default) into the run cache as its key's ``result-seedsN.json`` where
@@ -44,28 +59,24 @@ def recorded_results(records: Path | None = None) -> int:
     from . import flow
     records = records or RECORDS
     wrote = 0
-    for path in sorted(records.glob("synth-*.json")):
-        data = json.loads(path.read_text())
-        for r in data if isinstance(data, list) else [data]:
-            if not isinstance(r, dict) or not r.get("key") or not r.get("block") or r.get("error"):
-                continue
-            seeds = len((r.get("ecp5") or {}).get("fmax_seeds_mhz") or [None])
-            cached = flow.run_dir(r["block"], r["key"]) / f"result-seeds{seeds}.json"
-            if cached.exists():
-                continue
-            r = {**r, "recorded_in": str(path.relative_to(records.parent.parent)), "dir": str(cached.parent)}
-            if (r.get("ecp5") or {}).get("bitstream"):
-                r["ecp5"] = {**r["ecp5"], "bitstream_recorded": r["ecp5"]["bitstream"]["bytes"]}
-                del r["ecp5"]["bitstream"]
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            cached.write_text(json.dumps(r, indent=1))
-            wrote += 1
+    for path, r in _records(records):
+        if not r.get("key") or not r.get("block") or r.get("error"):
+            continue
+        cached = flow.run_dir(r["block"], r["key"]) / f"result-seeds{_seed_count(r)}.json"
+        if cached.exists():
+            continue
+        r = {**r, "recorded_in": str(path.relative_to(records.parent.parent)), "dir": str(cached.parent)}
+        if (r.get("ecp5") or {}).get("bitstream"):
+            r["ecp5"] = {**r["ecp5"], "bitstream_recorded": r["ecp5"]["bitstream"]["bytes"]}
+            del r["ecp5"]["bitstream"]
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        cached.write_text(json.dumps(r, indent=1))
+        wrote += 1
     return wrote
 
 
 def _commit_time(path: Path) -> float:
     """When ``path`` was last committed (its modification time outside a git checkout)."""
-    import subprocess
     try:
         out = subprocess.run(["git", "log", "-1", "--format=%ct", "--", path.name], cwd=path.parent,
                              capture_output=True, text=True, timeout=30).stdout.strip()
@@ -84,14 +95,10 @@ def record_for(block: str, cfg, preset: str | None, verilog_sha256: str, seeds: 
     records = records or RECORDS
     now = cfg.to_dict()   # (a field the record lacks was added after it: its value is not compared)
     found = []
-    for path in sorted(records.glob("synth-*.json")):
-        data = json.loads(path.read_text())
-        for r in data if isinstance(data, list) else [data]:
-            e = r.get("ecp5") if isinstance(r, dict) else None
-            if (e and r.get("block") == block and r.get("preset") == preset
-                    and len(e.get("fmax_seeds_mhz") or [None]) == seeds):
-                same_config = all(now.get(k, v) == v for k, v in r.get("config", {}).items())
-                found.append((r.get("verilog_sha256") == verilog_sha256, same_config, _commit_time(path), path, r))
+    for path, r in _records(records):
+        if r.get("ecp5") and r.get("block") == block and r.get("preset") == preset and _seed_count(r) == seeds:
+            same_config = all(now.get(k, v) == v for k, v in r.get("config", {}).items())
+            found.append((r.get("verilog_sha256") == verilog_sha256, same_config, _commit_time(path), path, r))
     if not found:
         return None
     current, _, _, path, r = max(found, key=lambda f: f[:3])
@@ -204,7 +211,7 @@ def main(argv: list[str]) -> int:
         seeds = args.seeds if args.seeds is not None else (flow.DOC_SEEDS if many else flow.DEFAULT_SEEDS)
         if args.net_timings and "--detailed-timing-report" not in flow.NEXTPNR_OPTS:
             flow.NEXTPNR_OPTS.append("--detailed-timing-report")   # not in the run's key: it changes no route
-        if args.cache:
+        if args.cache and not args.from_records:   # (--from-records reads the records themselves)
             recorded_results()
         results = []
         for name in names:
@@ -212,7 +219,6 @@ def main(argv: list[str]) -> int:
             preset = flow.DOC_PRESETS.get(name) if many else args.preset
             cfg = make_config(name, parse_overrides(args.set), preset)
             if args.from_records:
-                import hashlib
                 from hdl.generate import generate_verilog
                 sha = hashlib.sha256(generate_verilog(name, cfg).encode()).hexdigest()
                 r = record_for(name, cfg, preset, sha, seeds) or {"block": name, "preset": preset,
